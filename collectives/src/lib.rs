@@ -1,0 +1,1 @@
+//! chorus (being written).

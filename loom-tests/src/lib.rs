@@ -1,0 +1,1 @@
+//! Loom models of chorus-runtime live in tests/.

@@ -1,0 +1,2 @@
+//! chorus-run: starts N local ranks of a program (being written).
+fn main() {}

@@ -1,0 +1,142 @@
+//! Errors of in-flight work: what happened, where (rank, group, sequence
+//! number, op) and what to do about it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where an op sits: the rank that issued it, its group, its sequence number
+/// in that group and the op's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpContext {
+    /// Rank of the caller inside the group.
+    pub rank: usize,
+    /// Name of the group (`"world"` for the default group).
+    pub group: Arc<str>,
+    /// Sequence number of the op in its group, from 1.
+    pub seq: u64,
+    /// The op, e.g. `"all_reduce"`.
+    pub op: &'static str,
+}
+
+impl fmt::Display for OpContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} in group '{}' at seq {} ({})",
+            self.rank, self.group, self.seq, self.op
+        )
+    }
+}
+
+/// Why a piece of work failed.
+///
+/// Errors are cloneable: when a communicator or group fails, every pending
+/// work receives the same error.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkError {
+    /// The op did not complete within its timeout. A peer is hung, slow or out
+    /// of step; dump the flight recorder of every rank and run `chorus-trace`.
+    #[error("{ctx}: op timed out after {after:?}; a peer is hung, slow or called a different op (dump every rank's flight recorder and run chorus-trace)")]
+    OpTimeout {
+        /// The op that timed out.
+        ctx: OpContext,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// The connection to a peer broke while the op needed it.
+    #[error("{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log")]
+    PeerLost {
+        /// The op that was running.
+        ctx: OpContext,
+        /// The peer rank that went away.
+        peer: usize,
+        /// What the transport reported.
+        cause: String,
+    },
+    /// Ranks called different collectives at the same sequence number.
+    #[error("{ctx}: collective mismatch: {detail}")]
+    Mismatch {
+        /// The op of this rank.
+        ctx: OpContext,
+        /// Both sides, e.g. `rank 1 at seq 7 called all_gather(count=10) but rank 0 called all_reduce(count=12)`.
+        detail: String,
+    },
+    /// The group was aborted (by the user, the watchdog or a blocking wait
+    /// that timed out) while the op was pending.
+    #[error("{ctx}: aborted: {reason}")]
+    Aborted {
+        /// The op that was pending.
+        ctx: OpContext,
+        /// Why the group was aborted.
+        reason: String,
+    },
+    /// The group had already failed; every later call fails with the cause.
+    #[error("{ctx}: the group failed earlier and accepts no more work; cause: {cause}")]
+    GroupErrored {
+        /// The op that was refused.
+        ctx: OpContext,
+        /// The first error of the group.
+        cause: Arc<WorkError>,
+    },
+    /// Another rank reported a failure through the store.
+    #[error("{ctx}: rank {origin} reported a failure: {cause}")]
+    Remote {
+        /// The op that was pending here.
+        ctx: OpContext,
+        /// The rank that detected the failure.
+        origin: usize,
+        /// Its error message.
+        cause: String,
+    },
+    /// The arguments were invalid; nothing was submitted.
+    #[error("{ctx}: invalid argument: {msg}")]
+    InvalidArgument {
+        /// The op that was refused.
+        ctx: OpContext,
+        /// What is wrong and what is expected.
+        msg: String,
+    },
+    /// The backend failed (NCCL or CUDA error code, socket error, ...).
+    #[error("{ctx}: backend error: {msg}")]
+    Backend {
+        /// The op that failed.
+        ctx: OpContext,
+        /// The backend's description, with its error code where it has one.
+        msg: String,
+    },
+}
+
+impl WorkError {
+    /// The op the error belongs to.
+    pub fn context(&self) -> &OpContext {
+        match self {
+            WorkError::OpTimeout { ctx, .. }
+            | WorkError::PeerLost { ctx, .. }
+            | WorkError::Mismatch { ctx, .. }
+            | WorkError::Aborted { ctx, .. }
+            | WorkError::GroupErrored { ctx, .. }
+            | WorkError::Remote { ctx, .. }
+            | WorkError::InvalidArgument { ctx, .. }
+            | WorkError::Backend { ctx, .. } => ctx,
+        }
+    }
+
+    /// The same failure, re-addressed to another op of the group (used when
+    /// one failure fails every pending op).
+    pub fn for_op(&self, ctx: OpContext) -> WorkError {
+        let mut e = self.clone();
+        match &mut e {
+            WorkError::OpTimeout { ctx: c, .. }
+            | WorkError::PeerLost { ctx: c, .. }
+            | WorkError::Mismatch { ctx: c, .. }
+            | WorkError::Aborted { ctx: c, .. }
+            | WorkError::GroupErrored { ctx: c, .. }
+            | WorkError::Remote { ctx: c, .. }
+            | WorkError::InvalidArgument { ctx: c, .. }
+            | WorkError::Backend { ctx: c, .. } => *c = ctx,
+        }
+        e
+    }
+}

@@ -1,0 +1,110 @@
+//! Key-value store for rendezvous and id exchange.
+//!
+//! * [`Store`]: the trait every store implements.
+//! * `TcpStoreServer` / `TcpStore`: the TCP server and its client (tokio).
+//! * `PrefixStore`: namespaces a group's keys inside another store.
+//! * `InMemoryStore`: the same trait for single-process use.
+//!
+//! The server binds to the address it is given. It has no encryption and only
+//! optional shared-token authentication: never expose it beyond the cluster
+//! network.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Default time a waiting operation (get, wait, multi_get) waits for its keys.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Errors of store operations.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Keys did not appear within the timeout.
+    #[error("store timeout: keys {keys:?} did not appear within {after:?}; a rank has not reached this point (is it alive? did it call the same ops?)")]
+    Timeout {
+        /// The keys that were waited for.
+        keys: Vec<String>,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// The connection to the store failed or closed.
+    #[error("store connection to {addr} failed: {cause}; is the store server (rank 0) alive and reachable?")]
+    Connection {
+        /// The server address.
+        addr: String,
+        /// The I/O error.
+        cause: String,
+    },
+    /// The server refused our token.
+    #[error("store server refused authentication: {0}; set the same CHORUS_STORE_TOKEN on every rank")]
+    Auth(String),
+    /// A key, value or frame exceeds a hard limit.
+    #[error("store {what} is {len} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        /// Which thing was too large ("key", "value", "frame").
+        what: &'static str,
+        /// Its size.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The peer sent something that is not a valid frame.
+    #[error("store protocol error: {0}")]
+    Protocol(String),
+    /// The stored value is not what the operation expects (e.g. `add` on a
+    /// value that is not a decimal i64).
+    #[error("store value of key '{key}' is not valid for this operation: {msg}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// A key-value store shared by the ranks of a job.
+///
+/// Keys are UTF-8 strings, values are bytes. Operations that wait for keys
+/// (`get`, `wait`, `multi_get`) are woken when the key is set, never by
+/// polling, and give up after a timeout.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Sets `key` to `value`, waking every waiter on it.
+    async fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError>;
+
+    /// Gets the value of `key`, waiting up to `timeout` for it to exist.
+    async fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError>;
+
+    /// Adds `delta` to the i64 stored at `key` (missing counts as 0) and
+    /// returns the new value. The value is stored as decimal text.
+    async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError>;
+
+    /// Sets `key` to `desired` if its current value is `expected` (or if it
+    /// is missing and `expected` is empty); returns the value stored after the
+    /// operation.
+    async fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> Result<Vec<u8>, StoreError>;
+
+    /// Waits until every key in `keys` exists, up to `timeout`.
+    async fn wait(&self, keys: &[&str], timeout: Duration) -> Result<(), StoreError>;
+
+    /// True if every key in `keys` exists now.
+    async fn check(&self, keys: &[&str]) -> Result<bool, StoreError>;
+
+    /// Deletes `key`; true if it existed.
+    async fn delete(&self, key: &str) -> Result<bool, StoreError>;
+
+    /// Number of keys in the store (under this store's prefix, for a
+    /// prefix store).
+    async fn num_keys(&self) -> Result<u64, StoreError>;
+
+    /// Gets several keys, waiting up to `timeout` for all of them.
+    async fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
+
+    /// Sets several keys at once.
+    async fn multi_set(&self, entries: &[(&str, &[u8])]) -> Result<(), StoreError>;
+}

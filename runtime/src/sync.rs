@@ -1,0 +1,33 @@
+//! Synchronization primitives, swapped for loom's under `cfg(loom)`.
+//!
+//! Every piece of chorus-runtime whose interleavings the loom suite checks
+//! (the work slot, the registry, the communicator cache, the store counter)
+//! takes its `Arc`, `Mutex` and atomics from here and never from `std`
+//! directly, the way tokio's `loom` module does.
+
+#[cfg(not(loom))]
+#[allow(unused_imports)]
+mod imp {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+}
+
+#[cfg(loom)]
+#[allow(unused_imports)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+}
+
+#[allow(unused_imports)]
+pub(crate) use imp::*;
+
+/// Locks a mutex, recovering the data if another thread panicked while
+/// holding it: every state machine guarded here stays consistent between
+/// statements, so a poisoned lock carries no torn state.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

@@ -1,0 +1,266 @@
+//! Work futures: what a collective returns.
+//!
+//! A backend creates a [`Work`] and its [`Completer`] with [`Work::new`]
+//! when an op is submitted. The work goes to the caller; the completer stays
+//! with the backend together with the op's buffers, and hands the buffers
+//! back through the work when the op is done.
+//!
+//! * **Owned buffers.** The output type `T` is the op's buffers. The backend
+//!   owns them while the op runs; the future yields them when it is done.
+//! * **Drop detaches.** Dropping (or leaking) a work does not cancel the op:
+//!   the backend still holds the buffers and releases them once the op
+//!   completes.
+//! * **Cancellation is abort.** [`Registry::abort`] fails every pending work
+//!   of the group with a clear error.
+//! * **Executor-agnostic.** The future only stores a waker; it works under
+//!   tokio, smol or `futures::executor::block_on`.
+
+mod registry;
+mod slot;
+
+pub use registry::Registry;
+pub use slot::WorkStatus;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::error::{OpContext, WorkError};
+use crate::sync::Arc;
+use registry::Fail;
+use slot::Slot;
+
+struct Shared<T> {
+    ctx: OpContext,
+    slot: Slot<T>,
+    registry: Arc<Registry>,
+}
+
+struct FailHandle<T>(Arc<Shared<T>>);
+
+impl<T: Send + 'static> Fail for FailHandle<T> {
+    fn fail(&self, err: WorkError) {
+        // If the backend completed first, the work keeps that outcome.
+        drop(self.0.slot.resolve(Err(err)));
+    }
+}
+
+/// The future of one submitted op. Resolves to the op's buffers, or the error
+/// that stopped it.
+///
+/// # Cancel safety
+///
+/// Dropping a `Work` detaches it: the op still runs to completion, and its
+/// buffers are released by the backend when it is done. To stop ops, abort
+/// the group.
+#[must_use = "a work does nothing when polled late, but its result (the buffers) is lost if dropped"]
+pub struct Work<T> {
+    shared: Arc<Shared<T>>,
+}
+
+/// The backend's side of a [`Work`]: completes it with the op's outcome.
+///
+/// Dropping a completer without calling [`complete`](Completer::complete)
+/// fails the work (a backend bug must not become a hang).
+pub struct Completer<T> {
+    shared: Option<Arc<Shared<T>>>,
+}
+
+impl<T> fmt::Debug for Work<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Work")
+            .field("op", &self.shared.ctx)
+            .field("status", &self.shared.slot.status())
+            .finish()
+    }
+}
+
+impl<T> fmt::Debug for Completer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completer")
+            .field("op", &self.shared.as_ref().map(|s| &s.ctx))
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> Work<T> {
+    /// Registers a new op in `registry` and returns its work and completer.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkError::GroupErrored`] if the group has already failed: the op
+    /// must not be submitted.
+    pub fn new(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+    ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        let shared = Arc::new(Shared {
+            ctx: ctx.clone(),
+            slot: Slot::new(),
+            registry: registry.clone(),
+        });
+        registry.insert(ctx, deadline, Box::new(FailHandle(shared.clone())))?;
+        Ok((
+            Work {
+                shared: shared.clone(),
+            },
+            Completer {
+                shared: Some(shared),
+            },
+        ))
+    }
+
+    /// A work that has already failed with `err` (for example a refused
+    /// submission), not registered anywhere.
+    pub fn failed(err: WorkError) -> Work<T> {
+        let shared = Arc::new(Shared {
+            ctx: err.context().clone(),
+            slot: Slot::new(),
+            registry: Arc::new(Registry::new()),
+        });
+        drop(shared.slot.resolve(Err(err)));
+        Work { shared }
+    }
+}
+
+impl<T> Work<T> {
+    /// The op this work belongs to.
+    pub fn context(&self) -> &OpContext {
+        &self.shared.ctx
+    }
+
+    /// Sequence number of the op in its group.
+    pub fn seq(&self) -> u64 {
+        self.shared.ctx.seq
+    }
+
+    /// Where the op stands, without waiting. `Finished` is reported only once
+    /// the backend has completed the op, never at enqueue.
+    pub fn status(&self) -> WorkStatus {
+        self.shared.slot.status()
+    }
+
+    /// True once the op has finished or failed (its outcome is available).
+    pub fn is_done(&self) -> bool {
+        matches!(self.status(), WorkStatus::Finished | WorkStatus::Failed)
+    }
+
+    /// Takes the outcome if the op is done, without waiting.
+    pub fn try_take(&mut self) -> Option<Result<T, WorkError>> {
+        self.shared.slot.try_take()
+    }
+
+    fn consumed_error(&self) -> WorkError {
+        WorkError::InvalidArgument {
+            ctx: self.shared.ctx.clone(),
+            msg: "the work was polled again after it returned its result".into(),
+        }
+    }
+}
+
+impl<T> Future for Work<T> {
+    type Output = Result<T, WorkError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.shared.slot.poll(cx.waker()) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(r)) => Poll::Ready(r),
+            Poll::Ready(None) => Poll::Ready(Err(self.consumed_error())),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl<T> Work<T> {
+    /// Blocks the calling thread until the op is done, for synchronous code.
+    ///
+    /// On timeout the group is aborted (its backend is torn down and every
+    /// pending work fails), because a collective that one rank gave up on
+    /// cannot be finished by the others.
+    ///
+    /// # Errors
+    ///
+    /// The op's own error, or [`WorkError::OpTimeout`] after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T, WorkError> {
+        use std::task::Wake;
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+            fn wake_by_ref(self: &std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.shared.slot.poll(&waker) {
+                Poll::Ready(Some(r)) => return r,
+                Poll::Ready(None) => return Err(self.consumed_error()),
+                Poll::Pending => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let err = WorkError::OpTimeout {
+                    ctx: self.shared.ctx.clone(),
+                    after: timeout,
+                };
+                tracing::error!(op = %self.shared.ctx, ?timeout, "blocking wait timed out; aborting the group");
+                self.shared.registry.abort(&err);
+                return match self.shared.slot.try_take() {
+                    Some(r) => r,
+                    None => Err(err),
+                };
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+}
+
+impl<T> Completer<T> {
+    /// The op this completer belongs to.
+    pub fn context(&self) -> Option<&OpContext> {
+        self.shared.as_ref().map(|s| &s.ctx)
+    }
+
+    /// True if the work was failed early (abort, timeout) and the backend may
+    /// skip the op's remaining steps.
+    pub fn is_failed(&self) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.slot.status() != WorkStatus::Pending)
+    }
+
+    /// Completes the op: hands `outcome` (the buffers, or the error) to the
+    /// work and wakes it.
+    ///
+    /// If the work was already failed (abort, timeout), `outcome` is dropped
+    /// here, which is when the buffers are released: after the backend is done
+    /// with them. The same holds if the work itself was dropped.
+    pub fn complete(mut self, outcome: Result<T, WorkError>) {
+        if let Some(shared) = self.shared.take() {
+            shared.registry.remove(shared.ctx.seq);
+            drop(shared.slot.resolve(outcome));
+        }
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.registry.remove(shared.ctx.seq);
+            let err = WorkError::Backend {
+                ctx: shared.ctx.clone(),
+                msg: "the backend dropped the op without completing it (it was shutting down)".into(),
+            };
+            drop(shared.slot.resolve(Err(err)));
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

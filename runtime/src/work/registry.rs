@@ -1,0 +1,172 @@
+//! The registry of in-flight ops of one group.
+//!
+//! Every submitted op has an entry until its backend completes it. The
+//! registry is what abort, timeouts and the watchdog act on: it can fail every
+//! pending work of the group at once, or those past their deadline. It holds
+//! no buffers itself; the backend keeps them until the op is done, so failing
+//! a work early never frees memory the backend still touches.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Instant;
+
+use crate::error::{OpContext, WorkError};
+use crate::sync::{lock, Mutex};
+
+/// Something the registry can fail: a type-erased handle on a work's slot.
+pub(crate) trait Fail: Send {
+    fn fail(&self, err: WorkError);
+}
+
+struct Entry {
+    ctx: OpContext,
+    deadline: Option<Instant>,
+    fail: Box<dyn Fail>,
+}
+
+type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+
+struct Inner {
+    entries: BTreeMap<u64, Entry>,
+    /// Set once the group failed or was aborted; later submissions fail with it.
+    errored: Option<WorkError>,
+}
+
+/// Registry of the in-flight ops of one group.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    /// Called once when the group is aborted (closes sockets, aborts NCCL
+    /// communicators); set by the backend.
+    abort_hook: Mutex<Option<AbortHook>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = lock(&self.inner);
+        f.debug_struct("Registry")
+            .field("pending", &inner.entries.len())
+            .field("errored", &inner.errored.is_some())
+            .finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry {
+            inner: Mutex::new(Inner {
+                entries: BTreeMap::new(),
+                errored: None,
+            }),
+            abort_hook: Mutex::new(None),
+        }
+    }
+
+    /// Sets what [`abort`](Self::abort) does to the backend besides failing
+    /// the pending works (close connections, abort communicators).
+    pub fn set_abort_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
+        *lock(&self.abort_hook) = Some(Box::new(hook));
+    }
+
+    pub(crate) fn insert(
+        &self,
+        ctx: OpContext,
+        deadline: Option<Instant>,
+        fail: Box<dyn Fail>,
+    ) -> Result<(), WorkError> {
+        let mut inner = lock(&self.inner);
+        if let Some(cause) = &inner.errored {
+            return Err(WorkError::GroupErrored {
+                ctx,
+                cause: std::sync::Arc::new(cause.clone()),
+            });
+        }
+        inner.entries.insert(ctx.seq, Entry { ctx, deadline, fail });
+        Ok(())
+    }
+
+    pub(crate) fn remove(&self, seq: u64) {
+        lock(&self.inner).entries.remove(&seq);
+    }
+
+    /// The first error of the group, if it has failed.
+    pub fn errored(&self) -> Option<WorkError> {
+        lock(&self.inner).errored.clone()
+    }
+
+    /// Marks the group failed with `cause` (first cause wins) and fails
+    /// every pending work with it. Returns how many works were failed.
+    ///
+    /// Does not touch the backend; see [`abort`](Self::abort) for that.
+    pub fn fail_all(&self, cause: &WorkError) -> usize {
+        let drained: Vec<Entry> = {
+            let mut inner = lock(&self.inner);
+            if inner.errored.is_none() {
+                inner.errored = Some(cause.clone());
+            }
+            std::mem::take(&mut inner.entries).into_values().collect()
+        };
+        let n = drained.len();
+        for e in drained {
+            let err = cause.for_op(e.ctx.clone());
+            e.fail.fail(err);
+        }
+        n
+    }
+
+    /// Aborts the group: runs the backend's abort hook once, then fails every
+    /// pending work with `cause`. Later submissions fail at once with it.
+    pub fn abort(&self, cause: &WorkError) -> usize {
+        let first = {
+            let inner = lock(&self.inner);
+            inner.errored.is_none()
+        };
+        if first {
+            if let Some(hook) = lock(&self.abort_hook).as_ref() {
+                hook(cause);
+            }
+        }
+        self.fail_all(cause)
+    }
+
+    /// Contexts of the pending ops whose deadline is before `now`, oldest
+    /// first.
+    pub fn expired(&self, now: Instant) -> Vec<(OpContext, Instant)> {
+        lock(&self.inner)
+            .entries
+            .values()
+            .filter_map(|e| match e.deadline {
+                Some(d) if d <= now => Some((e.ctx.clone(), d)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Fails one pending op with `err`, if it is still pending.
+    pub fn fail_one(&self, seq: u64, err: WorkError) -> bool {
+        let entry = lock(&self.inner).entries.remove(&seq);
+        match entry {
+            Some(e) => {
+                e.fail.fail(err);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Number of pending ops.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner).entries.len()
+    }
+
+    /// Contexts of all pending ops, by sequence number.
+    pub fn pending_ops(&self) -> Vec<OpContext> {
+        lock(&self.inner).entries.values().map(|e| e.ctx.clone()).collect()
+    }
+}

@@ -1,0 +1,155 @@
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn ctx(seq: u64) -> OpContext {
+    OpContext {
+        rank: 0,
+        group: "test".into(),
+        seq,
+        op: "all_reduce",
+    }
+}
+
+/// A buffer that counts its drops, to check it is released exactly once.
+struct Tracked(std::sync::Arc<AtomicUsize>);
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn complete_then_await_yields_buffers() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = Work::<Vec<u32>>::new(ctx(1), &reg, None).unwrap();
+    assert_eq!(work.status(), WorkStatus::Pending);
+    assert_eq!(reg.pending(), 1);
+    done.complete(Ok(vec![1, 2, 3]));
+    assert_eq!(work.status(), WorkStatus::Finished);
+    assert_eq!(reg.pending(), 0);
+    assert_eq!(futures::executor::block_on(work).unwrap(), vec![1, 2, 3]);
+}
+
+#[test]
+fn await_then_complete_from_another_thread_wakes() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = Work::<u64>::new(ctx(1), &reg, None).unwrap();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        done.complete(Ok(42));
+    });
+    assert_eq!(futures::executor::block_on(work).unwrap(), 42);
+    t.join().unwrap();
+}
+
+#[test]
+fn dropped_work_keeps_buffer_until_completion() {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let reg = Arc::new(Registry::new());
+    let (work, done) = Work::<Tracked>::new(ctx(1), &reg, None).unwrap();
+    let buf = Tracked(drops.clone());
+    drop(work);
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
+    done.complete(Ok(buf));
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "released exactly once, at completion");
+}
+
+#[test]
+fn forgotten_work_keeps_buffer_until_completion() {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let reg = Arc::new(Registry::new());
+    let (work, done) = Work::<Tracked>::new(ctx(1), &reg, None).unwrap();
+    std::mem::forget(work);
+    let buf = Tracked(drops.clone());
+    done.complete(Ok(buf));
+    // The forgotten work leaks its Arc, so the slot (and buffer) stay alive:
+    // no use-after-free is possible; the memory is leaked, not reused.
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn abort_fails_pending_and_later_submissions() {
+    let reg = Arc::new(Registry::new());
+    let hook_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let hc = hook_calls.clone();
+    reg.set_abort_hook(move |_| {
+        hc.fetch_add(1, Ordering::SeqCst);
+    });
+    let (w1, c1) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, _c2) = Work::<u8>::new(ctx(2), &reg, None).unwrap();
+    let cause = WorkError::Aborted {
+        ctx: ctx(1),
+        reason: "user abort".into(),
+    };
+    assert_eq!(reg.abort(&cause), 2);
+    assert_eq!(reg.abort(&cause), 0);
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "abort hook runs once");
+    let e1 = futures::executor::block_on(w1).unwrap_err();
+    let e2 = futures::executor::block_on(w2).unwrap_err();
+    assert_eq!(e1.context().seq, 1);
+    assert_eq!(e2.context().seq, 2, "each work gets the cause under its own seq");
+    // The backend completing later is harmless.
+    c1.complete(Ok(1));
+    match Work::<u8>::new(ctx(3), &reg, None) {
+        Err(WorkError::GroupErrored { ctx, cause }) => {
+            assert_eq!(ctx.seq, 3);
+            assert!(matches!(*cause, WorkError::Aborted { .. }));
+        }
+        other => panic!("expected GroupErrored, got {other:?}"),
+    }
+}
+
+#[test]
+fn dropped_completer_fails_work_instead_of_hanging() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    drop(done);
+    assert!(matches!(
+        futures::executor::block_on(work),
+        Err(WorkError::Backend { .. })
+    ));
+}
+
+#[test]
+fn blocking_wait_times_out_and_aborts() {
+    let reg = Arc::new(Registry::new());
+    let (w1, _c1) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, _c2) = Work::<u8>::new(ctx(2), &reg, None).unwrap();
+    let err = w1.wait_timeout(Duration::from_millis(30)).unwrap_err();
+    assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
+    assert!(matches!(
+        w2.wait_timeout(Duration::from_secs(5)),
+        Err(WorkError::OpTimeout { .. })
+    ));
+    assert!(reg.errored().is_some());
+}
+
+#[test]
+fn blocking_wait_returns_result() {
+    let reg = Arc::new(Registry::new());
+    let (w, c) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    let t = std::thread::spawn(move || c.complete(Ok(7)));
+    assert_eq!(w.wait_timeout(Duration::from_secs(10)).unwrap(), 7);
+    t.join().unwrap();
+}
+
+#[test]
+fn polled_after_completion_is_an_error_not_a_hang() {
+    let reg = Arc::new(Registry::new());
+    let (mut w, c) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    c.complete(Ok(1));
+    assert_eq!(w.try_take().unwrap().unwrap(), 1);
+    assert_eq!(w.status(), WorkStatus::Consumed);
+    assert!(futures::executor::block_on(&mut w).is_err());
+}
+
+#[test]
+fn expired_lists_ops_past_deadline() {
+    let reg = Arc::new(Registry::new());
+    let now = Instant::now();
+    let (_w1, _c1) = Work::<u8>::new(ctx(1), &reg, Some(now)).unwrap();
+    let (_w2, _c2) = Work::<u8>::new(ctx(2), &reg, Some(now + Duration::from_secs(60))).unwrap();
+    let exp = reg.expired(now + Duration::from_millis(1));
+    assert_eq!(exp.len(), 1);
+    assert_eq!(exp[0].0.seq, 1);
+}
