@@ -10,10 +10,13 @@
 //!   carrying rank, group, sequence number and op.
 //! * [`store`]: the key-value store (TCP server and client, prefix store,
 //!   in-memory store) used for rendezvous and id exchange.
+//! * [`rt`]: chorus's own background I/O threads (tokio), so futures stay
+//!   executor-agnostic.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod rt;
 pub mod store;
 pub(crate) mod sync;
 pub mod work;
