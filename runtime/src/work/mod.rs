@@ -34,16 +34,18 @@ use slot::Slot;
 
 struct Shared<T> {
     ctx: OpContext,
-    slot: Slot<T>,
+    /// Registry id (set once registered).
+    id: u64,
+    slot: Arc<Slot<T>>,
     registry: Arc<Registry>,
 }
 
-struct FailHandle<T>(Arc<Shared<T>>);
+struct FailHandle<T>(Arc<Slot<T>>);
 
 impl<T: Send + 'static> Fail for FailHandle<T> {
     fn fail(&self, err: WorkError) {
         // If the backend completed first, the work keeps that outcome.
-        drop(self.0.slot.resolve(Err(err)));
+        drop(self.0.resolve(Err(err)));
     }
 }
 
@@ -97,12 +99,16 @@ impl<T: Send + 'static> Work<T> {
         registry: &Arc<Registry>,
         deadline: Option<Instant>,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        // The registry's fail handle holds the slot alone, so that the
+        // registry never keeps the shared state (and the registry) alive.
+        let slot = Arc::new(Slot::new());
+        let id = registry.insert(ctx.clone(), deadline, Box::new(FailHandle(slot.clone())))?;
         let shared = Arc::new(Shared {
-            ctx: ctx.clone(),
-            slot: Slot::new(),
+            ctx,
+            id,
+            slot,
             registry: registry.clone(),
         });
-        registry.insert(ctx, deadline, Box::new(FailHandle(shared.clone())))?;
         Ok((
             Work {
                 shared: shared.clone(),
@@ -118,7 +124,8 @@ impl<T: Send + 'static> Work<T> {
     pub fn failed(err: WorkError) -> Work<T> {
         let shared = Arc::new(Shared {
             ctx: err.context().clone(),
-            slot: Slot::new(),
+            id: 0,
+            slot: Arc::new(Slot::new()),
             registry: Arc::new(Registry::new()),
         });
         drop(shared.slot.resolve(Err(err)));
@@ -243,7 +250,7 @@ impl<T> Completer<T> {
     /// with them. The same holds if the work itself was dropped.
     pub fn complete(mut self, outcome: Result<T, WorkError>) {
         if let Some(shared) = self.shared.take() {
-            shared.registry.remove(shared.ctx.seq);
+            shared.registry.remove(shared.id);
             drop(shared.slot.resolve(outcome));
         }
     }
@@ -252,7 +259,7 @@ impl<T> Completer<T> {
 impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.registry.remove(shared.ctx.seq);
+            shared.registry.remove(shared.id);
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
                 msg: "the backend dropped the op without completing it (it was shutting down)".into(),

@@ -27,7 +27,10 @@ struct Entry {
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 
 struct Inner {
+    /// Keyed by a registry-local id, in submission order (sequence numbers
+    /// are per op family and may repeat between collectives and P2P ops).
     entries: BTreeMap<u64, Entry>,
+    next_id: u64,
     /// Set once the group failed or was aborted; later submissions fail with it.
     errored: Option<WorkError>,
 }
@@ -62,6 +65,7 @@ impl Registry {
         Registry {
             inner: Mutex::new(Inner {
                 entries: BTreeMap::new(),
+                next_id: 0,
                 errored: None,
             }),
             abort_hook: Mutex::new(None),
@@ -79,7 +83,7 @@ impl Registry {
         ctx: OpContext,
         deadline: Option<Instant>,
         fail: Box<dyn Fail>,
-    ) -> Result<(), WorkError> {
+    ) -> Result<u64, WorkError> {
         let mut inner = lock(&self.inner);
         if let Some(cause) = &inner.errored {
             return Err(WorkError::GroupErrored {
@@ -87,12 +91,14 @@ impl Registry {
                 cause: std::sync::Arc::new(cause.clone()),
             });
         }
-        inner.entries.insert(ctx.seq, Entry { ctx, deadline, fail });
-        Ok(())
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.entries.insert(id, Entry { ctx, deadline, fail });
+        Ok(id)
     }
 
-    pub(crate) fn remove(&self, seq: u64) {
-        lock(&self.inner).entries.remove(&seq);
+    pub(crate) fn remove(&self, id: u64) {
+        lock(&self.inner).entries.remove(&id);
     }
 
     /// The first error of the group, if it has failed.
@@ -135,22 +141,23 @@ impl Registry {
         self.fail_all(cause)
     }
 
-    /// Contexts of the pending ops whose deadline is before `now`, oldest
-    /// first.
-    pub fn expired(&self, now: Instant) -> Vec<(OpContext, Instant)> {
+    /// The pending ops whose deadline is before `now`, oldest first, with
+    /// their registry ids (for [`fail_one`](Self::fail_one)).
+    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, Instant)> {
         lock(&self.inner)
             .entries
-            .values()
-            .filter_map(|e| match e.deadline {
-                Some(d) if d <= now => Some((e.ctx.clone(), d)),
+            .iter()
+            .filter_map(|(id, e)| match e.deadline {
+                Some(d) if d <= now => Some((*id, e.ctx.clone(), d)),
                 _ => None,
             })
             .collect()
     }
 
-    /// Fails one pending op with `err`, if it is still pending.
-    pub fn fail_one(&self, seq: u64, err: WorkError) -> bool {
-        let entry = lock(&self.inner).entries.remove(&seq);
+    /// Fails one pending op (by registry id) with `err`, if it is still
+    /// pending.
+    pub fn fail_one(&self, id: u64, err: WorkError) -> bool {
+        let entry = lock(&self.inner).entries.remove(&id);
         match entry {
             Some(e) => {
                 e.fail.fail(err);
@@ -165,7 +172,7 @@ impl Registry {
         lock(&self.inner).entries.len()
     }
 
-    /// Contexts of all pending ops, by sequence number.
+    /// Contexts of all pending ops, in submission order.
     pub fn pending_ops(&self) -> Vec<OpContext> {
         lock(&self.inner).entries.values().map(|e| e.ctx.clone()).collect()
     }

@@ -151,5 +151,5 @@ fn expired_lists_ops_past_deadline() {
     let (_w2, _c2) = Work::<u8>::new(ctx(2), &reg, Some(now + Duration::from_secs(60))).unwrap();
     let exp = reg.expired(now + Duration::from_millis(1));
     assert_eq!(exp.len(), 1);
-    assert_eq!(exp[0].0.seq, 1);
+    assert_eq!(exp[0].1.seq, 1);
 }
