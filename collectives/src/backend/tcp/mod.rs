@@ -1,0 +1,1 @@
+//! The TCP backend (being written).

@@ -1,0 +1,55 @@
+//! The error type of chorus's public API.
+
+use chorus_runtime::store::StoreError;
+use chorus_runtime::WorkError;
+
+/// Everything that can go wrong in chorus outside a running op's own
+/// [`WorkError`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An op failed or was refused.
+    #[error(transparent)]
+    Work(#[from] WorkError),
+    /// The store failed (rendezvous, address exchange).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A backend could not be set up (connections between ranks, NCCL
+    /// communicator creation).
+    #[error("group '{group}' rank {rank}: backend setup failed: {msg}")]
+    Setup {
+        /// The group being created.
+        group: String,
+        /// This rank.
+        rank: usize,
+        /// What failed and what to check.
+        msg: String,
+    },
+    /// An argument to group creation was invalid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// A submission that was refused before anything ran; gives the buffers
+/// back.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Rejected<B> {
+    /// Why the op was refused.
+    pub error: WorkError,
+    /// The buffers, untouched.
+    pub buffers: B,
+}
+
+impl<B> Rejected<B> {
+    /// The buffers, untouched.
+    pub fn into_buffers(self) -> B {
+        self.buffers
+    }
+}
+
+impl<B> From<Rejected<B>> for Error {
+    fn from(r: Rejected<B>) -> Self {
+        Error::Work(r.error)
+    }
+}
