@@ -248,10 +248,22 @@ impl<T> Completer<T> {
     /// If the work was already failed (abort, timeout), `outcome` is dropped
     /// here, which is when the buffers are released: after the backend is done
     /// with them. The same holds if the work itself was dropped.
+    ///
+    /// An error aborts the group (the default error policy): a collective
+    /// that failed on one rank leaves the group in an unknown state, so every
+    /// pending and later op fails with this first cause. Invalid-argument
+    /// errors are the exception: nothing ran.
     pub fn complete(mut self, outcome: Result<T, WorkError>) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
+            let abort = match &outcome {
+                Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
+                _ => None,
+            };
             drop(shared.slot.resolve(outcome));
+            if let Some(cause) = abort {
+                shared.registry.abort(&cause);
+            }
         }
     }
 }

@@ -126,14 +126,24 @@ impl Registry {
         n
     }
 
-    /// Aborts the group: runs the backend's abort hook once, then fails every
-    /// pending work with `cause`. Later submissions fail at once with it.
+    /// Aborts the group: marks it failed with `cause` (first cause wins),
+    /// runs the backend's abort hook once, then fails every pending work.
+    /// Later submissions fail at once with the first cause. Returns how many
+    /// works were failed.
+    ///
+    /// Safe to call from the backend itself (the hook runs with no lock
+    /// held, and a second abort does not run it again).
     pub fn abort(&self, cause: &WorkError) -> usize {
         let first = {
-            let inner = lock(&self.inner);
-            inner.errored.is_none()
+            let mut inner = lock(&self.inner);
+            let first = inner.errored.is_none();
+            if first {
+                inner.errored = Some(cause.clone());
+            }
+            first
         };
         if first {
+            tracing::warn!(error = %cause, "aborting group");
             if let Some(hook) = lock(&self.abort_hook).as_ref() {
                 hook(cause);
             }

@@ -153,3 +153,33 @@ fn expired_lists_ops_past_deadline() {
     assert_eq!(exp.len(), 1);
     assert_eq!(exp[0].1.seq, 1);
 }
+
+#[test]
+fn a_failed_op_aborts_the_group_once() {
+    let reg = Arc::new(Registry::new());
+    let hook_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let hc = hook_calls.clone();
+    reg.set_abort_hook(move |_| {
+        hc.fetch_add(1, Ordering::SeqCst);
+    });
+    let (w1, c1) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, c2) = Work::<u8>::new(ctx(2), &reg, None).unwrap();
+    let cause = WorkError::PeerLost {
+        ctx: ctx(1),
+        peer: 3,
+        cause: "connection reset".into(),
+    };
+    c1.complete(Err(cause));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1);
+    let e2 = futures::executor::block_on(w2).unwrap_err();
+    assert!(matches!(e2, WorkError::PeerLost { peer: 3, .. }), "{e2}");
+    assert_eq!(e2.context().seq, 2);
+    c2.complete(Err(WorkError::Aborted { ctx: ctx(2), reason: "x".into() }));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "hook runs once");
+    assert!(matches!(futures::executor::block_on(w1), Err(WorkError::PeerLost { .. })));
+    // An invalid argument does not abort.
+    let reg2 = Arc::new(Registry::new());
+    let (_w, c) = Work::<u8>::new(ctx(1), &reg2, None).unwrap();
+    c.complete(Err(WorkError::InvalidArgument { ctx: ctx(1), msg: "bad".into() }));
+    assert!(reg2.errored().is_none());
+}
