@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus_runtime::store::{PrefixStore, Store};
+use chorus_runtime::flight_recorder::{self, FlightRecorder, OpRecord};
 use chorus_runtime::{OpContext, Registry, WorkError};
 
 use crate::backend::tcp::{TcpBackend, TcpOptions};
@@ -188,7 +189,8 @@ impl ProcessGroup {
         ));
         let backend: Arc<dyn Backend> =
             TcpBackend::connect(store, rank, size, name.clone(), tcp.clone()).await?;
-        let registry = Arc::new(Registry::new());
+        let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
+        let registry = Arc::new(Registry::with_recorder(recorder));
         let hook_backend = backend.clone();
         registry.set_abort_hook(move |cause| hook_backend.abort(cause));
         tracing::debug!(group = %name, rank, size, "group ready");
@@ -256,6 +258,15 @@ impl ProcessGroup {
     /// Number of ops submitted and not yet finished.
     pub fn pending(&self) -> usize {
         self.inner.registry.pending()
+    }
+
+    /// The ops in the group's flight recorder, oldest first.
+    pub fn flight_record(&self) -> Vec<OpRecord> {
+        self.inner
+            .registry
+            .recorder()
+            .map(|r| r.snapshot())
+            .unwrap_or_default()
     }
 
     /// The group's first error, once it has failed or was aborted.
@@ -362,7 +373,13 @@ impl ProcessGroup {
         };
         let ctx = self.ctx(seq, op);
         let deadline = Instant::now() + self.timeout;
-        let (work, completer) = match chorus_runtime::Work::new(ctx.clone(), &g.registry, Some(deadline)) {
+        let (work, completer) = match chorus_runtime::Work::new_recorded(
+            ctx.clone(),
+            &g.registry,
+            Some(deadline),
+            kind.is_collective(),
+            kind.meta(),
+        ) {
             Ok(pair) => pair,
             Err(e) => return Err((e, kind)),
         };

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod flight_recorder;
 pub mod rt;
 pub mod store;
 pub(crate) mod sync;

@@ -28,6 +28,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::error::{OpContext, WorkError};
+use crate::flight_recorder::OpMeta;
 use crate::sync::Arc;
 use registry::Fail;
 use slot::Slot;
@@ -36,6 +37,8 @@ struct Shared<T> {
     ctx: OpContext,
     /// Registry id (set once registered).
     id: u64,
+    /// Flight-recorder id, if the registry records.
+    rec: Option<u64>,
     slot: Arc<Slot<T>>,
     registry: Arc<Registry>,
 }
@@ -99,13 +102,34 @@ impl<T: Send + 'static> Work<T> {
         registry: &Arc<Registry>,
         deadline: Option<Instant>,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        Self::new_recorded(ctx, registry, deadline, true, OpMeta::default())
+    }
+
+    /// Like [`new`](Self::new), and records the op in the registry's flight
+    /// recorder with `meta` (`collective`: its sequence number is comparable
+    /// across ranks).
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_recorded(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Result<(Work<T>, Completer<T>), WorkError> {
         // The registry's fail handle holds the slot alone, so that the
         // registry never keeps the shared state (and the registry) alive.
         let slot = Arc::new(Slot::new());
         let id = registry.insert(ctx.clone(), deadline, Box::new(FailHandle(slot.clone())))?;
+        let rec = registry
+            .recorder()
+            .map(|r| r.scheduled(ctx.seq, ctx.op, collective, meta));
         let shared = Arc::new(Shared {
             ctx,
             id,
+            rec,
             slot,
             registry: registry.clone(),
         });
@@ -125,6 +149,7 @@ impl<T: Send + 'static> Work<T> {
         let shared = Arc::new(Shared {
             ctx: err.context().clone(),
             id: 0,
+            rec: None,
             slot: Arc::new(Slot::new()),
             registry: Arc::new(Registry::new()),
         });
@@ -234,6 +259,16 @@ impl<T> Completer<T> {
         self.shared.as_ref().map(|s| &s.ctx)
     }
 
+    /// The backend started running the op (recorded in the flight
+    /// recorder).
+    pub fn started(&self) {
+        if let Some(s) = &self.shared {
+            if let (Some(rec), Some(id)) = (s.registry.recorder(), s.rec) {
+                rec.started(id);
+            }
+        }
+    }
+
     /// True if the work was failed early (abort, timeout) and the backend may
     /// skip the op's remaining steps.
     pub fn is_failed(&self) -> bool {
@@ -256,6 +291,9 @@ impl<T> Completer<T> {
     pub fn complete(mut self, outcome: Result<T, WorkError>) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, outcome.as_ref().err().map(|e| e.to_string()));
+            }
             let abort = match &outcome {
                 Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
                 _ => None,
@@ -272,6 +310,9 @@ impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, Some("dropped by the backend".into()));
+            }
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
                 msg: "the backend dropped the op without completing it (it was shutting down)".into(),

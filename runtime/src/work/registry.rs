@@ -11,7 +11,8 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
-use crate::sync::{lock, Mutex};
+use crate::flight_recorder::FlightRecorder;
+use crate::sync::{lock, Arc, Mutex};
 
 /// Something the registry can fail: a type-erased handle on a work's slot.
 pub(crate) trait Fail: Send {
@@ -41,6 +42,8 @@ pub struct Registry {
     /// Called once when the group is aborted (closes sockets, aborts NCCL
     /// communicators); set by the backend.
     abort_hook: Mutex<Option<AbortHook>>,
+    /// The group's flight recorder, if it keeps one.
+    recorder: Option<Arc<FlightRecorder>>,
 }
 
 impl fmt::Debug for Registry {
@@ -69,7 +72,21 @@ impl Registry {
                 errored: None,
             }),
             abort_hook: Mutex::new(None),
+            recorder: None,
         }
+    }
+
+    /// An empty registry that records every op in `recorder`.
+    pub fn with_recorder(recorder: Arc<FlightRecorder>) -> Self {
+        Registry {
+            recorder: Some(recorder),
+            ..Self::new()
+        }
+    }
+
+    /// The group's flight recorder, if any.
+    pub fn recorder(&self) -> Option<&Arc<FlightRecorder>> {
+        self.recorder.as_ref()
     }
 
     /// Sets what [`abort`](Self::abort) does to the backend besides failing
