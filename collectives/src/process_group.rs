@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use chorus_runtime::store::{PrefixStore, Store};
 use chorus_runtime::flight_recorder::{self, FlightRecorder, OpRecord};
+use chorus_runtime::watchdog::{self, ErrorPolicy, WatchedGroup};
 use chorus_runtime::{OpContext, Registry, WorkError};
 
 use crate::backend::tcp::{TcpBackend, TcpOptions};
@@ -56,6 +57,7 @@ struct Group {
     subgroups: AtomicU64,
     tcp: TcpOptions,
     timeout: Duration,
+    policy: ErrorPolicy,
 }
 
 struct Counters {
@@ -87,9 +89,17 @@ pub struct GroupBuilder {
     name: String,
     timeout: Duration,
     tcp: TcpOptions,
+    policy: ErrorPolicy,
 }
 
 impl GroupBuilder {
+    /// What the watchdog does when an op of this group (or of its subgroups)
+    /// times out or its backend fails (default: abort the group).
+    pub fn error_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
     /// This rank, from 0.
     pub fn rank(mut self, rank: usize) -> Self {
         self.rank = rank;
@@ -156,6 +166,7 @@ impl GroupBuilder {
             store,
             self.timeout,
             self.tcp,
+            self.policy,
         )
         .await
     }
@@ -171,6 +182,7 @@ impl ProcessGroup {
             name: "world".into(),
             timeout: DEFAULT_TIMEOUT,
             tcp: TcpOptions::default(),
+            policy: ErrorPolicy::default(),
         }
     }
 
@@ -181,6 +193,7 @@ impl ProcessGroup {
         root_store: Arc<dyn Store>,
         timeout: Duration,
         tcp: TcpOptions,
+        policy: ErrorPolicy,
     ) -> Result<ProcessGroup, Error> {
         let size = members.len();
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
@@ -193,6 +206,13 @@ impl ProcessGroup {
         let registry = Arc::new(Registry::with_recorder(recorder));
         let hook_backend = backend.clone();
         registry.set_abort_hook(move |cause| hook_backend.abort(cause));
+        watchdog::watch(WatchedGroup {
+            name: name.clone(),
+            rank,
+            registry: Arc::downgrade(&registry),
+            policy,
+            check: None,
+        });
         tracing::debug!(group = %name, rank, size, "group ready");
         Ok(ProcessGroup {
             inner: Arc::new(Group {
@@ -211,6 +231,7 @@ impl ProcessGroup {
                 subgroups: AtomicU64::new(0),
                 tcp,
                 timeout,
+                policy,
             }),
             timeout,
         })
@@ -267,6 +288,17 @@ impl ProcessGroup {
             .recorder()
             .map(|r| r.snapshot())
             .unwrap_or_default()
+    }
+
+    /// Writes the flight recorders of every group of this process into the
+    /// dump folder (`CHORUS_TRACE_DIR`) and returns the file's path; read it
+    /// with `chorus-trace`.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error.
+    pub fn dump_flight_recorder(&self) -> std::io::Result<std::path::PathBuf> {
+        watchdog::dump_all("request")
     }
 
     /// The group's first error, once it has failed or was aborted.
@@ -340,6 +372,7 @@ impl ProcessGroup {
             g.root_store.clone(),
             g.timeout,
             g.tcp.clone(),
+            g.policy,
         )
         .await?;
         Ok(Some(group))

@@ -19,6 +19,7 @@ pub mod error;
 pub mod flight_recorder;
 pub mod rt;
 pub mod store;
+pub mod watchdog;
 pub(crate) mod sync;
 pub mod work;
 

@@ -21,6 +21,7 @@ pub(crate) trait Fail: Send {
 
 struct Entry {
     ctx: OpContext,
+    submitted: Instant,
     deadline: Option<Instant>,
     fail: Box<dyn Fail>,
 }
@@ -110,7 +111,15 @@ impl Registry {
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.entries.insert(id, Entry { ctx, deadline, fail });
+        inner.entries.insert(
+            id,
+            Entry {
+                ctx,
+                submitted: Instant::now(),
+                deadline,
+                fail,
+            },
+        );
         Ok(id)
     }
 
@@ -168,14 +177,15 @@ impl Registry {
         self.fail_all(cause)
     }
 
-    /// The pending ops whose deadline is before `now`, oldest first, with
-    /// their registry ids (for [`fail_one`](Self::fail_one)).
-    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, Instant)> {
+    /// The pending ops whose deadline is before `now`, oldest first: their
+    /// registry ids (for [`fail_one`](Self::fail_one)), contexts and timeouts
+    /// (deadline minus submission time).
+    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
         lock(&self.inner)
             .entries
             .iter()
             .filter_map(|(id, e)| match e.deadline {
-                Some(d) if d <= now => Some((*id, e.ctx.clone(), d)),
+                Some(d) if d <= now => Some((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted))),
                 _ => None,
             })
             .collect()
