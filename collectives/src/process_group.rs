@@ -209,6 +209,7 @@ impl ProcessGroup {
         watchdog::watch(WatchedGroup {
             name: name.clone(),
             rank,
+            size,
             registry: Arc::downgrade(&registry),
             policy,
             check: None,

@@ -162,22 +162,33 @@ impl FlightRecorder {
     }
 }
 
-/// One rank's dump: every group's recorded ops.
+/// One group's part of a dump.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupDump {
+    /// The process's rank in the group.
+    pub rank: usize,
+    /// Number of ranks in the group.
+    pub size: usize,
+    /// Recorded ops, oldest first.
+    pub ops: Vec<OpRecord>,
+}
+
+/// One process's dump: every group's recorded ops.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dump {
-    /// Global rank of the process.
+    /// Global rank of the process (its rank in the world group).
     pub rank: usize,
     /// Why the dump was written (`"timeout"`, `"error"`, `"request"`, `"SIGUSR1"`).
     pub reason: String,
     /// When, in microseconds since the Unix epoch.
     pub time_us: u64,
     /// Recorded ops by group name.
-    pub groups: BTreeMap<String, Vec<OpRecord>>,
+    pub groups: BTreeMap<String, GroupDump>,
 }
 
 impl Dump {
     /// A dump of `groups` now.
-    pub fn new(rank: usize, reason: &str, groups: BTreeMap<String, Vec<OpRecord>>) -> Dump {
+    pub fn new(rank: usize, reason: &str, groups: BTreeMap<String, GroupDump>) -> Dump {
         Dump {
             rank,
             reason: reason.to_string(),
@@ -197,12 +208,17 @@ impl Dump {
 pub struct GroupReport {
     /// The group.
     pub group: String,
+    /// Number of ranks in the group.
+    pub size: usize,
+    /// Group ranks that left no dump (dead, stopped, or hung before dumping).
+    pub missing: Vec<usize>,
     /// The first collective sequence number at which the ranks disagree, if
     /// any.
     pub first_divergence: Option<Divergence>,
-    /// Each rank's last completed collective sequence number (0 if none).
+    /// Each dumped rank's last completed collective sequence number (0 if
+    /// none).
     pub last_completed: BTreeMap<usize, u64>,
-    /// Each rank's last issued collective sequence number (0 if none).
+    /// Each dumped rank's last issued collective sequence number (0 if none).
     pub last_issued: BTreeMap<usize, u64>,
 }
 
@@ -211,9 +227,11 @@ pub struct GroupReport {
 pub struct Divergence {
     /// Collective sequence number.
     pub seq: u64,
-    /// What each rank issued at that number (`None`: never issued it).
+    /// What each dumped rank issued at that number (`None`: never issued
+    /// it).
     pub issued: BTreeMap<usize, Option<String>>,
-    /// Ranks that never issued it (they are behind).
+    /// Ranks that never issued it, or left no dump while the others were
+    /// stuck at it: they are behind.
     pub behind: Vec<usize>,
     /// Ranks whose op differs from the majority (op, dtype or count).
     pub mismatched: Vec<usize>,
@@ -229,26 +247,32 @@ fn describe(r: &OpRecord) -> String {
     )
 }
 
-/// Compares the dumps of several ranks, group by group.
+/// Compares the dumps of several processes, group by group.
 ///
 /// A group's collectives are compared by sequence number. The first number
 /// at which some rank issued nothing, or ranks issued different ops, dtypes
-/// or counts, is the divergence. Ranks that never issued it are behind
-/// (hung, stopped or dead before reaching it). The oldest entries may have
-/// been evicted from a rank's ring: comparison starts at the first number
-/// every rank still holds.
+/// or counts, is the divergence; ranks that never issued it are behind. If
+/// the dumped ranks agree but some ranks left no dump, the first number the
+/// dumped ranks did not all complete is where the job is stuck, and the
+/// ranks without a dump are named as behind. The oldest entries may have
+/// been evicted from a ring: comparison starts at the first number every
+/// rank still holds.
 pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
-    let mut groups: BTreeMap<&str, BTreeMap<usize, BTreeMap<u64, &OpRecord>>> = BTreeMap::new();
+    type PerRank<'a> = BTreeMap<usize, BTreeMap<u64, &'a OpRecord>>;
+    let mut groups: BTreeMap<&str, (usize, PerRank<'_>)> = BTreeMap::new();
     for d in dumps {
-        for (name, ops) in &d.groups {
-            let per_rank = groups.entry(name).or_default().entry(d.rank).or_default();
-            for op in ops.iter().filter(|o| o.collective) {
+        for (name, g) in &d.groups {
+            let entry = groups.entry(name).or_insert_with(|| (g.size, BTreeMap::new()));
+            entry.0 = entry.0.max(g.size);
+            let per_rank = entry.1.entry(g.rank).or_default();
+            for op in g.ops.iter().filter(|o| o.collective) {
                 per_rank.insert(op.seq, op);
             }
         }
     }
     let mut reports = Vec::new();
-    for (name, ranks) in groups {
+    for (name, (size, ranks)) in groups {
+        let missing: Vec<usize> = (0..size).filter(|r| !ranks.contains_key(r)).collect();
         let last_issued: BTreeMap<usize, u64> = ranks
             .iter()
             .map(|(r, ops)| (*r, ops.keys().next_back().copied().unwrap_or(0)))
@@ -282,7 +306,11 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
             for d in issued.values().flatten() {
                 *counts.entry(d.as_str()).or_default() += 1;
             }
-            if behind.is_empty() && counts.len() <= 1 {
+            let stuck = !missing.is_empty()
+                && ranks
+                    .values()
+                    .any(|ops| ops.get(&seq).is_some_and(|o| o.state != OpState::Completed));
+            if behind.is_empty() && counts.len() <= 1 && !stuck {
                 continue;
             }
             let majority = counts.iter().max_by_key(|(_, c)| **c).map(|(d, _)| d.to_string());
@@ -291,6 +319,9 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
                 .filter(|(_, d)| d.is_some() && d.as_deref() != majority.as_deref())
                 .map(|(r, _)| *r)
                 .collect();
+            let mut behind = behind;
+            behind.extend(missing.iter().copied());
+            behind.sort_unstable();
             first_divergence = Some(Divergence {
                 seq,
                 issued,
@@ -301,6 +332,8 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
         }
         reports.push(GroupReport {
             group: name.to_string(),
+            size,
+            missing,
             first_divergence,
             last_completed,
             last_issued,
@@ -338,6 +371,10 @@ mod tests {
     }
 
     fn dump(rank: usize, ops: &[(u64, &str, u64, OpState)]) -> Dump {
+        dump_of(rank, 3, ops)
+    }
+
+    fn dump_of(rank: usize, size: usize, ops: &[(u64, &str, u64, OpState)]) -> Dump {
         let fr = FlightRecorder::new(100);
         for &(seq, op, count, state) in ops {
             let id = fr.scheduled(seq, op, true, meta(count));
@@ -348,7 +385,14 @@ mod tests {
             }
         }
         let mut groups = BTreeMap::new();
-        groups.insert("world".to_string(), fr.snapshot());
+        groups.insert(
+            "world".to_string(),
+            GroupDump {
+                rank,
+                size,
+                ops: fr.snapshot(),
+            },
+        );
         Dump::new(rank, "test", groups)
     }
 
@@ -381,10 +425,22 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_without_a_dump_is_named_where_the_others_are_stuck() {
+        use OpState::*;
+        let d0 = dump(0, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
+        let d2 = dump(2, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
+        let rep = analyze(&[d0, d2]);
+        assert_eq!(rep[0].missing, vec![1]);
+        let div = rep[0].first_divergence.as_ref().unwrap();
+        assert_eq!(div.seq, 2);
+        assert_eq!(div.behind, vec![1]);
+    }
+
+    #[test]
     fn agreeing_ranks_have_no_divergence() {
         use OpState::*;
-        let d0 = dump(0, &[(1, "barrier", 0, Completed)]);
-        let d1 = dump(1, &[(1, "barrier", 0, Completed)]);
+        let d0 = dump_of(0, 2, &[(1, "barrier", 0, Completed)]);
+        let d1 = dump_of(1, 2, &[(1, "barrier", 0, Completed)]);
         let rep = analyze(&[d0, d1]);
         assert!(rep[0].first_divergence.is_none());
     }

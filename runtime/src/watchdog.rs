@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{OpContext, WorkError};
-use crate::flight_recorder::Dump;
+use crate::flight_recorder::{Dump, GroupDump};
 use crate::work::Registry;
 
 /// What a group does when one of its ops times out or its backend reports an
@@ -78,6 +78,8 @@ pub struct WatchedGroup {
     pub name: Arc<str>,
     /// This process's rank in the group.
     pub rank: usize,
+    /// Number of ranks in the group.
+    pub size: usize,
     /// The group's registry; the watchdog forgets the group once it is gone.
     pub registry: Weak<Registry>,
     /// What to do on timeout or error.
@@ -225,7 +227,14 @@ pub fn dump_all(reason: &str) -> std::io::Result<PathBuf> {
     for g in st.groups.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         if let Some(reg) = g.registry.upgrade() {
             if let Some(rec) = reg.recorder() {
-                groups.insert(g.name.to_string(), rec.snapshot());
+                groups.insert(
+                    g.name.to_string(),
+                    GroupDump {
+                        rank: g.rank,
+                        size: g.size,
+                        ops: rec.snapshot(),
+                    },
+                );
             }
         }
     }
@@ -242,6 +251,16 @@ pub fn dump_all(reason: &str) -> std::io::Result<PathBuf> {
     std::fs::write(&tmp, json)?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
+}
+
+/// Called when a group fails (first error only): dumps the flight recorder
+/// if the watchdog runs in this process, and logs the path.
+pub(crate) fn on_group_error(cause: &WorkError) {
+    if STATE.get().is_none() {
+        return;
+    }
+    let path = dump_logged("error");
+    tracing::error!(error = %cause, dump = %path, "group failed; flight recorder dumped");
 }
 
 fn dump_logged(reason: &str) -> String {

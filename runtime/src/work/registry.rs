@@ -170,6 +170,8 @@ impl Registry {
         };
         if first {
             tracing::warn!(error = %cause, "aborting group");
+            #[cfg(not(loom))]
+            crate::watchdog::on_group_error(cause);
             if let Some(hook) = lock(&self.abort_hook).as_ref() {
                 hook(cause);
             }
