@@ -1,4 +1,7 @@
-//! Helpers shared by the chorus examples.
+//! Helpers shared by the chorus examples, and the test kit of the
+//! integration tests.
+
+pub mod testkit;
 
 use std::process::{Command, ExitCode};
 

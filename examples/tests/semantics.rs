@@ -2,12 +2,10 @@
 //! eager ordered submission, owned buffers, drop detaches, executor
 //! agnosticism, honest status, timeouts, mismatches, abort, subgroups.
 
-mod common;
-
 use std::time::Duration;
 
 use chorus::{ProcessGroup, ReduceOp, WorkError, WorkStatus};
-use common::{data, local_groups, on_all, reference};
+use chorus_examples::testkit::{data, local_groups, on_all, reference};
 
 const T: Duration = Duration::from_secs(20);
 
