@@ -59,6 +59,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     let victim = env_num("FAULT_RANK", 1) as usize;
     let pg = ProcessGroup::builder().timeout(timeout).init_from_env().await?;
     let rank = pg.rank();
+    println!("PID rank={rank} pid={}", std::process::id());
     match scenario {
         "matrix" => {
             let pg = pg.with_timeout(Duration::from_secs(60));
