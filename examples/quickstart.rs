@@ -40,47 +40,80 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 async fn run(pg: &ProcessGroup, quick: bool) -> Result<Vec<Row>, chorus::Error> {
     let (rank, n) = (pg.rank(), pg.size());
-    let sizes: &[usize] = if quick { &[1, 1000, 65_537] } else { &[1, 1000, 65_537, 1 << 22] };
+    let sizes: &[usize] = if quick {
+        &[1, 1000, 65_537]
+    } else {
+        &[1, 1000, 65_537, 1 << 22]
+    };
     let iters = if quick { 3 } else { 10 };
     let mut rows = Vec::new();
     let mut case = 0u64;
     for &len in sizes {
         // all_reduce (sum)
         case += 1;
-        let expect = reference_reduce(ReduceOp::Sum, &(0..n).map(|r| rank_data(case, r, len)).collect::<Vec<_>>());
+        let expect = reference_reduce(
+            ReduceOp::Sum,
+            &(0..n).map(|r| rank_data(case, r, len)).collect::<Vec<_>>(),
+        );
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
             let t = Instant::now();
-            let out = pg.all_reduce(rank_data(case, rank, len), ReduceOp::Sum)?.await?;
+            let out = pg
+                .all_reduce(rank_data(case, rank, len), ReduceOp::Sum)?
+                .await?;
             times.push(t.elapsed());
             ok &= out == expect;
         }
-        rows.push(Row { op: "all_reduce", bytes: len * 4, time: median(times), ok });
+        rows.push(Row {
+            op: "all_reduce",
+            bytes: len * 4,
+            time: median(times),
+            ok,
+        });
 
         // broadcast from the last rank
         case += 1;
         let root = n - 1;
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
-            let buf = if rank == root { rank_data(case, rank, len) } else { vec![f32::NAN; len] };
+            let buf = if rank == root {
+                rank_data(case, rank, len)
+            } else {
+                vec![f32::NAN; len]
+            };
             let t = Instant::now();
             let out = pg.broadcast(buf, root)?.await?;
             times.push(t.elapsed());
             ok &= out == rank_data(case, root, len);
         }
-        rows.push(Row { op: "broadcast", bytes: len * 4, time: median(times), ok });
+        rows.push(Row {
+            op: "broadcast",
+            bytes: len * 4,
+            time: median(times),
+            ok,
+        });
 
         // reduce (max) to rank 0
         case += 1;
-        let expect = reference_reduce(ReduceOp::Max, &(0..n).map(|r| rank_data(case, r, len)).collect::<Vec<_>>());
+        let expect = reference_reduce(
+            ReduceOp::Max,
+            &(0..n).map(|r| rank_data(case, r, len)).collect::<Vec<_>>(),
+        );
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
             let t = Instant::now();
-            let out = pg.reduce(rank_data(case, rank, len), 0, ReduceOp::Max)?.await?;
+            let out = pg
+                .reduce(rank_data(case, rank, len), 0, ReduceOp::Max)?
+                .await?;
             times.push(t.elapsed());
             ok &= rank != 0 || out == expect;
         }
-        rows.push(Row { op: "reduce", bytes: len * 4, time: median(times), ok });
+        rows.push(Row {
+            op: "reduce",
+            bytes: len * 4,
+            time: median(times),
+            ok,
+        });
 
         // all_gather
         case += 1;
@@ -88,25 +121,46 @@ async fn run(pg: &ProcessGroup, quick: bool) -> Result<Vec<Row>, chorus::Error> 
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
             let t = Instant::now();
-            let (_, out) = pg.all_gather(rank_data(case, rank, len), vec![f32::NAN; n * len])?.await?;
+            let (_, out) = pg
+                .all_gather(rank_data(case, rank, len), vec![f32::NAN; n * len])?
+                .await?;
             times.push(t.elapsed());
             ok &= out == expect;
         }
-        rows.push(Row { op: "all_gather", bytes: len * 4 * n, time: median(times), ok });
+        rows.push(Row {
+            op: "all_gather",
+            bytes: len * 4 * n,
+            time: median(times),
+            ok,
+        });
 
         // reduce_scatter (sum)
         case += 1;
-        let full = reference_reduce(ReduceOp::Sum, &(0..n).map(|r| rank_data(case, r, n * len)).collect::<Vec<_>>());
+        let full = reference_reduce(
+            ReduceOp::Sum,
+            &(0..n)
+                .map(|r| rank_data(case, r, n * len))
+                .collect::<Vec<_>>(),
+        );
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
             let t = Instant::now();
             let (_, out) = pg
-                .reduce_scatter(rank_data(case, rank, n * len), vec![f32::NAN; len], ReduceOp::Sum)?
+                .reduce_scatter(
+                    rank_data(case, rank, n * len),
+                    vec![f32::NAN; len],
+                    ReduceOp::Sum,
+                )?
                 .await?;
             times.push(t.elapsed());
             ok &= out[..] == full[rank * len..(rank + 1) * len];
         }
-        rows.push(Row { op: "reduce_scatter", bytes: len * 4 * n, time: median(times), ok });
+        rows.push(Row {
+            op: "reduce_scatter",
+            bytes: len * 4 * n,
+            time: median(times),
+            ok,
+        });
 
         // all_to_all
         case += 1;
@@ -116,11 +170,18 @@ async fn run(pg: &ProcessGroup, quick: bool) -> Result<Vec<Row>, chorus::Error> 
         let (mut times, mut ok) = (Vec::new(), true);
         for _ in 0..iters {
             let t = Instant::now();
-            let (_, out) = pg.all_to_all(rank_data(case, rank, n * len), vec![f32::NAN; n * len])?.await?;
+            let (_, out) = pg
+                .all_to_all(rank_data(case, rank, n * len), vec![f32::NAN; n * len])?
+                .await?;
             times.push(t.elapsed());
             ok &= out == expect;
         }
-        rows.push(Row { op: "all_to_all", bytes: len * 4 * n, time: median(times), ok });
+        rows.push(Row {
+            op: "all_to_all",
+            bytes: len * 4 * n,
+            time: median(times),
+            ok,
+        });
 
         // send/recv around a ring
         if n > 1 {
@@ -136,7 +197,12 @@ async fn run(pg: &ProcessGroup, quick: bool) -> Result<Vec<Row>, chorus::Error> 
                 times.push(t.elapsed());
                 ok &= got == rank_data(case, prev, len);
             }
-            rows.push(Row { op: "send/recv", bytes: len * 4, time: median(times), ok });
+            rows.push(Row {
+                op: "send/recv",
+                bytes: len * 4,
+                time: median(times),
+                ok,
+            });
         }
     }
     let (mut times, mut ok) = (Vec::new(), true);
@@ -145,7 +211,12 @@ async fn run(pg: &ProcessGroup, quick: bool) -> Result<Vec<Row>, chorus::Error> 
         ok &= pg.barrier()?.await.is_ok();
         times.push(t.elapsed());
     }
-    rows.push(Row { op: "barrier", bytes: 0, time: median(times), ok });
+    rows.push(Row {
+        op: "barrier",
+        bytes: 0,
+        time: median(times),
+        ok,
+    });
     Ok(rows)
 }
 
@@ -162,13 +233,18 @@ fn main() -> std::process::ExitCode {
     if let Some(code) = launch_self_if_needed(args.nproc) {
         return code;
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let result = rt.block_on(async {
         let pg = ProcessGroup::init_from_env().await?;
         let rows = run(&pg, args.quick).await?;
         // Every rank's verdict, gathered so rank 0 reports them all.
         let oks: Vec<u8> = rows.iter().map(|r| r.ok as u8).collect();
-        let (_, all) = pg.all_gather(oks.clone(), vec![0u8; oks.len() * pg.size()])?.await?;
+        let (_, all) = pg
+            .all_gather(oks.clone(), vec![0u8; oks.len() * pg.size()])?
+            .await?;
         Ok::<_, chorus::Error>((pg.rank(), pg.size(), pg.backend_name(), rows, all))
     });
     match result {
@@ -176,7 +252,10 @@ fn main() -> std::process::ExitCode {
             let all_ok = all.iter().all(|&v| v == 1);
             if rank == 0 {
                 println!("chorus quickstart: {n} ranks, backend {backend}, f32");
-                println!("{:<15} {:>10} {:>12} {:>12} {:>4}", "op", "size", "time", "bandwidth", "OK");
+                println!(
+                    "{:<15} {:>10} {:>12} {:>12} {:>4}",
+                    "op", "size", "time", "bandwidth", "OK"
+                );
                 for (i, r) in rows.iter().enumerate() {
                     let ok = (0..n).all(|k| all[k * rows.len() + i] == 1);
                     let bw = if r.bytes == 0 {
@@ -193,7 +272,14 @@ fn main() -> std::process::ExitCode {
                         if ok { "OK" } else { "FAIL" }
                     );
                 }
-                println!("{}", if all_ok { "all results match the serial reference" } else { "SOME RESULTS ARE WRONG" });
+                println!(
+                    "{}",
+                    if all_ok {
+                        "all results match the serial reference"
+                    } else {
+                        "SOME RESULTS ARE WRONG"
+                    }
+                );
             }
             if all_ok {
                 std::process::ExitCode::SUCCESS

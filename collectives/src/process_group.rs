@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_runtime::store::{PrefixStore, Store};
 use chorus_runtime::flight_recorder::{self, FlightRecorder, OpRecord};
+use chorus_runtime::store::{PrefixStore, Store};
 use chorus_runtime::watchdog::{self, ErrorPolicy, WatchedGroup};
 use chorus_runtime::{OpContext, Registry, WorkError};
 
@@ -146,9 +146,9 @@ impl GroupBuilder {
     /// store or a zero timeout; [`Error::Setup`] or [`Error::Store`] if the
     /// ranks cannot connect (within the TCP connect timeout).
     pub async fn build(self) -> Result<ProcessGroup, Error> {
-        let store = self
-            .store
-            .ok_or_else(|| Error::InvalidArgument("a store is required (GroupBuilder::store)".into()))?;
+        let store = self.store.ok_or_else(|| {
+            Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
+        })?;
         if self.size == 0 || self.rank >= self.size {
             return Err(Error::InvalidArgument(format!(
                 "rank {} is not in a world of size {} (expected 0 <= rank < world_size)",
@@ -156,7 +156,9 @@ impl GroupBuilder {
             )));
         }
         if self.timeout.is_zero() {
-            return Err(Error::InvalidArgument("the op timeout must be above zero".into()));
+            return Err(Error::InvalidArgument(
+                "the op timeout must be above zero".into(),
+            ));
         }
         let members = (0..self.size).collect();
         ProcessGroup::connect(
@@ -339,7 +341,9 @@ impl ProcessGroup {
     pub async fn new_group(&self, ranks: &[usize]) -> Result<Option<ProcessGroup>, Error> {
         let g = &self.inner;
         if ranks.is_empty() {
-            return Err(Error::InvalidArgument("new_group needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "new_group needs at least one rank".into(),
+            ));
         }
         let mut seen = vec![false; g.size];
         for &r in ranks {
@@ -439,7 +443,10 @@ impl ProcessGroup {
             return Err(self.invalid(
                 0,
                 op,
-                format!("{what} {r} is not a rank of a group of size {}", self.inner.size),
+                format!(
+                    "{what} {r} is not a rank of a group of size {}",
+                    self.inner.size
+                ),
             ));
         }
         Ok(())
@@ -459,7 +466,9 @@ fn give_back<T: Element>(kind: OpKind) -> Vec<Vec<T>> {
         | OpKind::AllToAll { input, output } => vec![input, output],
         OpKind::Barrier => vec![],
     };
-    bufs.into_iter().filter_map(|b| T::from_host(b).ok()).collect()
+    bufs.into_iter()
+        .filter_map(|b| T::from_host(b).ok())
+        .collect()
 }
 
 fn one<T: Element>(kind: OpKind) -> Vec<T> {
@@ -483,7 +492,11 @@ fn two<T: Element>(kind: OpKind) -> (Vec<T>, Vec<T>) {
 /// [`WorkError`] if the op fails while running.
 impl ProcessGroup {
     /// Reduces `buf` across all ranks, in place: every rank gets the result.
-    pub fn all_reduce<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
+    pub fn all_reduce<T: Element>(
+        &self,
+        buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
         let kind = OpKind::AllReduce {
             buf: T::into_host(buf),
             op,
@@ -496,9 +509,16 @@ impl ProcessGroup {
 
     /// Copies `root`'s `buf` into every rank's `buf` (same length on every
     /// rank).
-    pub fn broadcast<T: Element>(&self, buf: Vec<T>, root: usize) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
+    pub fn broadcast<T: Element>(
+        &self,
+        buf: Vec<T>,
+        root: usize,
+    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
         if let Err(error) = self.check_rank("broadcast", "root", root) {
-            return Err(Rejected { error, buffers: buf });
+            return Err(Rejected {
+                error,
+                buffers: buf,
+            });
         }
         let kind = OpKind::Broadcast {
             buf: T::into_host(buf),
@@ -519,7 +539,10 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
         if let Err(error) = self.check_rank("reduce", "root", root) {
-            return Err(Rejected { error, buffers: buf });
+            return Err(Rejected {
+                error,
+                buffers: buf,
+            });
         }
         let kind = OpKind::Reduce {
             buf: T::into_host(buf),
@@ -638,9 +661,16 @@ impl ProcessGroup {
 
     /// Sends `buf` to rank `dst`, which must post a matching
     /// [`recv`](Self::recv) of the same length. Yields `buf` back.
-    pub fn send<T: Element>(&self, buf: Vec<T>, dst: usize) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
+    pub fn send<T: Element>(
+        &self,
+        buf: Vec<T>,
+        dst: usize,
+    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
         if let Err(error) = self.check_peer("send", dst) {
-            return Err(Rejected { error, buffers: buf });
+            return Err(Rejected {
+                error,
+                buffers: buf,
+            });
         }
         let kind = OpKind::Send {
             buf: T::into_host(buf),
@@ -654,9 +684,16 @@ impl ProcessGroup {
 
     /// Receives from rank `src` into `buf`, whose length must equal the
     /// sender's. Yields `buf` filled.
-    pub fn recv<T: Element>(&self, buf: Vec<T>, src: usize) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
+    pub fn recv<T: Element>(
+        &self,
+        buf: Vec<T>,
+        src: usize,
+    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
         if let Err(error) = self.check_peer("recv", src) {
-            return Err(Rejected { error, buffers: buf });
+            return Err(Rejected {
+                error,
+                buffers: buf,
+            });
         }
         let kind = OpKind::Recv {
             buf: T::into_host(buf),

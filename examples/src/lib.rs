@@ -13,7 +13,9 @@ use rand::{Rng, SeedableRng};
 /// compute the reference).
 pub fn rank_data(case: u64, rank: usize, len: usize) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(case * 7919 + rank as u64);
-    (0..len).map(|_| rng.gen_range(-64i32..=64) as f32).collect()
+    (0..len)
+        .map(|_| rng.gen_range(-64i32..=64) as f32)
+        .collect()
 }
 
 /// If no launcher set `RANK`, starts `nproc` copies of this program with the

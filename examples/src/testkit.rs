@@ -72,7 +72,11 @@ pub async fn local_groups(size: usize, timeout: Duration) -> Vec<ProcessGroup> {
 }
 
 /// [`local_groups`] with TCP options.
-pub async fn local_groups_with(size: usize, timeout: Duration, tcp: TcpOptions) -> Vec<ProcessGroup> {
+pub async fn local_groups_with(
+    size: usize,
+    timeout: Duration,
+    tcp: TcpOptions,
+) -> Vec<ProcessGroup> {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
     let handles: Vec<_> = (0..size)
         .map(|rank| {
@@ -132,7 +136,10 @@ fn verify<T: TestElem>(what: String, got: &[T], want: &[T]) -> Result<(), String
     }
     let at = got.iter().zip(want).position(|(a, b)| a != b);
     Err(match at {
-        Some(i) => format!("{what}: element {i} is {:?}, expected {:?}", got[i], want[i]),
+        Some(i) => format!(
+            "{what}: element {i} is {:?}, expected {:?}",
+            got[i], want[i]
+        ),
         None => format!("{what}: length {} expected {}", got.len(), want.len()),
     })
 }
@@ -141,7 +148,11 @@ fn verify<T: TestElem>(what: String, got: &[T], want: &[T]) -> Result<(), String
 /// each result against the serial reference; every rank of the group must
 /// call it with the same arguments. Returns the number of checks passed, or
 /// the first failure.
-pub async fn check_all_ops<T: TestElem>(pg: &ProcessGroup, salt: u64, sizes: &[usize]) -> Result<usize, String> {
+pub async fn check_all_ops<T: TestElem>(
+    pg: &ProcessGroup,
+    salt: u64,
+    sizes: &[usize],
+) -> Result<usize, String> {
     let (rank, size) = (pg.rank(), pg.size());
     let e = |e: chorus::WorkError| e.to_string();
     let r = |e: chorus::Rejected<_>| e.error.to_string();
@@ -151,27 +162,59 @@ pub async fn check_all_ops<T: TestElem>(pg: &ProcessGroup, salt: u64, sizes: &[u
         let case = |k: u64| salt * 1_000 + si as u64 * 100 + k;
         for (oi, &op) in OPS.iter().enumerate() {
             let c = case(oi as u64);
-            let out = pg.all_reduce(data::<T>(c, rank, len, op), op).map_err(r)?.await.map_err(e)?;
-            verify(format!("all_reduce {op} {dt} len {len}"), &out, &reference::<T>(c, size, len, op))?;
+            let out = pg
+                .all_reduce(data::<T>(c, rank, len, op), op)
+                .map_err(r)?
+                .await
+                .map_err(e)?;
+            verify(
+                format!("all_reduce {op} {dt} len {len}"),
+                &out,
+                &reference::<T>(c, size, len, op),
+            )?;
             checks += 1;
         }
 
         let c = case(10);
         let root = (c as usize) % size;
-        let buf = if rank == root { data::<T>(c, rank, len, ReduceOp::Sum) } else { poison(len) };
-        let out = pg.broadcast(buf, root).map_err(|x| x.error.to_string())?.await.map_err(e)?;
-        verify(format!("broadcast {dt} len {len}"), &out, &data::<T>(c, root, len, ReduceOp::Sum))?;
+        let buf = if rank == root {
+            data::<T>(c, rank, len, ReduceOp::Sum)
+        } else {
+            poison(len)
+        };
+        let out = pg
+            .broadcast(buf, root)
+            .map_err(|x| x.error.to_string())?
+            .await
+            .map_err(e)?;
+        verify(
+            format!("broadcast {dt} len {len}"),
+            &out,
+            &data::<T>(c, root, len, ReduceOp::Sum),
+        )?;
         checks += 1;
 
         for (oi, &op) in OPS.iter().enumerate() {
             let c = case(20 + oi as u64);
             let root = (c as usize + 1) % size;
             let mine = data::<T>(c, rank, len, op);
-            let out = pg.reduce(mine.clone(), root, op).map_err(|x| x.error.to_string())?.await.map_err(e)?;
+            let out = pg
+                .reduce(mine.clone(), root, op)
+                .map_err(|x| x.error.to_string())?
+                .await
+                .map_err(e)?;
             if rank == root {
-                verify(format!("reduce {op} {dt} len {len}"), &out, &reference::<T>(c, size, len, op))?;
+                verify(
+                    format!("reduce {op} {dt} len {len}"),
+                    &out,
+                    &reference::<T>(c, size, len, op),
+                )?;
             } else {
-                verify(format!("reduce leaves non-root unchanged {dt}"), &out, &mine)?;
+                verify(
+                    format!("reduce leaves non-root unchanged {dt}"),
+                    &out,
+                    &mine,
+                )?;
             }
             checks += 1;
         }
@@ -182,8 +225,14 @@ pub async fn check_all_ops<T: TestElem>(pg: &ProcessGroup, salt: u64, sizes: &[u
             .map_err(|x| x.error.to_string())?
             .await
             .map_err(e)?;
-        verify(format!("all_gather input kept {dt}"), &inp, &data::<T>(c, rank, len, ReduceOp::Sum))?;
-        let expect: Vec<T> = (0..size).flat_map(|r| data::<T>(c, r, len, ReduceOp::Sum)).collect();
+        verify(
+            format!("all_gather input kept {dt}"),
+            &inp,
+            &data::<T>(c, rank, len, ReduceOp::Sum),
+        )?;
+        let expect: Vec<T> = (0..size)
+            .flat_map(|r| data::<T>(c, r, len, ReduceOp::Sum))
+            .collect();
         verify(format!("all_gather {dt} len {len}"), &out, &expect)?;
         checks += 1;
 
@@ -195,18 +244,27 @@ pub async fn check_all_ops<T: TestElem>(pg: &ProcessGroup, salt: u64, sizes: &[u
                 .await
                 .map_err(e)?;
             let full = reference::<T>(c, size, size * len, op);
-            verify(format!("reduce_scatter {op} {dt} len {len}"), &out, &full[rank * len..(rank + 1) * len])?;
+            verify(
+                format!("reduce_scatter {op} {dt} len {len}"),
+                &out,
+                &full[rank * len..(rank + 1) * len],
+            )?;
             checks += 1;
         }
 
         let c = case(50);
         let (_, out) = pg
-            .all_to_all(data::<T>(c, rank, size * len, ReduceOp::Sum), poison(size * len))
+            .all_to_all(
+                data::<T>(c, rank, size * len, ReduceOp::Sum),
+                poison(size * len),
+            )
             .map_err(|x| x.error.to_string())?
             .await
             .map_err(e)?;
         let expect: Vec<T> = (0..size)
-            .flat_map(|i| data::<T>(c, i, size * len, ReduceOp::Sum)[rank * len..(rank + 1) * len].to_vec())
+            .flat_map(|i| {
+                data::<T>(c, i, size * len, ReduceOp::Sum)[rank * len..(rank + 1) * len].to_vec()
+            })
             .collect();
         verify(format!("all_to_all {dt} len {len}"), &out, &expect)?;
         checks += 1;
@@ -216,15 +274,24 @@ pub async fn check_all_ops<T: TestElem>(pg: &ProcessGroup, salt: u64, sizes: &[u
             let next = (rank + 1) % size;
             let prev = (rank + size - 1) % size;
             // Both submitted before either is awaited: eager submission.
-            let s = pg.send(data::<T>(c, rank, len, ReduceOp::Sum), next).map_err(r)?;
+            let s = pg
+                .send(data::<T>(c, rank, len, ReduceOp::Sum), next)
+                .map_err(r)?;
             let rv = pg.recv(poison::<T>(len), prev).map_err(r)?;
             let got = rv.await.map_err(e)?;
             s.await.map_err(e)?;
-            verify(format!("send/recv {dt} len {len}"), &got, &data::<T>(c, prev, len, ReduceOp::Sum))?;
+            verify(
+                format!("send/recv {dt} len {len}"),
+                &got,
+                &data::<T>(c, prev, len, ReduceOp::Sum),
+            )?;
             checks += 1;
         }
     }
-    pg.barrier().map_err(|x| x.error.to_string())?.await.map_err(e)?;
+    pg.barrier()
+        .map_err(|x| x.error.to_string())?
+        .await
+        .map_err(e)?;
     Ok(checks + 1)
 }
 
@@ -253,11 +320,20 @@ pub async fn check_all_dtypes(pg: &ProcessGroup, sizes: &[usize]) -> Result<usiz
 pub fn workspace_bin(package: &str, name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf();
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
     let path = dir.join(name);
     if !path.exists() {
-        let profile = dir.file_name().and_then(|p| p.to_str()).unwrap_or("debug").to_string();
-        let mut cmd = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        let profile = dir
+            .file_name()
+            .and_then(|p| p.to_str())
+            .unwrap_or("debug")
+            .to_string();
+        let mut cmd =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.args(["build", "-p", package, "--bin", name]);
         if profile == "release" {
             cmd.arg("--release");
@@ -268,7 +344,10 @@ pub fn workspace_bin(package: &str, name: &str) -> std::path::PathBuf {
             cmd.env("CARGO_TARGET_DIR", target);
         }
         let status = cmd.status().expect("run cargo");
-        assert!(status.success(), "cargo build -p {package} --bin {name} failed");
+        assert!(
+            status.success(),
+            "cargo build -p {package} --bin {name} failed"
+        );
     }
     path
 }

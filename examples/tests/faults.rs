@@ -65,11 +65,18 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => {
-                let body = line.split_once("] ").map_or(line.as_str(), |(_, b)| b).to_string();
+                let body = line
+                    .split_once("] ")
+                    .map_or(line.as_str(), |(_, b)| b)
+                    .to_string();
                 if body.starts_with("RESULT") {
-                    let rank: usize = field(&body, "rank").and_then(|v| v.parse().ok()).expect("rank");
+                    let rank: usize = field(&body, "rank")
+                        .and_then(|v| v.parse().ok())
+                        .expect("rank");
                     let kind = field(&body, "kind").unwrap_or("").to_string();
-                    let ms: u64 = field(&body, "elapsed_ms").and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+                    let ms: u64 = field(&body, "elapsed_ms")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(u64::MAX);
                     let msg = body.split_once("msg=").map_or("", |(_, m)| m).to_string();
                     out.results.insert(rank, (kind, ms, msg));
                 }
@@ -96,7 +103,10 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("{scenario}: no end within 60 s; output so far:\n{}", out.lines.join("\n"));
+            panic!(
+                "{scenario}: no end within 60 s; output so far:\n{}",
+                out.lines.join("\n")
+            );
         }
     }
     let status = child.wait().expect("wait chorus-run");
@@ -120,7 +130,10 @@ fn survivors_failed_within(out: &Outcome, ranks: &[usize], kinds: &[&str], limit
             .get(r)
             .unwrap_or_else(|| panic!("rank {r} reported nothing:\n{}", out.lines.join("\n")));
         assert!(kinds.contains(&kind.as_str()), "rank {r}: {kind}: {msg}");
-        assert!(*ms <= limit_ms, "rank {r} failed after {ms} ms (limit {limit_ms}): {msg}");
+        assert!(
+            *ms <= limit_ms,
+            "rank {r} failed after {ms} ms (limit {limit_ms}): {msg}"
+        );
     }
 }
 
@@ -144,7 +157,12 @@ fn sigkill_mid_all_reduce_fails_every_survivor_within_timeout() {
     for i in 0..RUNS {
         let dir = temp_dir("kill", i);
         let out = run("kill", &dir);
-        survivors_failed_within(&out, &[0, 2], &["PeerLost", "OpTimeout", "GroupErrored", "Aborted"], TIMEOUT_MS + 1000);
+        survivors_failed_within(
+            &out,
+            &[0, 2],
+            &["PeerLost", "OpTimeout", "GroupErrored", "Aborted"],
+            TIMEOUT_MS + 1000,
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -154,10 +172,18 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
     for i in 0..RUNS {
         let dir = temp_dir("stop", i);
         let out = run("stop", &dir);
-        survivors_failed_within(&out, &[0, 2], &["OpTimeout", "GroupErrored", "Aborted"], TIMEOUT_MS + 1000);
+        survivors_failed_within(
+            &out,
+            &[0, 2],
+            &["OpTimeout", "GroupErrored", "Aborted"],
+            TIMEOUT_MS + 1000,
+        );
         let report = trace(&dir);
         assert!(report.contains("first divergence at seq 3"), "{report}");
-        assert!(report.contains("behind (never issued seq 3): ranks [1]"), "{report}");
+        assert!(
+            report.contains("behind (never issued seq 3): ranks [1]"),
+            "{report}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -172,18 +198,26 @@ fn mismatched_collectives_are_named_by_the_error_and_by_chorus_trace() {
                 .results
                 .get(&r)
                 .unwrap_or_else(|| panic!("rank {r} reported nothing:\n{}", out.lines.join("\n")));
-            assert!(["Mismatch", "GroupErrored", "PeerLost", "Aborted"].contains(&kind.as_str()), "rank {r}: {kind}: {msg}");
+            assert!(
+                ["Mismatch", "GroupErrored", "PeerLost", "Aborted"].contains(&kind.as_str()),
+                "rank {r}: {kind}: {msg}"
+            );
         }
         // At least the ranks that talk to the odd one out name both sides.
         let named = out
             .results
             .values()
-            .filter(|(k, _, m)| k == "Mismatch" && m.contains("all_gather") && m.contains("all_reduce"))
+            .filter(|(k, _, m)| {
+                k == "Mismatch" && m.contains("all_gather") && m.contains("all_reduce")
+            })
             .count();
         assert!(named >= 1, "{:?}", out.results);
         let report = trace(&dir);
         assert!(report.contains("first divergence at seq 2"), "{report}");
-        assert!(report.contains("called a different op/dtype/count: ranks [1]"), "{report}");
+        assert!(
+            report.contains("called a different op/dtype/count: ranks [1]"),
+            "{report}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,10 +15,16 @@ fn run_matrix(n: usize) {
         .expect("start chorus-run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "world {n}: {:?}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "world {n}: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
     for r in 0..n {
         assert!(
-            stdout.lines().any(|l| l.starts_with(&format!("[rank {r}] OK rank={r} checks="))),
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("[rank {r}] OK rank={r} checks="))),
             "rank {r} did not report OK:\n{stdout}\n{stderr}"
         );
     }

@@ -9,13 +9,20 @@ use chorus_examples::testkit::{check_all_dtypes, local_groups, on_all, SIZES};
 
 async fn matrix(size: usize) {
     let groups = local_groups(size, Duration::from_secs(60)).await;
-    let counts = on_all(&groups, |pg| async move { check_all_dtypes(&pg, &SIZES).await }).await;
+    let counts = on_all(
+        &groups,
+        |pg| async move { check_all_dtypes(&pg, &SIZES).await },
+    )
+    .await;
     let counts: Vec<usize> = counts
         .into_iter()
         .enumerate()
         .map(|(rank, c)| c.unwrap_or_else(|e| panic!("rank {rank}: {e}")))
         .collect();
-    assert!(counts.iter().all(|&c| c == counts[0] && c > 0), "{counts:?}");
+    assert!(
+        counts.iter().all(|&c| c == counts[0] && c > 0),
+        "{counts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -150,7 +150,11 @@ impl FlightRecorder {
             if matches!(e.state, OpState::Completed | OpState::Failed) {
                 return;
             }
-            e.state = if error.is_some() { OpState::Failed } else { OpState::Completed };
+            e.state = if error.is_some() {
+                OpState::Failed
+            } else {
+                OpState::Completed
+            };
             e.completed_us = Some(now_us());
             e.error = error;
         });
@@ -243,7 +247,10 @@ fn describe(r: &OpRecord) -> String {
         r.op,
         r.meta.dtype.as_deref().unwrap_or("-"),
         r.meta.count,
-        r.meta.peer.map(|p| format!(", root={p}")).unwrap_or_default()
+        r.meta
+            .peer
+            .map(|p| format!(", root={p}"))
+            .unwrap_or_default()
     )
 }
 
@@ -262,7 +269,9 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
     let mut groups: BTreeMap<&str, (usize, PerRank<'_>)> = BTreeMap::new();
     for d in dumps {
         for (name, g) in &d.groups {
-            let entry = groups.entry(name).or_insert_with(|| (g.size, BTreeMap::new()));
+            let entry = groups
+                .entry(name)
+                .or_insert_with(|| (g.size, BTreeMap::new()));
             entry.0 = entry.0.max(g.size);
             let per_rank = entry.1.entry(g.rank).or_default();
             for op in g.ops.iter().filter(|o| o.collective) {
@@ -301,7 +310,11 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
                 .iter()
                 .map(|(r, ops)| (*r, ops.get(&seq).map(|o| describe(o))))
                 .collect();
-            let behind: Vec<usize> = issued.iter().filter(|(_, d)| d.is_none()).map(|(r, _)| *r).collect();
+            let behind: Vec<usize> = issued
+                .iter()
+                .filter(|(_, d)| d.is_none())
+                .map(|(r, _)| *r)
+                .collect();
             let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
             for d in issued.values().flatten() {
                 *counts.entry(d.as_str()).or_default() += 1;
@@ -313,7 +326,10 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
             if behind.is_empty() && counts.len() <= 1 && !stuck {
                 continue;
             }
-            let majority = counts.iter().max_by_key(|(_, c)| **c).map(|(d, _)| d.to_string());
+            let majority = counts
+                .iter()
+                .max_by_key(|(_, c)| **c)
+                .map(|(d, _)| d.to_string());
             let mismatched = issued
                 .iter()
                 .filter(|(_, d)| d.is_some() && d.as_deref() != majority.as_deref())
@@ -357,13 +373,18 @@ mod tests {
     #[test]
     fn ring_is_bounded_and_tracks_states() {
         let fr = FlightRecorder::new(3);
-        let ids: Vec<u64> = (1..=5).map(|s| fr.scheduled(s, "all_reduce", true, meta(s))).collect();
+        let ids: Vec<u64> = (1..=5)
+            .map(|s| fr.scheduled(s, "all_reduce", true, meta(s)))
+            .collect();
         fr.started(ids[4]);
         fr.finished(ids[3], None);
         fr.finished(ids[2], Some("boom".into()));
         fr.started(ids[0]); // evicted: ignored
         let snap = fr.snapshot();
-        assert_eq!(snap.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
+        assert_eq!(
+            snap.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
         assert_eq!(snap[0].state, OpState::Failed);
         assert_eq!(snap[0].error.as_deref(), Some("boom"));
         assert_eq!(snap[1].state, OpState::Completed);
@@ -399,9 +420,21 @@ mod tests {
     #[test]
     fn names_the_rank_that_is_behind() {
         use OpState::*;
-        let d0 = dump(0, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
+        let d0 = dump(
+            0,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 4, Started),
+            ],
+        );
         let d1 = dump(1, &[(1, "all_reduce", 4, Completed)]);
-        let d2 = dump(2, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
+        let d2 = dump(
+            2,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 4, Started),
+            ],
+        );
         let rep = analyze(&[d0, d1, d2]);
         let div = rep[0].first_divergence.as_ref().unwrap();
         assert_eq!(div.seq, 2);
@@ -414,9 +447,27 @@ mod tests {
     #[test]
     fn names_a_mismatched_op() {
         use OpState::*;
-        let d0 = dump(0, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 12, Started)]);
-        let d1 = dump(1, &[(1, "all_reduce", 4, Completed), (2, "all_gather", 10, Started)]);
-        let d2 = dump(2, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 12, Started)]);
+        let d0 = dump(
+            0,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 12, Started),
+            ],
+        );
+        let d1 = dump(
+            1,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_gather", 10, Started),
+            ],
+        );
+        let d2 = dump(
+            2,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 12, Started),
+            ],
+        );
         let rep = analyze(&[d0, d1, d2]);
         let div = rep[0].first_divergence.as_ref().unwrap();
         assert_eq!(div.seq, 2);
@@ -427,8 +478,20 @@ mod tests {
     #[test]
     fn a_rank_without_a_dump_is_named_where_the_others_are_stuck() {
         use OpState::*;
-        let d0 = dump(0, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
-        let d2 = dump(2, &[(1, "all_reduce", 4, Completed), (2, "all_reduce", 4, Started)]);
+        let d0 = dump(
+            0,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 4, Started),
+            ],
+        );
+        let d2 = dump(
+            2,
+            &[
+                (1, "all_reduce", 4, Completed),
+                (2, "all_reduce", 4, Started),
+            ],
+        );
         let rep = analyze(&[d0, d2]);
         assert_eq!(rep[0].missing, vec![1]);
         let div = rep[0].first_divergence.as_ref().unwrap();

@@ -19,8 +19,8 @@ pub mod error;
 pub mod flight_recorder;
 pub mod rt;
 pub mod store;
-pub mod watchdog;
 pub(crate) mod sync;
+pub mod watchdog;
 pub mod work;
 
 pub use error::{OpContext, WorkError};

@@ -58,8 +58,12 @@ impl WatchdogConfig {
     pub fn from_env() -> WatchdogConfig {
         let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
         WatchdogConfig {
-            interval: Duration::from_millis(num("CHORUS_WATCHDOG_INTERVAL_MS").unwrap_or(10).max(1)),
-            heartbeat_timeout: Duration::from_secs(num("CHORUS_HEARTBEAT_TIMEOUT_S").unwrap_or(60).max(1)),
+            interval: Duration::from_millis(
+                num("CHORUS_WATCHDOG_INTERVAL_MS").unwrap_or(10).max(1),
+            ),
+            heartbeat_timeout: Duration::from_secs(
+                num("CHORUS_HEARTBEAT_TIMEOUT_S").unwrap_or(60).max(1),
+            ),
             dump_dir: std::env::var_os("CHORUS_TRACE_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(std::env::temp_dir),
@@ -192,7 +196,10 @@ pub fn watch(group: WatchedGroup) {
     if &*group.name == "world" || st.process_rank.load(Ordering::Relaxed) == u64::MAX {
         st.process_rank.store(group.rank as u64, Ordering::Relaxed);
     }
-    st.groups.lock().unwrap_or_else(|p| p.into_inner()).push(group);
+    st.groups
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(group);
 }
 
 /// Counters of what the watchdog has done in this process.
@@ -208,11 +215,13 @@ pub struct WatchdogStats {
 
 /// What the watchdog has done so far (zeros if it never started).
 pub fn stats() -> WatchdogStats {
-    STATE.get().map_or_else(WatchdogStats::default, |st| WatchdogStats {
-        rounds: st.heartbeat.load(Ordering::Relaxed),
-        timeouts: st.timeouts.load(Ordering::Relaxed),
-        errors: st.errors.load(Ordering::Relaxed),
-    })
+    STATE
+        .get()
+        .map_or_else(WatchdogStats::default, |st| WatchdogStats {
+            rounds: st.heartbeat.load(Ordering::Relaxed),
+            timeouts: st.timeouts.load(Ordering::Relaxed),
+            errors: st.errors.load(Ordering::Relaxed),
+        })
 }
 
 /// Writes every watched group's flight recorder into one JSON file for this
@@ -319,7 +328,8 @@ fn round(st: &State) {
         if expired.is_empty() {
             continue;
         }
-        st.timeouts.fetch_add(expired.len() as u64, Ordering::Relaxed);
+        st.timeouts
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
         let (_, ctx, after) = &expired[0];
         let err = WorkError::OpTimeout {
             ctx: ctx.clone(),
@@ -332,7 +342,12 @@ fn round(st: &State) {
     }
 }
 
-fn apply(policy: ErrorPolicy, reg: &Registry, err: &WorkError, expired: &[(u64, OpContext, Duration)]) {
+fn apply(
+    policy: ErrorPolicy,
+    reg: &Registry,
+    err: &WorkError,
+    expired: &[(u64, OpContext, Duration)],
+) {
     match policy {
         ErrorPolicy::AbortGroup => {
             reg.abort(err);
@@ -388,7 +403,11 @@ fn heartbeat_loop(st: &Arc<State>) {
         let regs: Vec<(Arc<Registry>, Arc<str>, usize, ErrorPolicy)> = match st.groups.try_lock() {
             Ok(groups) => groups
                 .iter()
-                .filter_map(|g| g.registry.upgrade().map(|r| (r, g.name.clone(), g.rank, g.policy)))
+                .filter_map(|g| {
+                    g.registry
+                        .upgrade()
+                        .map(|r| (r, g.name.clone(), g.rank, g.policy))
+                })
                 .collect(),
             Err(_) => {
                 tracing::error!("the watchdog holds the group list; cannot fail works from the heartbeat monitor");

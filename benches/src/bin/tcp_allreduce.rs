@@ -59,16 +59,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         // Keep values bounded so repeated sums stay finite.
         buf.iter_mut().for_each(|x| *x = 1.0);
-        let times = pg.all_gather(times.iter().map(|d| d.as_secs_f64()).collect::<Vec<f64>>(), vec![0.0; iters * n])?.await?.1;
+        let times = pg
+            .all_gather(
+                times.iter().map(|d| d.as_secs_f64()).collect::<Vec<f64>>(),
+                vec![0.0; iters * n],
+            )?
+            .await?
+            .1;
         if pg.rank() == 0 {
             // The op's time is the slowest rank's, per iteration.
             let mut per_iter: Vec<Duration> = (0..iters)
-                .map(|i| Duration::from_secs_f64((0..n).map(|r| times[r * iters + i]).fold(0.0, f64::max)))
+                .map(|i| {
+                    Duration::from_secs_f64(
+                        (0..n).map(|r| times[r * iters + i]).fold(0.0, f64::max),
+                    )
+                })
                 .collect();
             per_iter.sort();
             let med = percentile(&per_iter, 0.5);
             let p99 = percentile(&per_iter, 0.99);
-            let busbw = (count * 4) as f64 * 2.0 * (n as f64 - 1.0) / n as f64 / med.as_secs_f64() / 1e9;
+            let busbw =
+                (count * 4) as f64 * 2.0 * (n as f64 - 1.0) / n as f64 / med.as_secs_f64() / 1e9;
             println!(
                 "{{\"impl\":\"chorus\",\"ranks\":{n},\"bytes\":{},\"iters\":{iters},\"median_us\":{:.1},\"p99_us\":{:.1},\"busbw_gbps\":{:.3}}}",
                 count * 4,

@@ -31,7 +31,10 @@ pub(crate) enum OpKind {
     },
     /// `output` (len = size * input.len()) receives every rank's `input` in
     /// rank order.
-    AllGather { input: HostBuffer, output: HostBuffer },
+    AllGather {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
     /// `input` (len = size * output.len()) is reduced across ranks; rank r
     /// gets block r in `output`.
     ReduceScatter {
@@ -41,7 +44,10 @@ pub(crate) enum OpKind {
     },
     /// `input` and `output` have size * k elements; block j of rank i's input
     /// goes to block i of rank j's output.
-    AllToAll { input: HostBuffer, output: HostBuffer },
+    AllToAll {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
     /// Sends `buf` to `peer`; `buf` comes back.
     Send { buf: HostBuffer, peer: usize },
     /// Receives into `buf` (its length must match the sender's) from `peer`.
@@ -73,7 +79,9 @@ impl OpKind {
     pub(crate) fn meta(&self) -> OpMeta {
         let (buf, peer) = match self {
             OpKind::AllReduce { buf, .. } => (Some(buf), None),
-            OpKind::Broadcast { buf, root } | OpKind::Reduce { buf, root, .. } => (Some(buf), Some(*root)),
+            OpKind::Broadcast { buf, root } | OpKind::Reduce { buf, root, .. } => {
+                (Some(buf), Some(*root))
+            }
             OpKind::Send { buf, peer } | OpKind::Recv { buf, peer } => (Some(buf), Some(*peer)),
             OpKind::AllGather { input, .. }
             | OpKind::ReduceScatter { input, .. }

@@ -21,7 +21,10 @@ use chorus::{ProcessGroup, ReduceOp, WorkError};
 use chorus_examples::testkit::{check_all_dtypes, SIZES};
 
 fn env_num(key: &str, default: u64) -> u64 {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn kind(e: &WorkError) -> &'static str {
@@ -57,7 +60,10 @@ fn signal_self(sig: i32) {
 async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 1000));
     let victim = env_num("FAULT_RANK", 1) as usize;
-    let pg = ProcessGroup::builder().timeout(timeout).init_from_env().await?;
+    let pg = ProcessGroup::builder()
+        .timeout(timeout)
+        .init_from_env()
+        .await?;
     let rank = pg.rank();
     println!("PID rank={rank} pid={}", std::process::id());
     match scenario {
@@ -81,7 +87,10 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             let w = pg.all_reduce(big, ReduceOp::Sum)?;
             if rank == victim {
                 std::thread::sleep(Duration::from_millis(5));
-                println!("VICTIM rank={rank} pid={} killing itself", std::process::id());
+                println!(
+                    "VICTIM rank={rank} pid={} killing itself",
+                    std::process::id()
+                );
                 signal_self(libc::SIGKILL);
             }
             match w.await {
@@ -99,7 +108,10 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
             pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
             if rank == victim {
-                println!("VICTIM rank={rank} pid={} stopping itself", std::process::id());
+                println!(
+                    "VICTIM rank={rank} pid={} stopping itself",
+                    std::process::id()
+                );
                 signal_self(libc::SIGSTOP);
             }
             let start = Instant::now();
@@ -118,9 +130,13 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             pg.barrier()?.await?;
             let start = Instant::now();
             let r = if rank == victim {
-                pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?.await.map(|_| ())
+                pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?
+                    .await
+                    .map(|_| ())
             } else {
-                pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?.await.map(|_| ())
+                pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?
+                    .await
+                    .map(|_| ())
             };
             match r {
                 Ok(()) => {
@@ -166,7 +182,10 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
 
 fn main() -> std::process::ExitCode {
     let scenario = std::env::args().nth(1).unwrap_or_default();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start tokio: {e}");
@@ -176,7 +195,10 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(main_async(&scenario)) {
         Ok(code) => std::process::ExitCode::from(code as u8),
         Err(e) => {
-            println!("ERROR rank={} {e}", std::env::var("RANK").unwrap_or_default());
+            println!(
+                "ERROR rank={} {e}",
+                std::env::var("RANK").unwrap_or_default()
+            );
             std::process::ExitCode::from(4)
         }
     }

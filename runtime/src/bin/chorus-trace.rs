@@ -15,7 +15,9 @@ use chorus_runtime::flight_recorder::{analyze, Dump};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
-#[command(about = "Find where the ranks of a chorus job diverged, from their flight-recorder dumps")]
+#[command(
+    about = "Find where the ranks of a chorus job diverged, from their flight-recorder dumps"
+)]
 struct Args {
     /// Folder holding the dumps (chorus-trace-rank*.json).
     dir: PathBuf,
@@ -49,7 +51,10 @@ fn main() -> ExitCode {
         }
     }
     if dumps.is_empty() {
-        eprintln!("chorus-trace: no chorus-trace-rank*.json dumps in {}", args.dir.display());
+        eprintln!(
+            "chorus-trace: no chorus-trace-rank*.json dumps in {}",
+            args.dir.display()
+        );
         return ExitCode::from(2);
     }
     dumps.sort_by_key(|d| d.rank);
@@ -73,13 +78,22 @@ fn main() -> ExitCode {
                 Some(d) => {
                     println!("  first divergence at seq {}", d.seq);
                     for (rank, what) in &d.issued {
-                        println!("    rank {rank}: {}", what.as_deref().unwrap_or("never issued it"));
+                        println!(
+                            "    rank {rank}: {}",
+                            what.as_deref().unwrap_or("never issued it")
+                        );
                     }
                     if !d.behind.is_empty() {
-                        println!("  behind (never issued seq {}): ranks {:?}", d.seq, d.behind);
+                        println!(
+                            "  behind (never issued seq {}): ranks {:?}",
+                            d.seq, d.behind
+                        );
                     }
                     if !d.mismatched.is_empty() {
-                        println!("  called a different op/dtype/count: ranks {:?}", d.mismatched);
+                        println!(
+                            "  called a different op/dtype/count: ranks {:?}",
+                            d.mismatched
+                        );
                     }
                 }
             }

@@ -187,7 +187,9 @@ impl Registry {
             .entries
             .iter()
             .filter_map(|(id, e)| match e.deadline {
-                Some(d) if d <= now => Some((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted))),
+                Some(d) if d <= now => {
+                    Some((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted)))
+                }
                 _ => None,
             })
             .collect()
@@ -213,6 +215,10 @@ impl Registry {
 
     /// Contexts of all pending ops, in submission order.
     pub fn pending_ops(&self) -> Vec<OpContext> {
-        lock(&self.inner).entries.values().map(|e| e.ctx.clone()).collect()
+        lock(&self.inner)
+            .entries
+            .values()
+            .map(|e| e.ctx.clone())
+            .collect()
     }
 }

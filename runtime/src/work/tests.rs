@@ -182,12 +182,21 @@ fn a_failed_op_aborts_the_group_once() {
     let e2 = futures::executor::block_on(w2).unwrap_err();
     assert!(matches!(e2, WorkError::PeerLost { peer: 3, .. }), "{e2}");
     assert_eq!(e2.context().seq, 2);
-    c2.complete(Err(WorkError::Aborted { ctx: ctx(2), reason: "x".into() }));
+    c2.complete(Err(WorkError::Aborted {
+        ctx: ctx(2),
+        reason: "x".into(),
+    }));
     assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "hook runs once");
-    assert!(matches!(futures::executor::block_on(w1), Err(WorkError::PeerLost { .. })));
+    assert!(matches!(
+        futures::executor::block_on(w1),
+        Err(WorkError::PeerLost { .. })
+    ));
     // An invalid argument does not abort.
     let reg2 = Arc::new(Registry::new());
     let (_w, c) = Work::<u8>::new(ctx(1), &reg2, None).unwrap();
-    c.complete(Err(WorkError::InvalidArgument { ctx: ctx(1), msg: "bad".into() }));
+    c.complete(Err(WorkError::InvalidArgument {
+        ctx: ctx(1),
+        msg: "bad".into(),
+    }));
     assert!(reg2.errored().is_none());
 }
