@@ -58,6 +58,9 @@ struct Group {
     tcp: TcpOptions,
     timeout: Duration,
     policy: ErrorPolicy,
+    /// The job's rendezvous (world group made by `init_from_env`), kept
+    /// until [`ProcessGroup::shutdown`].
+    rendezvous: Mutex<Option<chorus_runtime::rendezvous::Rendezvous>>,
 }
 
 struct Counters {
@@ -138,6 +141,34 @@ impl GroupBuilder {
         self
     }
 
+    /// Joins the job described by the environment (torchrun's RANK,
+    /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT; SLURM; Open MPI), then connects
+    /// the world group. Rank and world size set on the builder are replaced
+    /// by the environment's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Rendezvous`] naming a missing or malformed variable, or the
+    /// ranks that never joined; setup errors as for [`build`](Self::build).
+    pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
+        let rdzv = chorus_runtime::rendezvous::init_from_env().await?;
+        let mut tcp = self.tcp.clone();
+        if tcp.advertise_ip.is_none() {
+            tcp.advertise_ip = Some(route_ip(rdzv.store_addr()));
+        }
+        let pg = GroupBuilder {
+            rank: rdzv.rank(),
+            size: rdzv.world_size(),
+            store: Some(rdzv.store()),
+            tcp,
+            ..self
+        }
+        .build()
+        .await?;
+        *pg.inner.rendezvous.lock().unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
     /// Connects this rank to the others and returns the group.
     ///
     /// # Errors
@@ -174,7 +205,51 @@ impl GroupBuilder {
     }
 }
 
+/// The local IP address that routes to `store_addr` (`host:port`): what
+/// peers can reach this rank at. Falls back to loopback.
+fn route_ip(store_addr: &str) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let Some(target) = store_addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return loopback;
+    };
+    if target.ip().is_loopback() {
+        return loopback;
+    }
+    // Connecting a UDP socket sends nothing; it only picks the route.
+    let bind = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    UdpSocket::bind(bind)
+        .and_then(|s| s.connect(target).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .unwrap_or(loopback)
+}
+
 impl ProcessGroup {
+    /// Joins the job described by the environment and returns the world
+    /// group: `ProcessGroup::builder().init_from_env()` with the defaults.
+    ///
+    /// # Errors
+    ///
+    /// As [`GroupBuilder::init_from_env`].
+    pub async fn init_from_env() -> Result<ProcessGroup, Error> {
+        ProcessGroup::builder().init_from_env().await
+    }
+
+    /// Leaves the job at its end: drops this rank's part of the rendezvous
+    /// (rank 0 waits for every rank to leave, then stops the store server).
+    /// Groups made with [`GroupBuilder::build`] have nothing to leave.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Rendezvous`] if some ranks did not leave in time (rank 0).
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        let rdzv = self.inner.rendezvous.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match rdzv {
+            Some(r) => Ok(r.shutdown().await?),
+            None => Ok(()),
+        }
+    }
+
     /// A builder for the world group.
     pub fn builder() -> GroupBuilder {
         GroupBuilder {
@@ -235,6 +310,7 @@ impl ProcessGroup {
                 tcp,
                 timeout,
                 policy,
+                rendezvous: Mutex::new(None),
             }),
             timeout,
         })
