@@ -9,7 +9,8 @@
 //!    (`LD_LIBRARY_PATH`, the `ldconfig` cache, the system folders).
 //! 4. The `nvidia/nccl/lib/libnccl.so.2` of the pip packages
 //!    `nvidia-nccl-cu12` / `nvidia-nccl-cu13`, in the Python package folders
-//!    of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `$PYTHONPATH`, `~/.local`,
+//!    of `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `$PYTHONPATH`, every Python
+//!    environment whose `bin/python3` is on `$PATH`, `~/.local`,
 //!    `/usr/local`, `/usr` and `/opt/conda`.
 
 use std::collections::HashSet;
@@ -82,7 +83,7 @@ impl SearchPlan {
 
     /// The default plan, reading environment variables through `var`
     /// (`CHORUS_NCCL_LIBRARY`, `VIRTUAL_ENV`, `CONDA_PREFIX`, `PYTHONPATH`,
-    /// `HOME`) and looking at the file system for Python folders.
+    /// `PATH`, `HOME`) and looking at the file system for Python folders.
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Self {
         if let Some(p) = var(ENV_LIBRARY).filter(|p| !p.is_empty()) {
             return Self::new(vec![Candidate::Explicit(p.to_string_lossy().into_owned())]);
@@ -113,6 +114,17 @@ impl SearchPlan {
                     .filter(|p| !p.as_os_str().is_empty())
                     .map(Source::Direct),
             );
+        }
+        // Python environments whose bin/ is on PATH (a venv used without
+        // `activate`, e.g. /opt/torch/.venv/bin): their own site-packages.
+        if let Some(path) = var("PATH") {
+            for bin in std::env::split_paths(&path) {
+                if bin.join("python3").is_file() {
+                    if let Some(prefix) = bin.parent() {
+                        sources.push(Source::Versioned(prefix.join("lib"), "site-packages"));
+                    }
+                }
+            }
         }
         if let Some(home) = var("HOME").filter(|p| !p.is_empty()) {
             sources.push(Source::Versioned(
@@ -229,6 +241,27 @@ mod tests {
         assert!(c.contains(&Candidate::Path(PathBuf::from(
             "/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2"
         ))));
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn python_environments_on_path_are_searched() {
+        // Like the GPU machine: python3 is /opt/torch/.venv/bin/python3 on
+        // PATH, VIRTUAL_ENV unset.
+        let tmp = std::env::temp_dir().join(format!("chorus-nccl-path-{}", std::process::id()));
+        let bin = tmp.join("venv/bin");
+        let site = tmp.join("venv/lib/python3.12/site-packages");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::write(bin.join("python3"), b"").unwrap();
+        let path = std::env::join_paths([tmp.join("nothing-here"), bin.clone()]).unwrap();
+        let plan = SearchPlan::from_vars(vars(&[("PATH", path.to_str().unwrap())]));
+        assert_eq!(
+            plan.candidates[3],
+            Candidate::Path(site.join("nvidia/nccl/lib/libnccl.so.2")),
+            "{:?}",
+            plan.candidates
+        );
         std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

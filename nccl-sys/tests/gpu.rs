@@ -394,9 +394,16 @@ fn gpu_nonblocking_config_init_split_finalize() {
     // SAFETY: parent live and ready; `child` writable; null config = inherit.
     let rc = unsafe { split(owner.comm, 0, 0, &mut child, std::ptr::null_mut()) };
     assert!(rc.is_success() || rc.is_in_progress(), "split: {}", rc);
+    // A non-blocking split runs as a job of the PARENT: NCCL keeps the
+    // address of `child` and writes the new communicator there only when
+    // the job completes, which polling the parent's async error drives.
+    // (`child` must therefore stay at a fixed address until then.)
+    let (state, polls) = wait_ready(nccl, owner.comm);
+    nccl.check(state).expect("split (parent state)");
+    assert!(!child.is_null(), "split finished but wrote no communicator");
     let (state, _) = wait_ready(nccl, child);
-    nccl.check(state).expect("split");
-    assert!(!child.is_null());
+    nccl.check(state).expect("split (child state)");
+    println!("non-blocking split: first rc {rc}, parent ready after {polls} polls");
     let child = Comm { nccl, comm: child };
     assert_eq!(child.query(), (0, 1, 0));
 
@@ -418,8 +425,10 @@ fn gpu_nonblocking_config_init_split_finalize() {
                 st,
             )
         };
+        // On a non-blocking communicator the op may still be being enqueued:
+        // wait for that before the stream is synchronized.
         if rc.is_in_progress() {
-            ncclResult_t::ncclSuccess
+            wait_ready(nccl, c).0
         } else {
             rc
         }
