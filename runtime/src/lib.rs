@@ -12,9 +12,12 @@
 //!   in-memory store) used for rendezvous and id exchange.
 //! * [`rt`]: chorus's own background I/O threads (tokio), so futures stay
 //!   executor-agnostic.
+//! * [`cuda`]: the only module that calls the CUDA driver (devices, streams,
+//!   events); typed errors where there is no GPU.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
 
+pub mod cuda;
 pub mod error;
 pub mod flight_recorder;
 pub mod rt;
