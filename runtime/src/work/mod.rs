@@ -255,7 +255,8 @@ impl<T> Drop for Completer<T> {
             shared.registry.remove(shared.ctx.seq);
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
-                msg: "the backend dropped the op without completing it (it was shutting down)".into(),
+                msg: "the backend dropped the op without completing it (it was shutting down)"
+                    .into(),
             };
             drop(shared.slot.resolve(Err(err)));
         }
