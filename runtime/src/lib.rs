@@ -10,12 +10,15 @@
 //!   carrying rank, group, sequence number and op.
 //! * [`store`]: the key-value store (TCP server and client, prefix store,
 //!   in-memory store) used for rendezvous and id exchange.
+//! * [`rendezvous`]: how the ranks of a job find each other (torchrun,
+//!   SLURM or Open MPI environment, or a builder) through rank 0's store.
 //! * [`rt`]: chorus's own background I/O threads (tokio), so futures stay
 //!   executor-agnostic.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod rendezvous;
 pub mod rt;
 pub mod store;
 pub(crate) mod sync;
