@@ -347,3 +347,61 @@ fn sigterm_is_forwarded_to_every_rank() {
 fn sigint_is_forwarded_to_every_rank() {
     forwards(Signal::SIGINT, "INT");
 }
+
+#[test]
+fn sighup_is_forwarded_to_every_rank() {
+    forwards(Signal::SIGHUP, "HUP");
+}
+
+#[test]
+fn a_second_signal_kills_at_once() {
+    // The ranks ignore SIGTERM; the second SIGTERM must not wait for the
+    // (long) kill timeout.
+    let script = r#"trap '' TERM; echo "pid $$"; echo ready; while true; do sleep 0.05; done"#;
+    let mut child = launcher(&[
+        "--nproc-per-node",
+        "2",
+        "--kill-timeout",
+        "600",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .spawn()
+    .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    while seen.matches("] ready\n").count() < 2 {
+        assert_ne!(
+            out.read_line(&mut seen).unwrap(),
+            0,
+            "output ended early: {seen}"
+        );
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    kill(pid, Signal::SIGTERM).unwrap();
+    // Send the second one once chorus-run has handled the first.
+    let mut stderr = String::new();
+    while !stderr.contains("got SIGTERM") {
+        assert_ne!(
+            err.read_line(&mut stderr).unwrap(),
+            0,
+            "stderr ended early: {stderr}"
+        );
+    }
+    kill(pid, Signal::SIGTERM).unwrap();
+    let err = read_all(err);
+    let st = wait(child);
+    let stderr = stderr + &err.recv_timeout(GUARD).unwrap();
+    assert_eq!(st.code(), Some(128 + 9), "{stderr}");
+    assert!(
+        stderr.contains("SIGTERM again; killing every rank"),
+        "{stderr}"
+    );
+    let rest = read_all(out).recv_timeout(GUARD).unwrap();
+    for pid in pids(&(seen + &rest)) {
+        assert!(gone(pid), "process {pid} survived chorus-run");
+    }
+}

@@ -120,26 +120,32 @@ async fn several_missing_ranks_are_all_named() {
 
 #[test]
 fn works_from_block_on_in_threads() {
+    // No tokio runtime on these threads: chorus runs the I/O itself.
     let world = 4;
     let port = free_port();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let adds: Vec<i64> = (0..world).map(|_| rng.gen_range(-1000..1000)).collect();
     let threads: Vec<_> = (0..world)
         .map(|r| {
+            let adds = adds.clone();
             std::thread::spawn(move || {
                 futures::executor::block_on(async move {
                     let rdzv = rendezvous(cfg(r, world, port, 10_000)).await.unwrap();
-                    let n = rdzv.store().add("count", r as i64 + 1).await.unwrap();
-                    rdzv.store()
-                        .wait(&["count_done"], Duration::from_millis(1))
-                        .await
-                        .ok();
-                    let _ = n;
+                    let store = rdzv.store();
+                    store.add("sum", adds[r]).await.unwrap();
+                    store.set(&format!("added/{r}"), b"").await.unwrap();
+                    let keys: Vec<String> = (0..world).map(|i| format!("added/{i}")).collect();
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    store.wait(&keys, Duration::from_secs(10)).await.unwrap();
+                    let sum = store.add("sum", 0).await.unwrap();
                     rdzv.shutdown().await.unwrap();
+                    sum
                 })
             })
         })
         .collect();
     for t in threads {
-        t.join().unwrap();
+        assert_eq!(t.join().unwrap(), adds.iter().sum::<i64>());
     }
 }
 
@@ -218,6 +224,34 @@ async fn dropping_the_store_leaves_the_job() {
     store1.set("x", b"1").await.unwrap();
     drop(store1); // last handle: rank 1 leaves
     r0.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rank_0_dropped_first_keeps_serving_until_the_others_left() {
+    let port = free_port();
+    let mut ranks: Vec<Rendezvous> = join_ranks(&[0, 1], 2, port, 10_000)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let r1 = ranks.pop().unwrap();
+    drop(ranks); // rank 0, without shutdown
+    let s1 = r1.store();
+    s1.set("k", b"after rank 0 left").await.unwrap();
+    assert_eq!(
+        s1.get("k", Duration::from_secs(5)).await.unwrap(),
+        b"after rank 0 left"
+    );
+    r1.shutdown().await.unwrap();
+    // Now rank 0's background task stops the server: the connection closes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s1.set("k", b"x").await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server still up after everyone left"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
@@ -344,16 +378,24 @@ async fn rank_0_reports_a_busy_port() {
 }
 
 #[tokio::test]
-async fn rendezvous_keys_do_not_hide_user_keys() {
-    // The job's keys live under chorus/rdzv/; a user key is untouched.
+async fn rendezvous_keys_stay_under_their_prefix() {
+    // The protocol's keys live under chorus/rdzv/; user keys are untouched.
     let port = free_port();
     let ranks: Vec<Rendezvous> = join_ranks(&[0, 1], 2, port, 10_000)
         .await
         .into_iter()
         .map(Result::unwrap)
         .collect();
-    let s = ranks[0].store();
+    let s = ranks[1].store();
+    assert_eq!(
+        s.get("chorus/rdzv/world_size", Duration::from_secs(1))
+            .await
+            .unwrap(),
+        b"2"
+    );
+    assert_eq!(s.add("chorus/rdzv/joined", 0).await.unwrap(), 2);
     assert!(!s.check(&["joined"]).await.unwrap());
+    assert!(!s.check(&["world_size"]).await.unwrap());
     let seen: HashSet<usize> = ranks.iter().map(Rendezvous::rank).collect();
     assert_eq!(seen, HashSet::from([0, 1]));
     for r in join_all(ranks.into_iter().map(Rendezvous::shutdown)).await {

@@ -76,20 +76,7 @@ struct Run {
 }
 
 fn chorus_run(mode: &str, nproc: usize, timeout_s: &str) -> Run {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(CHORUS_RUN)
-        .args([
-            "--nproc-per-node",
-            &nproc.to_string(),
-            "--kill-timeout",
-            "1",
-            "--",
-        ])
-        .arg(exe)
-        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
-        .env(MODE, mode)
-        .env("CHORUS_RENDEZVOUS_TIMEOUT", timeout_s)
-        .stdin(Stdio::null())
+    let out = rank_command(mode, timeout_s, &["--nproc-per-node", &nproc.to_string()])
         .output()
         .unwrap();
     Run {
@@ -97,6 +84,20 @@ fn chorus_run(mode: &str, nproc: usize, timeout_s: &str) -> Run {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// chorus-run with `launcher_args`, running this executable as the ranks.
+fn rank_command(mode: &str, timeout_s: &str, launcher_args: &[&str]) -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let mut c = Command::new(CHORUS_RUN);
+    c.args(launcher_args)
+        .args(["--kill-timeout", "1", "--"])
+        .arg(exe)
+        .args(["--exact", "rank_process", "--nocapture", "--test-threads=1"])
+        .env(MODE, mode)
+        .env("CHORUS_RENDEZVOUS_TIMEOUT", timeout_s)
+        .stdin(Stdio::null());
+    c
 }
 
 /// `rank -> text after "<tag>"` for the `[rank R] ...<tag>...` lines.
@@ -142,6 +143,59 @@ fn eight_processes_join_under_chorus_run() {
     let expected = mine.values().cloned().collect::<Vec<_>>().join(",");
     for v in all_vals {
         assert_eq!(v, expected);
+    }
+}
+
+#[test]
+fn two_launchers_as_two_nodes() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let node = |i: &str| {
+        rank_command(
+            "join",
+            "30",
+            &[
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                i,
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                &port,
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    // Node 1 first: its ranks wait for rank 0's store to come up.
+    let n1 = node("1");
+    let n0 = node("0");
+    for (n, child) in [(0, n0), (1, n1)] {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "node {n}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let joined = tagged(&stdout, "joined ");
+        let ranks: Vec<usize> = joined.keys().copied().collect();
+        assert_eq!(ranks, [2 * n, 2 * n + 1]);
+        for (rank, line) in joined {
+            assert!(
+                line.starts_with(&format!("rank={rank} world=4 local={}/2 ", rank % 2)),
+                "{line}"
+            );
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use clap::Parser;
 /// Starts N local ranks of PROGRAM with the torchrun environment (RANK,
 /// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 /// MASTER_PORT), prefixes each output line with `[rank R] `, forwards
-/// SIGINT/SIGTERM, and stops every rank when one fails.
+/// SIGINT/SIGTERM/SIGHUP (a second one kills the ranks), and stops every
+/// rank when one fails.
 ///
 /// Exit status: 0 when every rank exits 0; otherwise the code of the first
 /// rank that failed (128+N if it was killed by signal N); 128+N if chorus-run

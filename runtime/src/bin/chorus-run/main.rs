@@ -10,7 +10,8 @@
 //! GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun's
 //! names, so `chorus_runtime::rendezvous::init_from_env` finds them), stdin
 //! from /dev/null, and its stdout/stderr lines prefixed with `[rank R] `.
-//! SIGINT and SIGTERM are forwarded to every rank; a second one kills them.
+//! SIGINT, SIGTERM and SIGHUP are forwarded to every rank; a second one
+//! kills them.
 //! When a rank fails, the others get SIGTERM and, after `--kill-timeout`
 //! seconds, SIGKILL; chorus-run then exits with the failing rank's code
 //! (128+N for a rank killed by signal N). See `chorus-run --help`.

@@ -93,12 +93,15 @@ fn log(msg: &str) {
 /// Runs the job; returns chorus-run's exit code.
 pub(crate) async fn run(args: Args, plan: Plan) -> i32 {
     // Listen before the first child exists, so no signal is lost.
-    let (mut sigint, mut sigterm) = match (
+    // SIGHUP too: the ranks are not in the terminal's process group, so
+    // they would not get it when the terminal goes away.
+    let (mut sigint, mut sigterm, mut sighup) = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) {
-        (Ok(i), Ok(t)) => (i, t),
-        (Err(e), _) | (_, Err(e)) => {
+        (Ok(i), Ok(t), Ok(h)) => (i, t, h),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
             log(&format!("cannot install signal handlers: {e}"));
             return 1;
         }
@@ -197,6 +200,7 @@ pub(crate) async fn run(args: Args, plan: Plan) -> i32 {
             }
             Some(()) = sigint.recv() => ranks.on_signal(Signal::SIGINT, &mut got_signal),
             Some(()) = sigterm.recv() => ranks.on_signal(Signal::SIGTERM, &mut got_signal),
+            Some(()) = sighup.recv() => ranks.on_signal(Signal::SIGHUP, &mut got_signal),
             () = sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
                 log(&format!(
                     "ranks {:?} still running after {:?}; sending SIGKILL",
@@ -308,7 +312,7 @@ impl Running {
         }
     }
 
-    /// SIGINT/SIGTERM to chorus-run: forwarded; a second one kills.
+    /// SIGINT/SIGTERM/SIGHUP to chorus-run: forwarded; a second one kills.
     fn on_signal(&mut self, sig: Signal, got_signal: &mut Option<Signal>) {
         if got_signal.is_some() {
             log(&format!("{sig} again; killing every rank (SIGKILL)"));
