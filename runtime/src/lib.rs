@@ -10,16 +10,23 @@
 //!   carrying rank, group, sequence number and op.
 //! * [`store`]: the key-value store (TCP server and client, prefix store,
 //!   in-memory store) used for rendezvous and id exchange.
+//! * [`rendezvous`]: how the ranks of a job find each other (torchrun,
+//!   SLURM or Open MPI environment, or a builder) through rank 0's store.
 //! * [`rt`]: chorus's own background I/O threads (tokio), so futures stay
 //!   executor-agnostic.
 //! * [`cuda`]: the only module that calls the CUDA driver (devices, streams,
 //!   events); typed errors where there is no GPU.
+//! * [`flight_recorder`]: the bounded ring of each group's last ops, its
+//!   JSON dumps, and the divergence analysis behind `chorus-trace`.
+//! * [`watchdog`]: the per-process thread that times out ops, applies error
+//!   policies and dumps the flight recorder; the heartbeat monitor.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
 
 pub mod cuda;
 pub mod error;
 pub mod flight_recorder;
+pub mod rendezvous;
 pub mod rt;
 pub mod store;
 pub(crate) mod sync;

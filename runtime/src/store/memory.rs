@@ -305,7 +305,8 @@ impl RtSleep {
     /// [`StoreError::Runtime`] if the background runtime cannot start.
     pub(crate) fn new(d: Duration) -> Result<Self, StoreError> {
         let h = crate::rt::handle().map_err(StoreError::Runtime)?;
-        Ok(RtSleep(h.spawn(tokio::time::sleep(d))))
+        // The sleep is made on the runtime: making it needs its timer.
+        Ok(RtSleep(h.spawn(async move { tokio::time::sleep(d).await })))
     }
 }
 

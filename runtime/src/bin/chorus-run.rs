@@ -1,2 +1,0 @@
-//! chorus-run: starts N local ranks of a program (being written).
-fn main() {}
