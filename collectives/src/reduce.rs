@@ -134,7 +134,12 @@ fn div_slice<T: Reducible>(v: &mut [T], n: usize) {
 
 /// Turns a sum into a mean over `n` ranks, on elements `range`, for
 /// [`ReduceOp::Avg`]; does nothing for other ops.
-pub(crate) fn finish_avg(op: ReduceOp, buf: &mut HostBuffer, range: std::ops::Range<usize>, n: usize) {
+pub(crate) fn finish_avg(
+    op: ReduceOp,
+    buf: &mut HostBuffer,
+    range: std::ops::Range<usize>,
+    n: usize,
+) {
     if op != ReduceOp::Avg {
         return;
     }

@@ -12,7 +12,7 @@ use chorus_runtime::{Completer, OpContext, WorkError};
 
 use crate::dtype::{HostBuffer, ReduceOp};
 
-pub mod tcp;
+pub(crate) mod tcp;
 
 /// What an op asks its backend to do. Buffers are moved in and come back, in
 /// the same order, in the op's output.
@@ -30,7 +30,10 @@ pub(crate) enum OpKind {
     },
     /// `output` (len = size * input.len()) receives every rank's `input` in
     /// rank order.
-    AllGather { input: HostBuffer, output: HostBuffer },
+    AllGather {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
     /// `input` (len = size * output.len()) is reduced across ranks; rank r
     /// gets block r in `output`.
     ReduceScatter {
@@ -40,7 +43,10 @@ pub(crate) enum OpKind {
     },
     /// `input` and `output` have size * k elements; block j of rank i's input
     /// goes to block i of rank j's output.
-    AllToAll { input: HostBuffer, output: HostBuffer },
+    AllToAll {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
     /// Sends `buf` to `peer`; `buf` comes back.
     Send { buf: HostBuffer, peer: usize },
     /// Receives into `buf` (its length must match the sender's) from `peer`.
