@@ -25,7 +25,9 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+#[cfg(not(loom))]
+use std::time::Duration;
+use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
 use crate::sync::Arc;
@@ -255,7 +257,8 @@ impl<T> Drop for Completer<T> {
             shared.registry.remove(shared.ctx.seq);
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
-                msg: "the backend dropped the op without completing it (it was shutting down)".into(),
+                msg: "the backend dropped the op without completing it (it was shutting down)"
+                    .into(),
             };
             drop(shared.slot.resolve(Err(err)));
         }

@@ -87,7 +87,14 @@ impl Registry {
                 cause: std::sync::Arc::new(cause.clone()),
             });
         }
-        inner.entries.insert(ctx.seq, Entry { ctx, deadline, fail });
+        inner.entries.insert(
+            ctx.seq,
+            Entry {
+                ctx,
+                deadline,
+                fail,
+            },
+        );
         Ok(())
     }
 
@@ -167,6 +174,10 @@ impl Registry {
 
     /// Contexts of all pending ops, by sequence number.
     pub fn pending_ops(&self) -> Vec<OpContext> {
-        lock(&self.inner).entries.values().map(|e| e.ctx.clone()).collect()
+        lock(&self.inner)
+            .entries
+            .values()
+            .map(|e| e.ctx.clone())
+            .collect()
     }
 }
