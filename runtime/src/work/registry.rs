@@ -130,9 +130,15 @@ impl Registry {
     /// Aborts the group: runs the backend's abort hook once, then fails every
     /// pending work with `cause`. Later submissions fail at once with it.
     pub fn abort(&self, cause: &WorkError) -> usize {
+        // Claim the first abort under the same lock as the check, so two
+        // concurrent aborts cannot both run the hook.
         let first = {
-            let inner = lock(&self.inner);
-            inner.errored.is_none()
+            let mut inner = lock(&self.inner);
+            let first = inner.errored.is_none();
+            if first {
+                inner.errored = Some(cause.clone());
+            }
+            first
         };
         if first {
             if let Some(hook) = lock(&self.abort_hook).as_ref() {
