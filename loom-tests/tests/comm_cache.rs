@@ -65,17 +65,24 @@ fn single_flight_four_callers() {
 
 /// The initialization fails: every waiter gets that error, neither map keeps
 /// the key, and a later use retries cleanly.
-#[test]
-fn failed_init_reaches_every_waiter_and_retries_cleanly() {
-    model(|| {
+fn failed_init(callers: usize) {
+    model(move || {
         let cache = Arc::new(FakeCache::new("g", Fake::new(1, true)));
-        let c2 = cache.clone();
-        let h = thread::spawn(move || block_on(c2.get(key())));
-        let mine = block_on(cache.get(key()));
-        let theirs = h.join().expect("caller thread");
-        // Either both callers shared the failed init, or one of them came
-        // after it failed and retried on its own (a second initialization).
-        let (errs, oks): (Vec<_>, Vec<_>) = [mine, theirs].into_iter().partition(|r| r.is_err());
+        let handles: Vec<_> = (1..callers)
+            .map(|_| {
+                let cache = cache.clone();
+                thread::spawn(move || block_on(cache.get(key())))
+            })
+            .collect();
+        let mut results = vec![block_on(cache.get(key()))];
+        results.extend(
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("caller thread")),
+        );
+        // Callers that shared the failed init get its error; a caller that
+        // came after it failed retries (one shared second initialization).
+        let (errs, oks): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| r.is_err());
         for e in &errs {
             match e {
                 Err(CommCacheError::Init {
@@ -88,17 +95,19 @@ fn failed_init_reaches_every_waiter_and_retries_cleanly() {
             }
         }
         assert!(!errs.is_empty(), "the first init fails");
-        assert_eq!(cache.created() as usize, 1 + oks.len());
+        let oks: Vec<_> = oks.into_iter().map(|r| r.expect("ok")).collect();
+        for c in &oks {
+            assert!(Arc::ptr_eq(c, &oks[0]), "retriers share one init");
+            assert_eq!(c.store_key, "comm/1");
+        }
+        let retried = usize::from(!oks.is_empty());
+        assert_eq!(cache.created() as usize, 1 + retried);
         assert_eq!(
             cache.in_flight(),
             0,
             "the in-initialization map keeps nothing"
         );
-        assert_eq!(
-            cache.cached(),
-            oks.len(),
-            "only a successful retry is cached"
-        );
+        assert_eq!(cache.cached(), retried, "only a successful retry is cached");
         // A later use retries cleanly.
         let again = block_on(cache.get(key())).expect("retry succeeds");
         assert_eq!(
@@ -108,6 +117,16 @@ fn failed_init_reaches_every_waiter_and_retries_cleanly() {
         assert_eq!((cache.cached(), cache.in_flight()), (1, 0));
         assert_eq!(cache.collective_counter(), 2);
     });
+}
+
+#[test]
+fn failed_init_two_callers() {
+    failed_init(2);
+}
+
+#[test]
+fn failed_init_three_callers() {
+    failed_init(3);
 }
 
 /// abort races an initialization: nobody hangs, no entry leaks, the
