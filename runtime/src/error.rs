@@ -46,9 +46,7 @@ pub enum WorkError {
         after: Duration,
     },
     /// The connection to a peer broke while the op needed it.
-    #[error(
-        "{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log"
-    )]
+    #[error("{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log")]
     PeerLost {
         /// The op that was running.
         ctx: OpContext,
