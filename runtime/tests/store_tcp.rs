@@ -584,3 +584,62 @@ async fn connection_limit_refuses_extra_clients() {
     assert!(r.is_err(), "{r:?}");
     check_good(&a, 0).await;
 }
+
+#[tokio::test]
+async fn steady_split_frames_are_not_timed_out() {
+    // Every read ends inside a frame, but frames keep completing: that is
+    // progress, not a stall.
+    let s = server(ServerOptions {
+        frame_timeout: Duration::from_millis(300),
+        ..ServerOptions::default()
+    })
+    .await;
+    let addr = s.local_addr();
+    let replies = tokio::task::spawn_blocking(move || {
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.set_nodelay(true).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let frames: Vec<Vec<u8>> = (0..12)
+            .map(|i| set_frame(i + 1, &format!("split{i:02}"), &[i as u8; 40]))
+            .collect();
+        let bytes: Vec<u8> = frames.concat();
+        let step = frames[0].len();
+        // Half a frame, then one frame's worth every 50 ms: 600 ms in all,
+        // twice the frame timeout.
+        let mut pos = step / 2;
+        sock.write_all(&bytes[..pos]).unwrap();
+        while pos < bytes.len() {
+            std::thread::sleep(Duration::from_millis(50));
+            let end = (pos + step).min(bytes.len());
+            sock.write_all(&bytes[pos..end]).unwrap();
+            pos = end;
+        }
+        (0..12)
+            .map(|_| read_frame(&mut sock).map(|(k, id, _)| (k, id)))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let want: Vec<_> = (1..=12).map(|id| Some((STATUS_OK, id))).collect();
+    assert_eq!(replies, want);
+    let c = client(&s, None).await;
+    assert_eq!(c.get("split11", SHORT).await.unwrap(), vec![11u8; 40]);
+}
+
+#[tokio::test]
+async fn silent_unauthenticated_connections_are_dropped() {
+    let s = server(ServerOptions {
+        token: Some("t".into()),
+        frame_timeout: Duration::from_millis(200),
+        ..ServerOptions::default()
+    })
+    .await;
+    let mut sock = raw(&s);
+    let start = Instant::now();
+    assert_error_then_closed(&mut sock, ERR_AUTH);
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    // An authenticated client may stay idle longer than that.
+    let c = client(&s, Some("t")).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    check_good(&c, 0).await;
+}

@@ -13,6 +13,7 @@ use std::fmt;
 use std::time::Duration;
 
 mod client;
+mod io;
 mod memory;
 mod prefix;
 mod server;
