@@ -469,10 +469,13 @@ async fn open(addr: &str, opts: &ClientOptions) -> Result<(TcpStream, SocketAddr
     }
 }
 
+/// Requests sent and not yet answered: reply channel and deadline.
+type Pending = HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>;
+
 /// The connection task's state.
 struct Conn {
     addr: String,
-    pending: HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>,
+    pending: Pending,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     out: OutBuf,
     inbuf: InBuf,
@@ -525,10 +528,7 @@ impl Conn {
 }
 
 /// Dispatches every complete reply in the read buffer.
-fn dispatch(
-    inb: &mut InBuf,
-    pending: &mut HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>,
-) -> Result<(), StoreError> {
+fn dispatch(inb: &mut InBuf, pending: &mut Pending) -> Result<(), StoreError> {
     let mut pos = 0;
     let result = loop {
         let data = &inb.data()[pos..];

@@ -133,3 +133,36 @@ impl OutBuf {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[tokio::test]
+    async fn memory_follows_bytes_received_not_lengths_claimed() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        // A frame that claims the maximum length, of which 100 bytes come.
+        let mut head = (wire::MAX_FRAME_LEN as u32).to_le_bytes().to_vec();
+        head.extend_from_slice(&[wire::VERSION; 100]);
+        c.write_all(&head).await.unwrap();
+        let mut inb = InBuf::default();
+        while inb.data().len() < head.len() {
+            s.readable().await.unwrap();
+            let eof = inb.read_ready(&s, 16, |_| Ok::<(), io::Error>(())).unwrap();
+            assert!(!eof);
+        }
+        assert_eq!(inb.data(), &head[..]);
+        assert!(
+            inb.buf.capacity() <= 2 * READ_CHUNK,
+            "{} bytes reserved for 104 received",
+            inb.buf.capacity()
+        );
+        // Consumed data gives big buffers back.
+        inb.buf.reserve(4 * KEEP_CAPACITY);
+        inb.consume(inb.data().len());
+        assert!(inb.buf.capacity() <= KEEP_CAPACITY);
+    }
+}
