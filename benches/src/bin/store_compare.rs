@@ -3,7 +3,8 @@
 //!
 //! `store_compare [SECONDS]` (default 2): 1 and 16 clients with one op in
 //! flight each (like PyTorch's synchronous calls), and 1 client with 32
-//! ops in flight (pipelined on one connection).
+//! and 128 ops in flight (pipelined on one connection). Lines read
+//! `chorus <op> <clients>[x<in flight>] <ops/s>`.
 
 use chorus_benches::store::{ops_per_sec, Op, Setup};
 
@@ -17,7 +18,7 @@ fn main() {
             "# chorus TcpStore, loopback, 64-byte values, {} cores, awaited from futures::executor::block_on",
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
-        for (clients, inflight) in [(1, 1), (16, 1), (1, 32)] {
+        for (clients, inflight) in [(1, 1), (16, 1), (1, 32), (1, 128)] {
             let setup = Setup::new(clients).await;
             for op in Op::ALL {
                 let rate = ops_per_sec(&setup, op, inflight, secs).await;
