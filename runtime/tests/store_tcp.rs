@@ -390,7 +390,7 @@ fn client_and_stores_work_under_block_on_without_tokio() {
 
         // A get woken by a set from another thread (another block_on).
         let setter = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
             futures::executor::block_on(b.set("late", b"hello")).unwrap();
             b
         });
@@ -411,7 +411,7 @@ fn client_and_stores_work_under_block_on_without_tokio() {
         let m = InMemoryStore::new();
         let m2 = m.clone();
         let setter = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
             futures::executor::block_on(m2.set("k", b"v")).unwrap();
         });
         assert_eq!(m.get("k", LONG).await.unwrap(), b"v");
@@ -590,7 +590,7 @@ async fn steady_split_frames_are_not_timed_out() {
     // Every read ends inside a frame, but frames keep completing: that is
     // progress, not a stall.
     let s = server(ServerOptions {
-        frame_timeout: Duration::from_millis(300),
+        frame_timeout: Duration::from_millis(500),
         ..ServerOptions::default()
     })
     .await;
@@ -599,31 +599,31 @@ async fn steady_split_frames_are_not_timed_out() {
         let mut sock = TcpStream::connect(addr).unwrap();
         sock.set_nodelay(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let frames: Vec<Vec<u8>> = (0..12)
+        let frames: Vec<Vec<u8>> = (0..30)
             .map(|i| set_frame(i + 1, &format!("split{i:02}"), &[i as u8; 40]))
             .collect();
         let bytes: Vec<u8> = frames.concat();
         let step = frames[0].len();
-        // Half a frame, then one frame's worth every 50 ms: 600 ms in all,
-        // twice the frame timeout.
+        // Half a frame, then one frame's worth every 25 ms: 750 ms in all,
+        // longer than the frame timeout, with gaps 20 times shorter.
         let mut pos = step / 2;
         sock.write_all(&bytes[..pos]).unwrap();
         while pos < bytes.len() {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
             let end = (pos + step).min(bytes.len());
             sock.write_all(&bytes[pos..end]).unwrap();
             pos = end;
         }
-        (0..12)
+        (0..30)
             .map(|_| read_frame(&mut sock).map(|(k, id, _)| (k, id)))
             .collect::<Vec<_>>()
     })
     .await
     .unwrap();
-    let want: Vec<_> = (1..=12).map(|id| Some((STATUS_OK, id))).collect();
+    let want: Vec<_> = (1..=30).map(|id| Some((STATUS_OK, id))).collect();
     assert_eq!(replies, want);
     let c = client(&s, None).await;
-    assert_eq!(c.get("split11", SHORT).await.unwrap(), vec![11u8; 40]);
+    assert_eq!(c.get("split29", SHORT).await.unwrap(), vec![29u8; 40]);
 }
 
 #[tokio::test]
