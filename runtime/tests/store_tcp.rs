@@ -643,3 +643,31 @@ async fn silent_unauthenticated_connections_are_dropped() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     check_good(&c, 0).await;
 }
+
+#[tokio::test]
+async fn a_peer_that_never_answers_hello_fails_connect_in_time() {
+    let l = TcpListener::bind(localhost()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut sock, _) = l.accept().unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut sink = [0u8; 256];
+        while let Ok(n) = sock.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    let r = TcpStore::connect(
+        &addr.to_string(),
+        ClientOptions {
+            connect_timeout: Duration::from_millis(300),
+            ..ClientOptions::default()
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(StoreError::Connection { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(4));
+    peer.join().unwrap();
+}

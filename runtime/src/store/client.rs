@@ -421,10 +421,9 @@ async fn open(addr: &str, opts: &ClientOptions) -> Result<(TcpStream, SocketAddr
     let mut enc = Encoder::begin(&mut buf, op::HELLO, 1);
     enc.bytes(opts.token.as_deref().unwrap_or("").as_bytes());
     enc.finish();
-    let hello_deadline = deadline_after(
-        opts.request_timeout
-            .min(opts.connect_timeout.max(Duration::from_secs(10))),
-    );
+    // The hello is part of connecting: it shares the connect deadline, but
+    // a connection made at the last moment still gets a second for it.
+    let hello_deadline = deadline.max(deadline_after(Duration::from_secs(1)));
     let reply = tokio::time::timeout_at(hello_deadline.into(), async {
         let mut out: &[u8] = &buf;
         while !out.is_empty() {
