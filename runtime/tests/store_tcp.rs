@@ -582,6 +582,9 @@ async fn connection_limit_refuses_extra_clients() {
     let _b = client(&s, None).await;
     let r = TcpStore::connect(&s.local_addr().to_string(), client_opts(None)).await;
     assert!(r.is_err(), "{r:?}");
+    // A raw third connection is told why before the close.
+    let mut sock = raw(&s);
+    assert_error_then_closed(&mut sock, ERR_PROTOCOL);
     check_good(&a, 0).await;
 }
 

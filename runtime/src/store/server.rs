@@ -183,7 +183,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                 Ok((sock, peer)) => {
                     if conns.len() >= shared.opts.max_connections {
                         tracing::warn!(%peer, limit = shared.opts.max_connections, "store server: connection refused, at the limit");
-                        refuse(&sock, "too many connections");
+                        refuse(sock, "too many connections");
                         continue;
                     }
                     let _ = sock.set_nodelay(true);
@@ -201,11 +201,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     conns.shutdown().await;
 }
 
-/// Sends an error frame if the socket takes it at once; the caller drops it.
-fn refuse(sock: &TcpStream, msg: &str) {
+/// Sends an error frame without waiting (a new socket's send buffer is
+/// empty), then closes the connection.
+fn refuse(sock: TcpStream, msg: &str) {
     let mut buf = Vec::new();
     wire::encode_error(&mut buf, 0, &StoreError::Protocol(msg.to_owned()));
-    let _ = sock.try_write(&buf);
+    // Tokio has not seen the socket writable yet: write through std.
+    if let Ok(std) = sock.into_std() {
+        let _ = std::io::Write::write(&mut &std, &buf);
+    }
 }
 
 /// Compares two byte strings in time that depends only on their lengths.
