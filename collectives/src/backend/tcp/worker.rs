@@ -136,10 +136,7 @@ impl Worker {
                         Ok(r) => r,
                         Err(_) => Err(WorkError::OpTimeout { ctx: ctx.clone(), after: timeout }),
                     },
-                    () = stopped(&mut stop) => Err(match inner.failure() {
-                        Some(cause) => cause.for_op(ctx.clone()),
-                        None => WorkError::Aborted { ctx: ctx.clone(), reason: "the TCP backend was stopped".into() },
-                    }),
+                    () = stopped(&mut stop) => Err(inner.settle().for_op(ctx.clone())),
                 }
             }
             .instrument(span)
@@ -158,9 +155,10 @@ impl Worker {
         };
         // Fail what is queued, and refuse what comes later (`submit` sees the
         // closed queue or the failure).
+        let cause = if graceful { None } else { Some(inner.settle()) };
         rx.close();
         while let Some(req) = rx.recv().await {
-            let err = match inner.failure() {
+            let err = match &cause {
                 Some(cause) => cause.for_op(req.ctx.clone()),
                 None => WorkError::Backend {
                     ctx: req.ctx.clone(),
