@@ -132,7 +132,7 @@ impl Default for TcpOptions {
     fn default() -> Self {
         TcpOptions {
             advertise_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            crossover_bytes: 256 << 10,
+            crossover_bytes: 64 << 10,
             chunk_bytes: 512 << 10,
             connect_timeout: Duration::from_secs(60),
             local_unix_sockets: true,
@@ -353,13 +353,15 @@ impl TcpBackend {
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
+        // Idle receive buffers kept for reuse: up to 64 MiB worth.
+        let pool_keep = (64 << 20) / opts.chunk_bytes + 8;
         let inner = Arc::new(Inner {
             rank,
             size,
             group_hash: wire::group_hash(&group),
             group,
             opts,
-            pool: Pool::new(32),
+            pool: Pool::new(pool_keep),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             stop,

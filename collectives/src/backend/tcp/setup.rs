@@ -102,7 +102,27 @@ pub(super) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
 /// The write half of a [`Stream`].
 pub(super) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
+/// Socket buffer size asked for on Unix sockets: a chunk or more fits, so a
+/// write rarely waits for the reader (the kernel caps it at
+/// `net.core.wmem_max` / `rmem_max`).
+const UNIX_SOCKET_BUFFER: usize = 4 << 20;
+
 impl Stream {
+    /// Sets socket buffer sizes (best effort).
+    pub(super) fn tune_buffers(&self, bytes: usize) {
+        let r = match self {
+            Stream::Tcp(_) => return,
+            Stream::Unix(s) => {
+                let sock = socket2::SockRef::from(s);
+                sock.set_send_buffer_size(bytes)
+                    .and_then(|()| sock.set_recv_buffer_size(bytes))
+            }
+        };
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "cannot enlarge the socket buffers");
+        }
+    }
+
     pub(super) fn split(self) -> (ReadHalf, WriteHalf) {
         match self {
             Stream::Tcp(s) => {
@@ -501,6 +521,7 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
 
     let (acc, con) = tokio::try_join!(accept, connect)?;
     for (peer, s) in acc.into_iter().chain(con) {
+        s.tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
         streams[peer] = Some(s);
     }
     Ok(streams)

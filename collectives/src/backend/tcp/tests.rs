@@ -824,7 +824,25 @@ fn different_options_are_refused_at_setup() {
 // Measurements (not run by default): `cargo test -p chorus --release --lib
 // bench_ -- --ignored --nocapture --test-threads=1`.
 
+/// CPU time (user + system) of this process so far, from /proc (Linux).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    Duration::from_millis(f.iter().sum::<u64>() * 10)
+}
+
 fn time_all_reduce(w: &mut [Rank], len: usize, iters: usize) -> Duration {
+    time_all_reduce_cpu(w, len, iters).0
+}
+
+/// Wall time and CPU time per all_reduce.
+fn time_all_reduce_cpu(w: &mut [Rank], len: usize, iters: usize) -> (Duration, Duration) {
     let mut rng = StdRng::seed_from_u64(1);
     let bufs: Vec<HostBuffer> = (0..w.len()).map(|_| random_f32(&mut rng, len)).collect();
     let mut bufs: Vec<Option<HostBuffer>> = bufs.into_iter().map(Some).collect();
@@ -846,45 +864,61 @@ fn time_all_reduce(w: &mut [Rank], len: usize, iters: usize) -> Duration {
     for _ in 0..iters.div_ceil(10).max(2) {
         run(w);
     }
+    let c = cpu_time();
     let t = Instant::now();
     for _ in 0..iters {
         run(w);
     }
-    t.elapsed() / iters as u32
+    (t.elapsed() / iters as u32, (cpu_time() - c) / iters as u32)
+}
+
+fn bench_ns() -> Vec<usize> {
+    std::env::var("BENCH_N")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 4])
+}
+
+fn bench_opts() -> TcpOptions {
+    TcpOptions {
+        local_unix_sockets: std::env::var("BENCH_TCP").is_err(),
+        ..TcpOptions::default()
+    }
 }
 
 #[test]
 #[ignore = "measurement; run in release with --nocapture"]
 fn bench_all_reduce_targets() {
-    for n in [2, 4] {
-        let mut w = world(n, &TcpOptions::default());
-        for (len, iters) in [(1usize, 2000), (16 << 10, 500), (4 << 20, 20)] {
-            let t = time_all_reduce(&mut w, len, iters);
-            let bytes = len * 4;
-            let busbw = bytes as f64 * 2.0 * (n - 1) as f64 / n as f64 / t.as_secs_f64() / 1e9;
-            println!(
-                "n={n} bytes={bytes:>9} time={:>10.1?} busbw={busbw:.3} GB/s",
-                t
-            );
+    for n in bench_ns() {
+        let mut w = world(n, &bench_opts());
+        for (len, iters) in [(1usize, 3000), (16 << 10, 1000), (4 << 20, 30)] {
+            let (t, cpu) = time_all_reduce_cpu(&mut w, len, iters);
+            report(n, "all_reduce", len * 4, t, cpu);
         }
     }
+}
+
+/// Prints one measurement line.
+fn report(n: usize, what: &str, bytes: usize, t: Duration, cpu: Duration) {
+    let busbw = bytes as f64 * 2.0 * (n - 1) as f64 / n as f64 / t.as_secs_f64() / 1e9;
+    println!("n={n} {what:<14} bytes={bytes:>9} time={t:>10.1?} busbw={busbw:6.3} GB/s cpu/op={cpu:>10.1?}");
 }
 
 #[test]
 #[ignore = "measurement; run in release with --nocapture"]
 fn bench_crossover_sweep() {
-    for n in [2, 4] {
+    for n in bench_ns() {
         for (name, crossover) in [("direct", usize::MAX), ("ring", 0)] {
             let opts = TcpOptions {
                 crossover_bytes: crossover,
-                ..TcpOptions::default()
+                ..bench_opts()
             };
             let mut w = world(n, &opts);
-            for kib in [4usize, 16, 64, 128, 256, 512, 1024, 2048] {
+            for kib in [16usize, 64, 128, 256, 512, 1024, 2048] {
                 let len = kib * 256;
                 let iters = (20_000 / kib).clamp(10, 500);
-                let t = time_all_reduce(&mut w, len, iters);
-                println!("n={n} {name:6} {kib:>5} KiB {:>10.1?}", t);
+                let (t, cpu) = time_all_reduce_cpu(&mut w, len, iters);
+                report(n, name, len * 4, t, cpu);
             }
         }
     }
@@ -893,20 +927,31 @@ fn bench_crossover_sweep() {
 #[test]
 #[ignore = "measurement; run in release with --nocapture"]
 fn bench_chunk_sweep() {
-    for n in [2, 4] {
-        for chunk_kib in [64usize, 128, 256, 512, 1024, 2048] {
+    for n in bench_ns() {
+        for chunk_kib in [64usize, 128, 256, 512, 1024] {
             let opts = TcpOptions {
                 chunk_bytes: chunk_kib << 10,
-                ..TcpOptions::default()
+                ..bench_opts()
             };
             let mut w = world(n, &opts);
-            let t = time_all_reduce(&mut w, 4 << 20, 20);
-            let busbw =
-                (16u64 << 20) as f64 * 2.0 * (n - 1) as f64 / n as f64 / t.as_secs_f64() / 1e9;
-            println!(
-                "n={n} chunk={chunk_kib:>5} KiB 16 MiB {:>10.1?} busbw={busbw:.3} GB/s",
-                t
-            );
+            let (t, cpu) = time_all_reduce_cpu(&mut w, 4 << 20, 20);
+            report(n, &format!("chunk={chunk_kib}K"), 16 << 20, t, cpu);
         }
+    }
+}
+
+/// One size, for profiling: `BENCH_N=4 BENCH_BYTES=16777216`.
+#[test]
+#[ignore = "measurement; run in release with --nocapture"]
+fn bench_one() {
+    let bytes: usize = std::env::var("BENCH_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16 << 20);
+    for n in bench_ns() {
+        let mut w = world(n, &bench_opts());
+        let iters = (200_000_000 / bytes.max(1)).clamp(10, 5000);
+        let (t, cpu) = time_all_reduce_cpu(&mut w, bytes / 4, iters);
+        report(n, "all_reduce", bytes, t, cpu);
     }
 }
