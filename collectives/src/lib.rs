@@ -6,5 +6,6 @@ pub mod dtype;
 pub mod error;
 pub mod reduce;
 
+pub use backend::tcp::TcpOptions;
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};

@@ -803,7 +803,7 @@ mod tests {
             .collect();
         assert_eq!(got, vec![2.0, 2.0, 2.25]);
         // Unaligned destination.
-        let mut u = vec![0u8; 1 + 12];
+        let mut u = [0u8; 1 + 12];
         u[1..].copy_from_slice(bytemuck::cast_slice(&a));
         combine_bytes(
             ReduceOp::Max,
