@@ -118,7 +118,9 @@ pub(super) async fn reader(
     p2p: UnboundedSender<Frame>,
     inner: Arc<Inner>,
 ) {
-    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    // Small frames arrive whole in one read; for large ones at most this much
+    // is copied through the buffer before reads go straight to the payload.
+    let mut rd = BufReader::with_capacity(16 << 10, rd);
     let mut hb = [0u8; HEADER_LEN];
     let end = loop {
         match rd.read_exact(&mut hb).await {
