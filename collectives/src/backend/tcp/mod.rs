@@ -378,8 +378,9 @@ impl TcpBackend {
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
-        // Idle receive buffers kept for reuse: up to 64 MiB worth.
-        let pool_keep = (64 << 20) / opts.chunk_bytes + 8;
+        // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring
+        // reads ahead; fewer means an allocation and page faults per chunk).
+        let pool_keep = (32 << 20) / opts.chunk_bytes + 8;
         let inner = Arc::new(Inner {
             rank,
             size,

@@ -194,10 +194,14 @@ impl Worker {
             len: 0,
         }
         .encode();
-        for w in self.writers.iter_mut().flatten() {
-            // Best effort: a peer that is gone or stuck does not hold us up.
-            let _ = tokio::time::timeout(Duration::from_secs(1), w.write_frame(&hdr, &[])).await;
-        }
+        // Best effort: peers that are gone or stuck hold us up for one
+        // second at most, all together.
+        let all = async {
+            for w in self.writers.iter_mut().flatten() {
+                let _ = w.write_frame(&hdr, &[]).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), all).await;
     }
 
     pub(super) fn n(&self) -> usize {
