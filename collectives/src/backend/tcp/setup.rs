@@ -310,20 +310,24 @@ fn unix_listener(_: &Me) -> Result<(UnixListener, String), String> {
 
 /// Connects to a peer's abstract Unix socket (no handshake yet).
 #[cfg(target_os = "linux")]
-fn connect_unix(peer: usize, name: &str) -> Result<UnixStream, String> {
+async fn connect_unix(peer: usize, name: &str) -> Result<UnixStream, String> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| format!("bad abstract socket name: {e}"))?;
-    // Connecting to a Unix socket completes at once (or fails): no wait.
-    let s = std::os::unix::net::UnixStream::connect_addr(&addr)
-        .map_err(|e| format!("cannot connect to rank {peer}'s Unix socket: {e}"))?;
+    // A blocking connect, which only waits if the listener's backlog is
+    // full: off the I/O threads.
+    let s =
+        tokio::task::spawn_blocking(move || std::os::unix::net::UnixStream::connect_addr(&addr))
+            .await
+            .map_err(|e| format!("Unix socket connect task failed: {e}"))?
+            .map_err(|e| format!("cannot connect to rank {peer}'s Unix socket: {e}"))?;
     s.set_nonblocking(true)
         .map_err(|e| format!("cannot make the Unix socket non-blocking: {e}"))?;
     UnixStream::from_std(s).map_err(|e| format!("cannot register the Unix socket: {e}"))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn connect_unix(_: usize, _: &str) -> Result<UnixStream, String> {
+async fn connect_unix(_: usize, _: &str) -> Result<UnixStream, String> {
     Err("Unix sockets for local peers are only used on Linux".into())
 }
 
@@ -365,7 +369,7 @@ async fn connect_one(
 ) -> Result<Stream, String> {
     if let (Some((their_host, name)), Some(host)) = (&addr.unix, host) {
         if their_host == host {
-            match connect_unix(peer, name) {
+            match connect_unix(peer, name).await {
                 Ok(mut s) => {
                     // A failed handshake is final: the peer is there but
                     // disagrees.
