@@ -120,7 +120,7 @@ pub(super) async fn reader(
 ) {
     // Small frames arrive whole in one read; for large ones at most this much
     // is copied through the buffer before reads go straight to the payload.
-    let mut rd = BufReader::with_capacity(16 << 10, rd);
+    let mut rd = BufReader::with_capacity(4 << 10, rd);
     let mut hb = [0u8; HEADER_LEN];
     let end = loop {
         match rd.read_exact(&mut hb).await {
