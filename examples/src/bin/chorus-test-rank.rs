@@ -71,6 +71,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             let pg = pg.with_timeout(Duration::from_secs(60));
             match check_all_dtypes(&pg, &SIZES).await {
                 Ok(n) => {
+                    pg.shutdown().await?;
                     println!("OK rank={rank} checks={n}");
                     Ok(0)
                 }

@@ -247,12 +247,16 @@ impl Inner {
                 }
             }
         }
+        // The worker is not stopped here: frames this peer sent before its
+        // connection ended are still queued and may be all the op in flight
+        // needs (a peer that finished the op and exited). An op that needs
+        // more from this peer finds its queue closed and fails at once with
+        // `PeerLost`; ops that need nothing more from it may finish.
         if let PeerState::Lost(cause) = end {
             self.lost
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get_or_insert((peer, cause));
-            self.stop.send_replace(true);
         }
     }
 
