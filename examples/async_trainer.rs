@@ -20,12 +20,23 @@
 //! cargo run --release -p chorus-examples --example async_trainer -- --nproc 2 --sequential
 //! ```
 //!
-//! Overlap, as reported: the backend's busy time for the gradient buckets is
-//! the union of the intervals `[started, completed]` of their all_reduces
-//! (from the group's flight recorder); the *hidden* part is the part of that
-//! union that falls before backward finished (communication that ran while
-//! this rank was still computing), and the *exposed* part is the rest, which
-//! the optimizer step had to wait for.
+//! Overlap, as reported per step (mean over steps and ranks):
+//!
+//! * *forward+backward*: wall time of this rank's compute.
+//! * *busy*: the time the group's worker spent on the bucket all_reduces, from
+//!   the flight recorder: an op is busy from when it could start (it was
+//!   submitted, and the group's previous op had completed, since a group runs
+//!   its ops in order; or when the backend recorded its start, if it does)
+//!   until it completed. This includes waiting for slower ranks to submit.
+//! * *hidden*: the part of the busy time before backward ended, i.e.
+//!   communication that ran while this rank was still computing.
+//! * *waited*: wall time from the end of backward until every bucket was
+//!   back, which the optimizer step had to wait for.
+//! * *step*: wall time of the whole step. Compare it with `--sequential`
+//!   (every bucket submitted after backward, so nothing can be hidden) to see
+//!   what the overlap is worth on your machine: on a machine with fewer free
+//!   cores than ranks need (compute + chorus's I/O threads), the
+//!   communication threads compete with the compute for the CPU.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -307,6 +318,8 @@ struct StepTimes {
 /// Overlap totals, in µs.
 #[derive(Default, Clone, Copy)]
 struct Overlap {
+    /// Wall time of the steps (forward to the hash check's submission).
+    steps: f64,
     comm_busy: f64,
     hidden: f64,
     waited: f64,
@@ -515,6 +528,7 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
             }
             let mine = model.hash() as i64;
             hash_check = Some((step, pg.all_gather(vec![mine], vec![0; world])?));
+            overlap.steps += t_start.elapsed().as_secs_f64() * 1e6;
 
             if pending.len() * (cfg.buckets + 1) >= 500 {
                 account(pg, &mut pending, &mut overlap);
@@ -557,6 +571,7 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
                 overlap.hidden,
                 overlap.waited,
                 overlap.compute,
+                overlap.steps,
             ],
             ReduceOp::Avg,
         )?
@@ -581,12 +596,17 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
                 "PARAMETERS DIFFER across ranks at the end: {differing} of {n_params} differ bitwise: FAIL"
             );
         }
-        let (busy, hidden, waited, compute) =
-            (sums[0] / 1e3, sums[1] / 1e3, sums[2] / 1e3, sums[3] / 1e3);
+        let per = |v: f64| v / 1e3 / step.max(1) as f64;
+        let (busy, hidden, waited, compute, wall) = (
+            per(sums[0]),
+            per(sums[1]),
+            per(sums[2]),
+            per(sums[3]),
+            per(sums[4]),
+        );
         println!(
-            "overlap (mean over ranks): bucket all_reduces busy {busy:.1} ms, of which {hidden:.1} ms ({:.0}%) hidden behind backward; optimizer waited {waited:.1} ms for the rest ({:.3} ms/step); forward+backward {compute:.1} ms",
-            100.0 * hidden / busy.max(1e-9),
-            waited / step.max(1) as f64,
+            "per step (mean over ranks): forward+backward {compute:.3} ms; bucket all_reduces busy {busy:.3} ms, {hidden:.3} ms of it ({:.0}%) hidden behind backward; optimizer waited {waited:.3} ms; step {wall:.3} ms",
+            100.0 * hidden / busy.max(1e-12),
         );
     }
     Ok(Outcome {

@@ -731,13 +731,14 @@ async fn run(pg: &ProcessGroup, cfg: Config) -> Result<bool, BoxError> {
     if rank == 0 {
         let (n, sum, min, max) = totals;
         println!(
-            "all {world} ranks: {rounds} rounds each, stopped after round {} ({}), {:.1} s; {n} records reduced, mean {:+.4}, min {:+.3}, max {:+.3}",
+            "all {world} ranks: {rounds} rounds each, stopped after round {} ({}), in {:.0} ms ({:.0} rounds/s); {n} records reduced, mean {:+.4}, min {:+.3}, max {:+.3}",
             rounds.saturating_sub(1),
             match reason {
                 StopReason::Batches => "--batches",
                 StopReason::Agreed => "stop flag agreed through all_reduce",
             },
-            elapsed.as_secs_f64(),
+            elapsed.as_secs_f64() * 1e3,
+            rounds as f64 / elapsed.as_secs_f64().max(1e-9),
             if n > 0.0 { sum / n } else { 0.0 },
             min,
             max,

@@ -39,13 +39,13 @@ fn losses(text: &str) -> (f64, f64) {
     (a, b)
 }
 
-/// `X ms (P%) hidden`: the hidden time in ms.
+/// `X ms of it (P%) hidden`: the hidden time per step, in ms.
 fn hidden_ms(text: &str) -> f64 {
     let line = text
         .lines()
-        .find(|l| l.contains("overlap (mean over ranks)"))
+        .find(|l| l.contains("per step (mean over ranks)"))
         .unwrap_or_else(|| panic!("no overlap line:\n{text}"));
-    let before = line.split(" ms (").next().expect("hidden");
+    let before = line.split(" ms of it (").next().expect("hidden");
     before
         .rsplit(' ')
         .next()
