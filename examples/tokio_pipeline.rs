@@ -29,6 +29,11 @@
 //! records it read, wrote, and left unwritten (queued or held when it
 //! stopped): read == written + unwritten.
 //!
+//! A Ctrl-C in the terminal reaches the launcher (`chorus-run`, or the one
+//! the example starts itself), which forwards SIGINT to every rank; each rank
+//! stops as above and exits 0, and the launcher exits 130 (128 + SIGINT)
+//! because it was interrupted.
+//!
 //! `--slow-reduce-ms` delays each round's result (a slow network);
 //! `--slow-sink-ms` delays each acknowledgement of the sink (a slow
 //! consumer). The stage counters show each stage running ahead of the slow
@@ -647,7 +652,15 @@ async fn run(pg: &ProcessGroup, cfg: Config) -> Result<bool, BoxError> {
             }
             _ = ctrlc_rx.wait_for(|&v| v), if !local_stop => {
                 local_stop = true;
-                println!("rank {rank}: Ctrl-C: stopping (round {} carries the stop flag)", win.next);
+                match last {
+                    Some(l) if win.next > l => println!(
+                        "rank {rank}: Ctrl-C: already stopping after round {l}"
+                    ),
+                    _ => println!(
+                        "rank {rank}: Ctrl-C: raising the stop flag (rounds from {} on carry it)",
+                        win.next
+                    ),
+                }
                 let _ = stop_tx.send(true);
             }
             b = in_rx.recv(), if room && input_open => {
@@ -821,6 +834,12 @@ fn main() -> ExitCode {
         let outcome = run(&pg, cfg).await?;
         // Leave the job: rank 0 waits for the others, then stops the store.
         pg.shutdown().await?;
+        // Dropping the group lets its TCP worker say goodbye to the peers
+        // (a few ms, on chorus's own threads). Exiting before that can make a
+        // peer whose last op is still finishing see a connection closed
+        // without a goodbye and fail that op.
+        drop(pg);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         Ok::<_, BoxError>(outcome)
     });
     match result {

@@ -157,7 +157,7 @@ fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
         std::io::Read::read_to_string(&mut e, &mut text).ok();
     }
     assert!(status.success(), "{status:?}\n{text}");
-    assert!(rank_line(&text, 1, "Ctrl-C").contains("carries the stop flag"));
+    assert!(rank_line(&text, 1, "Ctrl-C").contains("raising the stop flag"));
     let rounds = check_balanced(&text, 3);
     assert!(rounds >= 5, "{text}");
     assert!(
