@@ -111,8 +111,19 @@ fn quick_run_balances_on_three_ranks() {
     );
 }
 
-#[test]
-fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
+/// Who gets the SIGINT.
+#[derive(Clone, Copy)]
+enum Target {
+    /// Rank 1 only: the others must learn it through the stop flag.
+    Rank1,
+    /// The launcher (the example's own process), as a Ctrl-C in a terminal:
+    /// it forwards SIGINT to every rank.
+    Launcher,
+}
+
+/// Runs the pipeline on 3 ranks until Ctrl-C, sends SIGINT to `target`
+/// once some rounds went through, and returns the exit status and output.
+fn interrupted(target: Target) -> (std::process::ExitStatus, String) {
     let mut child = command(&["--nproc", "3", "--report-ms", "0", "--print-every", "1"])
         .spawn()
         .expect("start tokio_pipeline");
@@ -141,9 +152,10 @@ fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
             rounds += 1;
         }
     }
-    let pid = pid.expect("rank 1's pid");
-    // Ctrl-C reaches rank 1 only: the others learn it through the stop
-    // flag of the round's all_reduce.
+    let pid = match target {
+        Target::Rank1 => pid.expect("rank 1's pid"),
+        Target::Launcher => child.id() as u64,
+    };
     let status = Command::new("kill")
         .args(["-INT", &pid.to_string()])
         .status()
@@ -156,9 +168,12 @@ fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
         text.push_str("\n--- stderr ---\n");
         std::io::Read::read_to_string(&mut e, &mut text).ok();
     }
-    assert!(status.success(), "{status:?}\n{text}");
-    assert!(rank_line(&text, 1, "Ctrl-C").contains("raising the stop flag"));
-    let rounds = check_balanced(&text, 3);
+    (status, text)
+}
+
+/// Every rank stopped after the same round, agreed through the stop flag.
+fn check_agreed_stop(text: &str) {
+    let rounds = check_balanced(text, 3);
     assert!(rounds >= 5, "{text}");
     assert!(
         text.contains(&format!(
@@ -167,6 +182,29 @@ fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
         )),
         "{text}"
     );
+}
+
+#[test]
+fn ctrl_c_on_one_rank_stops_every_rank_at_the_same_round() {
+    let (status, text) = interrupted(Target::Rank1);
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(rank_line(&text, 1, "Ctrl-C").contains("raising the stop flag"));
+    check_agreed_stop(&text);
+}
+
+#[test]
+fn ctrl_c_on_the_launcher_stops_every_rank_cleanly() {
+    let (status, text) = interrupted(Target::Launcher);
+    // Every rank exits 0; the launcher reports that it was interrupted.
+    assert_eq!(status.code(), Some(130), "{status:?}\n{text}");
+    assert!(!text.contains("failed"), "{text}");
+    // (A rank whose SIGINT arrives once the ranks have agreed may already
+    // be past its loop and print nothing about it.)
+    assert!(
+        text.contains(": Ctrl-C: "),
+        "no rank saw the Ctrl-C:\n{text}"
+    );
+    check_agreed_stop(&text);
 }
 
 #[test]
