@@ -221,7 +221,7 @@ fn a_slow_sink_or_slow_collectives_only_stall_up_to_the_queue_bound() {
             "--queue",
             "2",
             "--slow-sink-ms",
-            "40",
+            "80",
         ])
         .spawn()
         .expect("start tokio_pipeline"),
@@ -250,7 +250,7 @@ fn a_slow_sink_or_slow_collectives_only_stall_up_to_the_queue_bound() {
             "--window",
             "2",
             "--slow-reduce-ms",
-            "40",
+            "80",
         ])
         .spawn()
         .expect("start tokio_pipeline"),
