@@ -832,14 +832,10 @@ fn main() -> ExitCode {
             .init_from_env()
             .await?;
         let outcome = run(&pg, cfg).await?;
-        // Leave the job: rank 0 waits for the others, then stops the store.
+        // Leave the job: goodbyes to every peer (no rank exits while another
+        // still reads from it), then rank 0 waits for the others and stops
+        // the store.
         pg.shutdown().await?;
-        // Dropping the group lets its TCP worker say goodbye to the peers
-        // (a few ms, on chorus's own threads). Exiting before that can make a
-        // peer whose last op is still finishing see a connection closed
-        // without a goodbye and fail that op.
-        drop(pg);
-        tokio::time::sleep(Duration::from_millis(100)).await;
         Ok::<_, BoxError>(outcome)
     });
     match result {
