@@ -221,7 +221,7 @@ mod sealed {
 
 /// An element type chorus can move through collectives.
 ///
-/// Implemented for `f32`, `f64`, [`f16`], [`bf16`], `i8`, `u8`, `i32` and
+/// Implemented for `f32`, `f64`, `f16`, `bf16` (from `half`), `i8`, `u8`, `i32` and
 /// `i64`; sealed.
 pub trait Element:
     bytemuck::Pod + PartialOrd + Send + Sync + fmt::Debug + sealed::Sealed + 'static

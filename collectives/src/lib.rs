@@ -16,6 +16,10 @@
 //! * [`error`]: [`Error`] and [`Rejected`] (a refused op, with its buffers).
 //! * `backend`: what runs the ops; `backend::tcp` is the TCP backend.
 #![warn(missing_docs)]
+// A refused op hands the caller's buffers back inside its error
+// (`Rejected`), so the error is as large as the buffers' handles; boxing it
+// would allocate on every refusal for no gain.
+#![allow(clippy::result_large_err)]
 
 pub(crate) mod backend;
 pub mod dtype;
@@ -29,4 +33,4 @@ pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
 pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
-pub use work::{OpResult, Work};
+pub use work::{InOut, OpResult, Work};

@@ -15,7 +15,7 @@ use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::{Backend, OpKind, OpRequest};
 use crate::dtype::{Element, HostBuffer, ReduceOp};
 use crate::error::{Error, Rejected};
-use crate::work::{OpResult, Work};
+use crate::work::{InOut, OpResult, Work};
 
 /// Default op timeout of a group (c10d's NCCL default is 10 minutes; chorus
 /// takes 5 so hangs surface sooner).
@@ -671,7 +671,7 @@ impl ProcessGroup {
         &self,
         input: Vec<T>,
         output: Vec<T>,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, Rejected<(Vec<T>, Vec<T>)>> {
+    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
         let n = self.inner.size;
         if Some(output.len()) != input.len().checked_mul(n) {
             let error = self.invalid(
@@ -706,7 +706,7 @@ impl ProcessGroup {
         input: Vec<T>,
         output: Vec<T>,
         op: ReduceOp,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, Rejected<(Vec<T>, Vec<T>)>> {
+    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
         let n = self.inner.size;
         if Some(input.len()) != output.len().checked_mul(n) {
             let error = self.invalid(
@@ -742,7 +742,7 @@ impl ProcessGroup {
         &self,
         input: Vec<T>,
         output: Vec<T>,
-    ) -> Result<Work<(Vec<T>, Vec<T>)>, Rejected<(Vec<T>, Vec<T>)>> {
+    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
         let n = self.inner.size;
         if input.len() != output.len() || input.len() % n != 0 {
             let error = self.invalid(

@@ -11,6 +11,10 @@ use chorus_runtime::{OpContext, WorkError, WorkStatus};
 use crate::backend::OpOutput;
 use crate::dtype::{Element, HostBuffer};
 
+/// The input and output buffers of all_gather, reduce_scatter and
+/// all_to_all, as their work yields them back.
+pub type InOut<T> = (Vec<T>, Vec<T>);
+
 mod sealed {
     pub trait Sealed {}
 }

@@ -3,13 +3,13 @@
 //!
 //! A map of the crate:
 //!
-//! * [`work`]: the [`Work`](work::Work) future a collective returns, its
-//!   completion slot and the per-group [`Registry`](work::Registry) of
+//! * [`work`]: the [`Work`] future a collective returns, its
+//!   completion slot and the per-group [`Registry`] of
 //!   in-flight ops. No I/O: loom checks it.
 //! * [`comm_cache`]: the per-group communicator cache with its
 //!   in-initialization map (lazy single-flight init, store-key choice,
 //!   abort), generic over the communicator. No I/O: loom checks it.
-//! * [`error`]: [`WorkError`](error::WorkError), the typed error of an op,
+//! * [`error`]: [`WorkError`], the typed error of an op,
 //!   carrying rank, group, sequence number and op.
 //! * [`store`]: the key-value store (TCP server and client, prefix store,
 //!   in-memory store) used for rendezvous and id exchange.
