@@ -1,5 +1,6 @@
 //! The error type of chorus's public API.
 
+use chorus_runtime::rendezvous::RendezvousError;
 use chorus_runtime::store::StoreError;
 use chorus_runtime::WorkError;
 
@@ -11,9 +12,12 @@ pub enum Error {
     /// An op failed or was refused.
     #[error(transparent)]
     Work(#[from] WorkError),
-    /// The store failed (rendezvous, address exchange).
+    /// The store failed (address exchange, subgroup creation).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The ranks could not meet (environment, store host, missing ranks).
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
     /// A backend could not be set up (connections between ranks, NCCL
     /// communicator creation).
     #[error("group '{group}' rank {rank}: backend setup failed: {msg}")]

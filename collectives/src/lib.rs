@@ -1,11 +1,32 @@
 //! chorus: async collectives for Rust.
+//!
+//! A [`ProcessGroup`] runs collectives (all_reduce, broadcast, reduce,
+//! all_gather, reduce_scatter, all_to_all, send/recv, barrier) across the
+//! ranks of a job. Each call is submitted at once, in program order, and
+//! returns a [`Work`] future that owns the op's buffers until the op is done
+//! and then yields them back.
+//!
+//! A map of the crate:
+//!
+//! * [`process_group`]: [`ProcessGroup`], its builder and subgroups.
+//! * [`work`]: the typed [`Work`] future.
+//! * [`dtype`]: element types ([`Element`], [`DType`]), [`ReduceOp`] and
+//!   type-erased [`HostBuffer`]s.
+//! * [`reduce`]: reduction arithmetic and the serial reference.
+//! * [`error`]: [`Error`] and [`Rejected`] (a refused op, with its buffers).
+//! * `backend`: what runs the ops; `backend::tcp` is the TCP backend.
 #![warn(missing_docs)]
 
 pub(crate) mod backend;
 pub mod dtype;
 pub mod error;
+pub mod process_group;
 pub mod reduce;
+pub mod work;
 
 pub use backend::tcp::TcpOptions;
+pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
+pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
+pub use work::{OpResult, Work};

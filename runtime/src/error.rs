@@ -45,8 +45,27 @@ pub enum WorkError {
         /// The timeout that expired.
         after: Duration,
     },
+    /// The watchdog itself stopped making progress (stuck in a driver or
+    /// system call), so no op of the process can be trusted to finish.
+    #[error("{ctx}: heartbeat timeout: the chorus watchdog made no progress for {after:?} (a driver or system call is stuck); the flight recorder was dumped")]
+    HeartbeatTimeout {
+        /// The op that was pending.
+        ctx: OpContext,
+        /// How long the watchdog was silent.
+        after: Duration,
+    },
+    /// The store failed while the op needed it.
+    #[error("{ctx}: store error: {cause}")]
+    Store {
+        /// The op that was pending.
+        ctx: OpContext,
+        /// The store's error message.
+        cause: String,
+    },
     /// The connection to a peer broke while the op needed it.
-    #[error("{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log")]
+    #[error(
+        "{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log"
+    )]
     PeerLost {
         /// The op that was running.
         ctx: OpContext,
@@ -113,6 +132,8 @@ impl WorkError {
     pub fn context(&self) -> &OpContext {
         match self {
             WorkError::OpTimeout { ctx, .. }
+            | WorkError::HeartbeatTimeout { ctx, .. }
+            | WorkError::Store { ctx, .. }
             | WorkError::PeerLost { ctx, .. }
             | WorkError::Mismatch { ctx, .. }
             | WorkError::Aborted { ctx, .. }
@@ -129,6 +150,8 @@ impl WorkError {
         let mut e = self.clone();
         match &mut e {
             WorkError::OpTimeout { ctx: c, .. }
+            | WorkError::HeartbeatTimeout { ctx: c, .. }
+            | WorkError::Store { ctx: c, .. }
             | WorkError::PeerLost { ctx: c, .. }
             | WorkError::Mismatch { ctx: c, .. }
             | WorkError::Aborted { ctx: c, .. }

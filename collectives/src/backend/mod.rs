@@ -8,6 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use chorus_runtime::flight_recorder::OpMeta;
 use chorus_runtime::{Completer, OpContext, WorkError};
 
 use crate::dtype::{HostBuffer, ReduceOp};
@@ -69,6 +70,34 @@ impl OpKind {
             OpKind::Recv { .. } => "recv",
             OpKind::Barrier => "barrier",
         }
+    }
+}
+
+impl OpKind {
+    /// What the flight recorder keeps of the op: dtype, (input) count, and
+    /// root or peer.
+    pub(crate) fn meta(&self) -> OpMeta {
+        let (buf, peer) = match self {
+            OpKind::AllReduce { buf, .. } => (Some(buf), None),
+            OpKind::Broadcast { buf, root } | OpKind::Reduce { buf, root, .. } => {
+                (Some(buf), Some(*root))
+            }
+            OpKind::Send { buf, peer } | OpKind::Recv { buf, peer } => (Some(buf), Some(*peer)),
+            OpKind::AllGather { input, .. }
+            | OpKind::ReduceScatter { input, .. }
+            | OpKind::AllToAll { input, .. } => (Some(input), None),
+            OpKind::Barrier => (None, None),
+        };
+        OpMeta {
+            dtype: buf.map(|b| b.dtype().name().to_string()),
+            count: buf.map_or(0, |b| b.len() as u64),
+            peer,
+        }
+    }
+
+    /// True for ops every rank of the group takes part in.
+    pub(crate) fn is_collective(&self) -> bool {
+        !matches!(self, OpKind::Send { .. } | OpKind::Recv { .. })
     }
 }
 

@@ -12,6 +12,21 @@
 use std::fmt;
 use std::time::Duration;
 
+mod client;
+mod memory;
+mod prefix;
+mod server;
+pub(crate) mod wire;
+
+pub use client::{ClientOptions, TcpStore};
+pub use memory::InMemoryStore;
+pub use prefix::PrefixStore;
+pub use server::{ServerOptions, TcpStoreServer};
+pub use wire::{MAX_FRAME_LEN, MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN};
+
+/// Environment variable holding the shared store token.
+pub const TOKEN_ENV: &str = "CHORUS_STORE_TOKEN";
+
 /// Default time a waiting operation (get, wait, multi_get) waits for its keys.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -36,7 +51,9 @@ pub enum StoreError {
         cause: String,
     },
     /// The server refused our token.
-    #[error("store server refused authentication: {0}; set the same CHORUS_STORE_TOKEN on every rank")]
+    #[error(
+        "store server refused authentication: {0}; set the same CHORUS_STORE_TOKEN on every rank"
+    )]
     Auth(String),
     /// A key, value or frame exceeds a hard limit.
     #[error("store {what} is {len} bytes, over the limit of {limit} bytes")]
@@ -59,6 +76,17 @@ pub enum StoreError {
         key: String,
         /// What is wrong.
         msg: String,
+    },
+    /// chorus's background I/O runtime could not start or run the task.
+    #[error("store I/O runtime unavailable: {0}")]
+    Runtime(String),
+    /// This store does not implement the operation.
+    #[error("store operation {op} is not supported by {store}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// The store type.
+        store: &'static str,
     },
 }
 
@@ -102,8 +130,27 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// prefix store).
     async fn num_keys(&self) -> Result<u64, StoreError>;
 
+    /// Number of keys whose name starts with `prefix` (counted inside this
+    /// store's own namespace, for a prefix store).
+    ///
+    /// [`PrefixStore::num_keys`](Store::num_keys) uses it to count only its
+    /// own keys. The default returns [`StoreError::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] where not implemented, or the store's
+    /// own errors.
+    async fn num_keys_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        let _ = prefix;
+        Err(StoreError::Unsupported {
+            op: "num_keys_with_prefix",
+            store: std::any::type_name::<Self>(),
+        })
+    }
+
     /// Gets several keys, waiting up to `timeout` for all of them.
-    async fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
+    async fn multi_get(&self, keys: &[&str], timeout: Duration)
+        -> Result<Vec<Vec<u8>>, StoreError>;
 
     /// Sets several keys at once.
     async fn multi_set(&self, entries: &[(&str, &[u8])]) -> Result<(), StoreError>;

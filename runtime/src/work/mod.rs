@@ -25,9 +25,12 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+#[cfg(not(loom))]
+use std::time::Duration;
+use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
+use crate::flight_recorder::OpMeta;
 use crate::sync::Arc;
 use registry::Fail;
 use slot::Slot;
@@ -36,6 +39,8 @@ struct Shared<T> {
     ctx: OpContext,
     /// Registry id (set once registered).
     id: u64,
+    /// Flight-recorder id, if the registry records.
+    rec: Option<u64>,
     slot: Arc<Slot<T>>,
     registry: Arc<Registry>,
 }
@@ -99,13 +104,34 @@ impl<T: Send + 'static> Work<T> {
         registry: &Arc<Registry>,
         deadline: Option<Instant>,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        Self::new_recorded(ctx, registry, deadline, true, OpMeta::default())
+    }
+
+    /// Like [`new`](Self::new), and records the op in the registry's flight
+    /// recorder with `meta` (`collective`: its sequence number is comparable
+    /// across ranks).
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_recorded(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Result<(Work<T>, Completer<T>), WorkError> {
         // The registry's fail handle holds the slot alone, so that the
         // registry never keeps the shared state (and the registry) alive.
         let slot = Arc::new(Slot::new());
         let id = registry.insert(ctx.clone(), deadline, Box::new(FailHandle(slot.clone())))?;
+        let rec = registry
+            .recorder()
+            .map(|r| r.scheduled(ctx.seq, ctx.op, collective, meta));
         let shared = Arc::new(Shared {
             ctx,
             id,
+            rec,
             slot,
             registry: registry.clone(),
         });
@@ -125,6 +151,7 @@ impl<T: Send + 'static> Work<T> {
         let shared = Arc::new(Shared {
             ctx: err.context().clone(),
             id: 0,
+            rec: None,
             slot: Arc::new(Slot::new()),
             registry: Arc::new(Registry::new()),
         });
@@ -234,6 +261,16 @@ impl<T> Completer<T> {
         self.shared.as_ref().map(|s| &s.ctx)
     }
 
+    /// The backend started running the op (recorded in the flight
+    /// recorder).
+    pub fn started(&self) {
+        if let Some(s) = &self.shared {
+            if let (Some(rec), Some(id)) = (s.registry.recorder(), s.rec) {
+                rec.started(id);
+            }
+        }
+    }
+
     /// True if the work was failed early (abort, timeout) and the backend may
     /// skip the op's remaining steps.
     pub fn is_failed(&self) -> bool {
@@ -248,10 +285,25 @@ impl<T> Completer<T> {
     /// If the work was already failed (abort, timeout), `outcome` is dropped
     /// here, which is when the buffers are released: after the backend is done
     /// with them. The same holds if the work itself was dropped.
+    ///
+    /// An error aborts the group (the default error policy): a collective
+    /// that failed on one rank leaves the group in an unknown state, so every
+    /// pending and later op fails with this first cause. Invalid-argument
+    /// errors are the exception: nothing ran.
     pub fn complete(mut self, outcome: Result<T, WorkError>) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, outcome.as_ref().err().map(|e| e.to_string()));
+            }
+            let abort = match &outcome {
+                Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
+                _ => None,
+            };
             drop(shared.slot.resolve(outcome));
+            if let Some(cause) = abort {
+                shared.registry.abort(&cause);
+            }
         }
     }
 }
@@ -260,9 +312,13 @@ impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, Some("dropped by the backend".into()));
+            }
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
-                msg: "the backend dropped the op without completing it (it was shutting down)".into(),
+                msg: "the backend dropped the op without completing it (it was shutting down)"
+                    .into(),
             };
             drop(shared.slot.resolve(Err(err)));
         }

@@ -11,7 +11,8 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
-use crate::sync::{lock, Mutex};
+use crate::flight_recorder::FlightRecorder;
+use crate::sync::{lock, Arc, Mutex};
 
 /// Something the registry can fail: a type-erased handle on a work's slot.
 pub(crate) trait Fail: Send {
@@ -20,6 +21,7 @@ pub(crate) trait Fail: Send {
 
 struct Entry {
     ctx: OpContext,
+    submitted: Instant,
     deadline: Option<Instant>,
     fail: Box<dyn Fail>,
 }
@@ -41,6 +43,8 @@ pub struct Registry {
     /// Called once when the group is aborted (closes sockets, aborts NCCL
     /// communicators); set by the backend.
     abort_hook: Mutex<Option<AbortHook>>,
+    /// The group's flight recorder, if it keeps one.
+    recorder: Option<Arc<FlightRecorder>>,
 }
 
 impl fmt::Debug for Registry {
@@ -69,7 +73,21 @@ impl Registry {
                 errored: None,
             }),
             abort_hook: Mutex::new(None),
+            recorder: None,
         }
+    }
+
+    /// An empty registry that records every op in `recorder`.
+    pub fn with_recorder(recorder: Arc<FlightRecorder>) -> Self {
+        Registry {
+            recorder: Some(recorder),
+            ..Self::new()
+        }
+    }
+
+    /// The group's flight recorder, if any.
+    pub fn recorder(&self) -> Option<&Arc<FlightRecorder>> {
+        self.recorder.as_ref()
     }
 
     /// Sets what [`abort`](Self::abort) does to the backend besides failing
@@ -93,7 +111,15 @@ impl Registry {
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.entries.insert(id, Entry { ctx, deadline, fail });
+        inner.entries.insert(
+            id,
+            Entry {
+                ctx,
+                submitted: Instant::now(),
+                deadline,
+                fail,
+            },
+        );
         Ok(id)
     }
 
@@ -126,14 +152,28 @@ impl Registry {
         n
     }
 
-    /// Aborts the group: runs the backend's abort hook once, then fails every
-    /// pending work with `cause`. Later submissions fail at once with it.
+    /// Aborts the group: marks it failed with `cause` (first cause wins),
+    /// runs the backend's abort hook once, then fails every pending work.
+    /// Later submissions fail at once with the first cause. Returns how many
+    /// works were failed.
+    ///
+    /// Safe to call from the backend itself (the hook runs with no lock
+    /// held, and a second abort does not run it again).
     pub fn abort(&self, cause: &WorkError) -> usize {
+        // Claim the first abort under the same lock as the check, so two
+        // concurrent aborts cannot both run the hook.
         let first = {
-            let inner = lock(&self.inner);
-            inner.errored.is_none()
+            let mut inner = lock(&self.inner);
+            let first = inner.errored.is_none();
+            if first {
+                inner.errored = Some(cause.clone());
+            }
+            first
         };
         if first {
+            tracing::warn!(error = %cause, "aborting group");
+            #[cfg(not(loom))]
+            crate::watchdog::on_group_error(cause);
             if let Some(hook) = lock(&self.abort_hook).as_ref() {
                 hook(cause);
             }
@@ -141,14 +181,17 @@ impl Registry {
         self.fail_all(cause)
     }
 
-    /// The pending ops whose deadline is before `now`, oldest first, with
-    /// their registry ids (for [`fail_one`](Self::fail_one)).
-    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, Instant)> {
+    /// The pending ops whose deadline is before `now`, oldest first: their
+    /// registry ids (for [`fail_one`](Self::fail_one)), contexts and timeouts
+    /// (deadline minus submission time).
+    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
         lock(&self.inner)
             .entries
             .iter()
             .filter_map(|(id, e)| match e.deadline {
-                Some(d) if d <= now => Some((*id, e.ctx.clone(), d)),
+                Some(d) if d <= now => {
+                    Some((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted)))
+                }
                 _ => None,
             })
             .collect()
@@ -174,6 +217,10 @@ impl Registry {
 
     /// Contexts of all pending ops, in submission order.
     pub fn pending_ops(&self) -> Vec<OpContext> {
-        lock(&self.inner).entries.values().map(|e| e.ctx.clone()).collect()
+        lock(&self.inner)
+            .entries
+            .values()
+            .map(|e| e.ctx.clone())
+            .collect()
     }
 }

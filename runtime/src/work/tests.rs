@@ -51,7 +51,11 @@ fn dropped_work_keeps_buffer_until_completion() {
     drop(work);
     assert_eq!(drops.load(Ordering::SeqCst), 0);
     done.complete(Ok(buf));
-    assert_eq!(drops.load(Ordering::SeqCst), 1, "released exactly once, at completion");
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "released exactly once, at completion"
+    );
 }
 
 #[test]
@@ -87,7 +91,11 @@ fn abort_fails_pending_and_later_submissions() {
     let e1 = futures::executor::block_on(w1).unwrap_err();
     let e2 = futures::executor::block_on(w2).unwrap_err();
     assert_eq!(e1.context().seq, 1);
-    assert_eq!(e2.context().seq, 2, "each work gets the cause under its own seq");
+    assert_eq!(
+        e2.context().seq,
+        2,
+        "each work gets the cause under its own seq"
+    );
     // The backend completing later is harmless.
     c1.complete(Ok(1));
     match Work::<u8>::new(ctx(3), &reg, None) {
@@ -152,4 +160,43 @@ fn expired_lists_ops_past_deadline() {
     let exp = reg.expired(now + Duration::from_millis(1));
     assert_eq!(exp.len(), 1);
     assert_eq!(exp[0].1.seq, 1);
+}
+
+#[test]
+fn a_failed_op_aborts_the_group_once() {
+    let reg = Arc::new(Registry::new());
+    let hook_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let hc = hook_calls.clone();
+    reg.set_abort_hook(move |_| {
+        hc.fetch_add(1, Ordering::SeqCst);
+    });
+    let (w1, c1) = Work::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, c2) = Work::<u8>::new(ctx(2), &reg, None).unwrap();
+    let cause = WorkError::PeerLost {
+        ctx: ctx(1),
+        peer: 3,
+        cause: "connection reset".into(),
+    };
+    c1.complete(Err(cause));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1);
+    let e2 = futures::executor::block_on(w2).unwrap_err();
+    assert!(matches!(e2, WorkError::PeerLost { peer: 3, .. }), "{e2}");
+    assert_eq!(e2.context().seq, 2);
+    c2.complete(Err(WorkError::Aborted {
+        ctx: ctx(2),
+        reason: "x".into(),
+    }));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "hook runs once");
+    assert!(matches!(
+        futures::executor::block_on(w1),
+        Err(WorkError::PeerLost { .. })
+    ));
+    // An invalid argument does not abort.
+    let reg2 = Arc::new(Registry::new());
+    let (_w, c) = Work::<u8>::new(ctx(1), &reg2, None).unwrap();
+    c.complete(Err(WorkError::InvalidArgument {
+        ctx: ctx(1),
+        msg: "bad".into(),
+    }));
+    assert!(reg2.errored().is_none());
 }

@@ -101,9 +101,6 @@
 //! 16 MiB bandwidth for 2 and 4 ranks (64 KiB: more syscalls and wake-ups;
 //! 1 MiB: more cache misses).
 
-// Until the process group constructs the backend, only tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 mod algo;
 mod conn;
 mod setup;
@@ -179,13 +176,17 @@ struct Inner {
     /// The first failure; later ops fail with it.
     failed: Mutex<Option<WorkError>>,
     has_failed: AtomicBool,
-    /// Set to true on failure, abort or a lost peer: stops the worker's
-    /// current op.
+    /// Set to true on failure or abort: stops the worker's current op.
     stop: watch::Sender<bool>,
-    /// The first peer whose connection broke, and why. The worker turns it
-    /// into the group's failure unless its own op failed first (so that a
-    /// mismatch it found is not reported as the peer's close that followed).
+    /// The first peer whose connection broke, and why. From then on an op
+    /// that has to wait for a frame fails at once with `PeerLost` naming it;
+    /// frames that already arrived are still used (a rank that lags behind
+    /// finishes the ops its peers completed before one of them failed, and a
+    /// mismatch found in a received header is reported as such, not as the
+    /// close that followed it).
     lost: Mutex<Option<(usize, String)>>,
+    /// Set to true when `lost` is set: wakes an op waiting for a frame.
+    lost_signal: watch::Sender<bool>,
     peers: Mutex<Vec<PeerState>>,
     readers: Mutex<Vec<AbortHandle>>,
 }
@@ -252,7 +253,7 @@ impl Inner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get_or_insert((peer, cause));
-            self.stop.send_replace(true);
+            self.lost_signal.send_replace(true);
         }
     }
 
@@ -289,6 +290,19 @@ impl Inner {
             .get(peer)
             .cloned()
             .unwrap_or(PeerState::Open)
+    }
+
+    /// The first lost peer, if any, as the error of `ctx`.
+    fn lost_peer(&self, ctx: &OpContext) -> Option<WorkError> {
+        self.lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|(peer, cause)| WorkError::PeerLost {
+                ctx: ctx.clone(),
+                peer: *peer,
+                cause: cause.clone(),
+            })
     }
 
     /// The error for an op that needs `peer` after its connection ended.
@@ -340,8 +354,9 @@ impl TcpBackend {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a bad rank, size or options;
-    /// [`Error::Setup`] if the store, a connection or a handshake fails or
-    /// times out (`connect_timeout`).
+    /// [`Error::Store`] if the store fails or a peer's address does not
+    /// appear within `connect_timeout`; [`Error::Setup`] if a connection or a
+    /// handshake fails or times out.
     pub(crate) async fn connect(
         store: Arc<dyn Store>,
         rank: usize,
@@ -374,10 +389,14 @@ impl TcpBackend {
         let streams = chorus_runtime::rt::run(setup::mesh(store, me))
             .await
             .map_err(setup_err)?
-            .map_err(setup_err)?;
+            .map_err(|e| match e {
+                setup::SetupError::Store(e) => Error::Store(e),
+                setup::SetupError::Other(msg) => setup_err(msg),
+            })?;
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
+        let (lost_signal, lost_rx) = watch::channel(false);
         // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring
         // reads ahead; fewer means an allocation and page faults per chunk).
         let pool_keep = (32 << 20) / opts.chunk_bytes + 8;
@@ -392,6 +411,7 @@ impl TcpBackend {
             has_failed: AtomicBool::new(false),
             stop,
             lost: Mutex::new(None),
+            lost_signal,
             peers: Mutex::new(vec![PeerState::Open; size]),
             readers: Mutex::new(Vec::new()),
         });
@@ -417,7 +437,7 @@ impl TcpBackend {
         }
         *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers;
         let (tx, rx) = mpsc::unbounded_channel();
-        let w = worker::Worker::new(inner.clone(), writers, coll, p2p);
+        let w = worker::Worker::new(inner.clone(), writers, coll, p2p, lost_rx);
         handle.spawn(w.run(rx, stop_rx));
         tracing::debug!(group = %inner.group, rank, size, "TCP backend connected");
         Ok(Arc::new(TcpBackend { inner, tx }))

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_runtime::{OpContext, WorkError};
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -32,6 +33,8 @@ pub(super) struct Worker {
     /// Frames sent to / received from each peer in the current op.
     sent: Vec<u32>,
     recvd: Vec<u32>,
+    /// Turns true when a peer's connection broke.
+    lost: watch::Receiver<bool>,
 }
 
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -77,6 +80,7 @@ impl Worker {
         writers: Vec<Option<Writer>>,
         coll: Vec<Option<UnboundedReceiver<Frame>>>,
         p2p: Vec<Option<UnboundedReceiver<Frame>>>,
+        lost: watch::Receiver<bool>,
     ) -> Worker {
         let n = inner.size;
         Worker {
@@ -86,6 +90,7 @@ impl Worker {
             p2p,
             sent: vec![0; n],
             recvd: vec![0; n],
+            lost,
         }
     }
 
@@ -118,6 +123,7 @@ impl Worker {
                 completer.complete(Err(cause.for_op(ctx)));
                 break false;
             }
+            completer.started();
             let span = tracing::debug_span!(
                 "tcp_op",
                 group = %ctx.group,
@@ -274,8 +280,27 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
-        let Some(f) = q.recv().await else {
-            return Err(self.inner.lost_error(op.ctx, peer));
+        let inner = &self.inner;
+        let lost = &mut self.lost;
+        let f = loop {
+            match q.try_recv() {
+                Ok(f) => break f,
+                Err(TryRecvError::Disconnected) => return Err(inner.lost_error(op.ctx, peer)),
+                Err(TryRecvError::Empty) => {}
+            }
+            // Nothing queued: once a peer is lost, waiting is pointless.
+            if let Some(e) = inner.lost_peer(op.ctx) {
+                return Err(e);
+            }
+            tokio::select! {
+                biased;
+                f = q.recv() => match f {
+                    Some(f) => break f,
+                    None => return Err(inner.lost_error(op.ctx, peer)),
+                },
+                // Checked again at the top of the loop.
+                () = stopped(lost) => {}
+            }
         };
         self.check(op, peer, &f.hdr, idx, len)?;
         Ok(f)

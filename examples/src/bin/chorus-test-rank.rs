@@ -1,0 +1,205 @@
+//! A rank program for chorus's multi-process tests: started by `chorus-run`,
+//! it runs one scenario and reports on stdout. Not an example to copy.
+//!
+//! Scenarios (first argument):
+//! * `matrix`: every op × dtype against the serial reference.
+//! * `kill`: rank `FAULT_RANK` SIGKILLs itself in the middle of a large
+//!   all_reduce; survivors report how their pending work failed.
+//! * `stop`: rank `FAULT_RANK` SIGSTOPs itself; survivors time out and dump
+//!   their flight recorders.
+//! * `mismatch`: rank `FAULT_RANK` calls all_gather where the others call
+//!   all_reduce.
+//! * `store-dies`: rank 0 (the store's host) SIGKILLs itself; the others use
+//!   the store and report the store error.
+//!
+//! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
+//! 0; a survivor whose op did not fail exits 3.
+
+use std::time::{Duration, Instant};
+
+use chorus::{ProcessGroup, ReduceOp, WorkError};
+use chorus_examples::testkit::{check_all_dtypes, SIZES};
+
+fn env_num(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn kind(e: &WorkError) -> &'static str {
+    match e {
+        WorkError::OpTimeout { .. } => "OpTimeout",
+        WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
+        WorkError::PeerLost { .. } => "PeerLost",
+        WorkError::Mismatch { .. } => "Mismatch",
+        WorkError::Aborted { .. } => "Aborted",
+        WorkError::GroupErrored { .. } => "GroupErrored",
+        WorkError::Remote { .. } => "Remote",
+        WorkError::Store { .. } => "Store",
+        WorkError::InvalidArgument { .. } => "InvalidArgument",
+        _ => "Backend",
+    }
+}
+
+fn report(rank: usize, start: Instant, kind: &str, msg: &str) {
+    println!(
+        "RESULT rank={rank} kind={kind} elapsed_ms={} msg={}",
+        start.elapsed().as_millis(),
+        msg.replace('\n', " ")
+    );
+}
+
+fn signal_self(sig: i32) {
+    // SAFETY: getpid and kill have no memory-safety preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), sig);
+    }
+}
+
+async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
+    let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 1000));
+    let victim = env_num("FAULT_RANK", 1) as usize;
+    let pg = ProcessGroup::builder()
+        .timeout(timeout)
+        .init_from_env()
+        .await?;
+    let rank = pg.rank();
+    println!("PID rank={rank} pid={}", std::process::id());
+    match scenario {
+        "matrix" => {
+            let pg = pg.with_timeout(Duration::from_secs(60));
+            match check_all_dtypes(&pg, &SIZES).await {
+                Ok(n) => {
+                    println!("OK rank={rank} checks={n}");
+                    Ok(0)
+                }
+                Err(e) => {
+                    println!("FAIL rank={rank} {e}");
+                    Ok(1)
+                }
+            }
+        }
+        "kill" => {
+            pg.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)?.await?;
+            let big = vec![1.0f32; 4 << 20];
+            let start = Instant::now();
+            let w = pg.all_reduce(big, ReduceOp::Sum)?;
+            if rank == victim {
+                std::thread::sleep(Duration::from_millis(5));
+                println!(
+                    "VICTIM rank={rank} pid={} killing itself",
+                    std::process::id()
+                );
+                signal_self(libc::SIGKILL);
+            }
+            match w.await {
+                Ok(_) => {
+                    report(rank, start, "none", "the op succeeded");
+                    Ok(3)
+                }
+                Err(e) => {
+                    report(rank, start, kind(&e), &e.to_string());
+                    Ok(0)
+                }
+            }
+        }
+        "stop" => {
+            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+            if rank == victim {
+                println!(
+                    "VICTIM rank={rank} pid={} stopping itself",
+                    std::process::id()
+                );
+                signal_self(libc::SIGSTOP);
+            }
+            let start = Instant::now();
+            match pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
+                Ok(_) => {
+                    report(rank, start, "none", "the op succeeded");
+                    Ok(3)
+                }
+                Err(e) => {
+                    report(rank, start, kind(&e), &e.to_string());
+                    Ok(0)
+                }
+            }
+        }
+        "mismatch" => {
+            pg.barrier()?.await?;
+            let start = Instant::now();
+            let r = if rank == victim {
+                pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?
+                    .await
+                    .map(|_| ())
+            } else {
+                pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?
+                    .await
+                    .map(|_| ())
+            };
+            match r {
+                Ok(()) => {
+                    report(rank, start, "none", "the op succeeded");
+                    Ok(3)
+                }
+                Err(e) => {
+                    report(rank, start, kind(&e), &e.to_string());
+                    Ok(0)
+                }
+            }
+        }
+        "store-dies" => {
+            pg.barrier()?.await?;
+            if rank == 0 {
+                println!("VICTIM rank=0 pid={} killing itself", std::process::id());
+                signal_self(libc::SIGKILL);
+            }
+            // Give the store host time to die, then use the store.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let start = Instant::now();
+            match pg.new_group(&[1, 2]).await {
+                Ok(_) => {
+                    report(rank, start, "none", "new_group succeeded");
+                    Ok(3)
+                }
+                Err(chorus::Error::Store(e)) => {
+                    report(rank, start, "Store", &e.to_string());
+                    Ok(0)
+                }
+                Err(e) => {
+                    report(rank, start, "Other", &e.to_string());
+                    Ok(0)
+                }
+            }
+        }
+        other => {
+            eprintln!("unknown scenario '{other}' (matrix, kill, stop, mismatch, store-dies)");
+            Ok(2)
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start tokio: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match rt.block_on(main_async(&scenario)) {
+        Ok(code) => std::process::ExitCode::from(code as u8),
+        Err(e) => {
+            println!(
+                "ERROR rank={} {e}",
+                std::env::var("RANK").unwrap_or_default()
+            );
+            std::process::ExitCode::from(4)
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! Helpers shared by the chorus examples, and the test kit of the
+//! integration tests.
+
+pub mod testkit;
+
+use std::process::ExitCode;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Deterministic random data of `rank` for case `case` (small integers as
+/// f32, so every reduction order gives the same result and any rank can
+/// compute the reference).
+pub fn rank_data(case: u64, rank: usize, len: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(case * 7919 + rank as u64);
+    (0..len)
+        .map(|_| rng.gen_range(-64i32..=64) as f32)
+        .collect()
+}
+
+/// If no launcher set `RANK`, starts `nproc` copies of this program with the
+/// torchrun environment (through `chorus-run` semantics: lines prefixed with
+/// the rank, first failure stops the rest) and returns their exit code;
+/// returns `None` inside a rank.
+pub fn launch_self_if_needed(nproc: usize) -> Option<ExitCode> {
+    if std::env::var_os("RANK").is_some()
+        || std::env::var_os("SLURM_PROCID").is_some()
+        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
+    {
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("cannot find this program's path to launch ranks: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = chorus_runtime::launcher::launch_local(nproc.max(1), &exe, &args);
+    Some(ExitCode::from(code.clamp(0, 255) as u8))
+}

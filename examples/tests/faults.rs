@@ -1,0 +1,233 @@
+//! Fault injection with separate processes started by `chorus-run`: a rank
+//! SIGKILLed mid-all_reduce, a rank SIGSTOPped, mismatched collectives, the
+//! store's host dying. Each fault runs 20 times; every run must end without
+//! a hang and leave no process behind.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use chorus_examples::testkit::workspace_bin;
+
+const RUNS: usize = 20;
+const WORLD: usize = 3;
+const TIMEOUT_MS: u64 = 600;
+
+#[derive(Debug, Default)]
+struct Outcome {
+    /// RESULT lines by rank: (kind, elapsed ms, message).
+    results: BTreeMap<usize, (String, u64, String)>,
+    pids: Vec<i32>,
+    lines: Vec<String>,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks the pid.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// Runs `scenario` across WORLD ranks; once every survivor has reported,
+/// SIGKILLs a victim that is still around (a stopped one).
+fn run(scenario: &str, trace_dir: &Path) -> Outcome {
+    let mut child = Command::new(workspace_bin("chorus-runtime", "chorus-run"))
+        .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
+        .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
+        .arg(scenario)
+        .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
+        .env("FAULT_RANK", "1")
+        .env("CHORUS_TRACE_DIR", trace_dir)
+        .env("CHORUS_WATCHDOG_INTERVAL_MS", "5")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start chorus-run");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = Outcome::default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let survivors = WORLD - 1;
+    let mut victim: Option<i32> = None;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => {
+                let body = line
+                    .split_once("] ")
+                    .map_or(line.as_str(), |(_, b)| b)
+                    .to_string();
+                if body.starts_with("RESULT") {
+                    let rank: usize = field(&body, "rank")
+                        .and_then(|v| v.parse().ok())
+                        .expect("rank");
+                    let kind = field(&body, "kind").unwrap_or("").to_string();
+                    let ms: u64 = field(&body, "elapsed_ms")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(u64::MAX);
+                    let msg = body.split_once("msg=").map_or("", |(_, m)| m).to_string();
+                    out.results.insert(rank, (kind, ms, msg));
+                }
+                if body.starts_with("VICTIM") || body.starts_with("PID") {
+                    if let Some(pid) = field(&body, "pid").and_then(|v| v.parse().ok()) {
+                        out.pids.push(pid);
+                        if body.starts_with("VICTIM") {
+                            victim = Some(pid);
+                        }
+                    }
+                }
+                out.lines.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if out.results.len() >= survivors {
+            if let Some(pid) = victim.take() {
+                if alive(pid) {
+                    // SAFETY: signalling a pid this test's run started.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "{scenario}: no end within 60 s; output so far:\n{}",
+                out.lines.join("\n")
+            );
+        }
+    }
+    let status = child.wait().expect("wait chorus-run");
+    reader.join().expect("reader");
+    assert!(status.code().is_some() || status.code().is_none());
+    for pid in &out.pids {
+        // Reaped children vanish; give the kernel a moment.
+        let t = Instant::now();
+        while alive(*pid) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(*pid), "{scenario}: rank process {pid} leaked");
+    }
+    out
+}
+
+fn survivors_failed_within(out: &Outcome, ranks: &[usize], kinds: &[&str], limit_ms: u64) {
+    for r in ranks {
+        let (kind, ms, msg) = out
+            .results
+            .get(r)
+            .unwrap_or_else(|| panic!("rank {r} reported nothing:\n{}", out.lines.join("\n")));
+        assert!(kinds.contains(&kind.as_str()), "rank {r}: {kind}: {msg}");
+        assert!(
+            *ms <= limit_ms,
+            "rank {r} failed after {ms} ms (limit {limit_ms}): {msg}"
+        );
+    }
+}
+
+fn trace(dir: &Path) -> String {
+    let out = Command::new(workspace_bin("chorus-runtime", "chorus-trace"))
+        .arg(dir)
+        .output()
+        .expect("run chorus-trace");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn temp_dir(tag: &str, i: usize) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("chorus-faults-{}-{tag}-{i}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+#[test]
+fn sigkill_mid_all_reduce_fails_every_survivor_within_timeout() {
+    for i in 0..RUNS {
+        let dir = temp_dir("kill", i);
+        let out = run("kill", &dir);
+        survivors_failed_within(
+            &out,
+            &[0, 2],
+            &["PeerLost", "OpTimeout", "GroupErrored", "Aborted"],
+            TIMEOUT_MS + 1000,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
+    for i in 0..RUNS {
+        let dir = temp_dir("stop", i);
+        let out = run("stop", &dir);
+        survivors_failed_within(
+            &out,
+            &[0, 2],
+            &["OpTimeout", "GroupErrored", "Aborted"],
+            TIMEOUT_MS + 1000,
+        );
+        let report = trace(&dir);
+        assert!(report.contains("first divergence at seq 3"), "{report}");
+        assert!(
+            report.contains("behind (never issued seq 3): ranks [1]"),
+            "{report}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn mismatched_collectives_are_named_by_the_error_and_by_chorus_trace() {
+    for i in 0..RUNS {
+        let dir = temp_dir("mismatch", i);
+        let out = run("mismatch", &dir);
+        for r in 0..WORLD {
+            let (kind, _, msg) = out
+                .results
+                .get(&r)
+                .unwrap_or_else(|| panic!("rank {r} reported nothing:\n{}", out.lines.join("\n")));
+            assert!(
+                ["Mismatch", "GroupErrored", "PeerLost", "Aborted"].contains(&kind.as_str()),
+                "rank {r}: {kind}: {msg}"
+            );
+        }
+        // At least the ranks that talk to the odd one out name both sides.
+        let named = out
+            .results
+            .values()
+            .filter(|(k, _, m)| {
+                k == "Mismatch" && m.contains("all_gather") && m.contains("all_reduce")
+            })
+            .count();
+        assert!(named >= 1, "{:?}", out.results);
+        let report = trace(&dir);
+        assert!(report.contains("first divergence at seq 2"), "{report}");
+        assert!(
+            report.contains("called a different op/dtype/count: ranks [1]"),
+            "{report}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn store_host_death_gives_every_rank_a_store_error() {
+    for i in 0..RUNS {
+        let dir = temp_dir("store", i);
+        let out = run("store-dies", &dir);
+        survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,225 @@
+//! Command line of chorus-run and the per-rank environment it derives.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Starts N local ranks of PROGRAM with the torchrun environment (RANK,
+/// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+/// MASTER_PORT), prefixes each output line with `[rank R] `, forwards
+/// SIGINT/SIGTERM/SIGHUP (a second one kills the ranks), and stops every
+/// rank when one fails.
+///
+/// Exit status: 0 when every rank exits 0; otherwise the code of the first
+/// rank that failed (128+N if it was killed by signal N); 128+N if chorus-run
+/// itself was stopped by signal N and no rank failed; 126/127 if PROGRAM
+/// cannot be executed / found; 2 for a bad command line.
+#[derive(Debug, Parser)]
+#[command(name = "chorus-run", version)]
+pub(crate) struct Args {
+    /// Number of ranks to start on this node.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) nproc_per_node: u32,
+
+    /// Number of nodes of the job (each runs one chorus-run).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) nnodes: u32,
+
+    /// Rank of this node, in 0..K (GROUP_RANK of its ranks).
+    #[arg(long, value_name = "I", default_value_t = 0)]
+    pub(crate) node_rank: u32,
+
+    /// Address of the node that runs rank 0 (hosts the store). Default
+    /// 127.0.0.1 on a single node; required with --nnodes > 1.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) master_addr: Option<String>,
+
+    /// Port of rank 0's store. Default on a single node: a free port picked
+    /// by chorus-run; required with --nnodes > 1.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) master_port: Option<u16>,
+
+    /// Seconds the other ranks get after SIGTERM (when a rank failed or
+    /// chorus-run was interrupted) before they are killed with SIGKILL.
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    pub(crate) kill_timeout: Duration,
+
+    /// When a rank fails, let the others run on (instead of stopping them);
+    /// exit with the first failing rank's code once every rank is done.
+    /// For fault-injection tests.
+    #[arg(long)]
+    pub(crate) keep_going: bool,
+
+    /// The program to run and its arguments (after `--`).
+    #[arg(
+        value_name = "PROGRAM",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub(crate) command: Vec<OsString>,
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{s:?} is not a non-negative, finite number of seconds"))
+}
+
+/// What every rank of this node shares; [`Plan::rank_env`] gives one rank's
+/// variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) nproc_per_node: u32,
+    pub(crate) nnodes: u32,
+    pub(crate) node_rank: u32,
+    pub(crate) master_addr: String,
+    pub(crate) master_port: u16,
+}
+
+impl Plan {
+    /// Checks the arguments and fills in the defaults (master address, free
+    /// port on a single node).
+    pub(crate) fn from_args(args: &Args) -> Result<Plan, String> {
+        if args.node_rank >= args.nnodes {
+            return Err(format!(
+                "--node-rank {} is not below --nnodes {}",
+                args.node_rank, args.nnodes
+            ));
+        }
+        if u64::from(args.nnodes) * u64::from(args.nproc_per_node) > u64::from(u32::MAX) {
+            return Err("--nnodes times --nproc-per-node is too large".into());
+        }
+        let multi = args.nnodes > 1;
+        let master_addr = match (&args.master_addr, multi) {
+            (Some(a), _) => a.clone(),
+            (None, false) => "127.0.0.1".to_string(),
+            (None, true) => {
+                return Err("--master-addr is required with --nnodes > 1 (the address of the node with --node-rank 0)".into())
+            }
+        };
+        let master_port = match (args.master_port, multi) {
+            (Some(p), _) => p,
+            (None, false) => free_port(&master_addr)?,
+            (None, true) => {
+                return Err(
+                    "--master-port is required with --nnodes > 1 (the same on every node)".into(),
+                )
+            }
+        };
+        Ok(Plan {
+            nproc_per_node: args.nproc_per_node,
+            nnodes: args.nnodes,
+            node_rank: args.node_rank,
+            master_addr,
+            master_port,
+        })
+    }
+
+    /// Global rank of local rank `local`.
+    pub(crate) fn rank(&self, local: u32) -> u32 {
+        self.node_rank * self.nproc_per_node + local
+    }
+
+    /// The environment of local rank `local` (torchrun's names).
+    pub(crate) fn rank_env(&self, local: u32) -> Vec<(&'static str, String)> {
+        vec![
+            ("RANK", self.rank(local).to_string()),
+            (
+                "WORLD_SIZE",
+                (self.nnodes * self.nproc_per_node).to_string(),
+            ),
+            ("LOCAL_RANK", local.to_string()),
+            ("LOCAL_WORLD_SIZE", self.nproc_per_node.to_string()),
+            ("GROUP_RANK", self.node_rank.to_string()),
+            ("GROUP_WORLD_SIZE", self.nnodes.to_string()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", self.master_port.to_string()),
+        ]
+    }
+}
+
+/// A port that was free on `addr` a moment ago (the OS picks it; it is
+/// released again before the ranks start, so another process could take it
+/// in between: pass --master-port where that matters).
+fn free_port(addr: &str) -> Result<u16, String> {
+    let l = TcpListener::bind((addr, 0)).map_err(|e| {
+        format!("cannot find a free port on {addr} for the store: {e}; pass --master-port")
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port on {addr}: {e}; pass --master-port"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("chorus-run").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn env_of_each_rank_on_node_1_of_2() {
+        let a = parse(&[
+            "--nproc-per-node",
+            "3",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.0.0.7",
+            "--master-port",
+            "4242",
+            "--",
+            "prog",
+            "--flag",
+        ])
+        .unwrap();
+        assert_eq!(a.command, vec![OsString::from("prog"), "--flag".into()]);
+        let p = Plan::from_args(&a).unwrap();
+        let env = p.rank_env(2);
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("RANK"), "5");
+        assert_eq!(get("WORLD_SIZE"), "6");
+        assert_eq!(get("LOCAL_RANK"), "2");
+        assert_eq!(get("LOCAL_WORLD_SIZE"), "3");
+        assert_eq!(get("GROUP_RANK"), "1");
+        assert_eq!(get("MASTER_ADDR"), "10.0.0.7");
+        assert_eq!(get("MASTER_PORT"), "4242");
+    }
+
+    #[test]
+    fn single_node_defaults_pick_a_port() {
+        let a = parse(&["--nproc-per-node", "2", "prog", "-x"]).unwrap();
+        assert_eq!(a.command, vec![OsString::from("prog"), "-x".into()]);
+        let p = Plan::from_args(&a).unwrap();
+        assert_eq!(p.master_addr, "127.0.0.1");
+        assert_ne!(p.master_port, 0);
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        assert!(parse(&["--nproc-per-node", "0", "--", "prog"]).is_err());
+        assert!(parse(&["--nproc-per-node", "2"]).is_err());
+        assert!(parse(&["--nproc-per-node", "2", "--kill-timeout", "-1", "prog"]).is_err());
+        let a = parse(&[
+            "--nproc-per-node",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "2",
+            "p",
+        ])
+        .unwrap();
+        assert!(Plan::from_args(&a).unwrap_err().contains("--node-rank 2"));
+        let a = parse(&["--nproc-per-node", "2", "--nnodes", "2", "p"]).unwrap();
+        assert!(Plan::from_args(&a).unwrap_err().contains("--master-addr"));
+    }
+}

@@ -1,0 +1,331 @@
+//! Starting the ranks, watching them, forwarding signals, stopping them.
+//!
+//! Each rank runs in its own process group (`setpgid(0, 0)`), so signals are
+//! sent to the whole group (a rank that is a shell script takes its children
+//! with it) and a Ctrl-C in the terminal reaches chorus-run only, which
+//! forwards it once. A rank that exits while processes of its group still
+//! run (background children) has them stopped: SIGTERM, then SIGKILL after
+//! the kill timeout; chorus-run waits for that before it exits. Every child is reaped by chorus-run before it exits,
+//! and `kill_on_drop` SIGKILLs any child still running if chorus-run
+//! unwinds. If chorus-run itself is SIGKILLed, the ranks are orphaned: their
+//! next write to the closed output pipe kills them (SIGPIPE).
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::{sleep_until, Instant};
+
+use super::cli::{Args, Plan};
+use super::output::{pump, Stream, Writer};
+
+/// How long the output of exited ranks is still drained (a background
+/// process the rank left behind may hold its pipe open).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often chorus-run checks whether what exited ranks left behind is
+/// gone, once every rank has exited.
+const LEFTOVER_POLL: Duration = Duration::from_millis(20);
+
+/// Exit code of a finished rank: its code, or 128+N when killed by signal N.
+fn exit_code(st: ExitStatus) -> i32 {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        (None, None) => 1,
+    }
+}
+
+fn describe(st: ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => match Signal::try_from(s) {
+            Ok(sig) => format!("was killed by signal {s} ({sig})"),
+            Err(_) => format!("was killed by signal {s}"),
+        },
+        (None, None) => format!("ended with status {st}"),
+    }
+}
+
+/// Sends `sig` to the process group of every rank still running.
+fn signal_all(alive: &BTreeMap<u32, Pid>, sig: Signal) {
+    for pgid in alive.values() {
+        // ESRCH: it exited and is about to be reaped; nothing to do.
+        let _ = killpg(*pgid, sig);
+    }
+}
+
+/// Whether process group `pgid` has a member that is not a zombie (an
+/// orphan's zombie waits for init, which may take a while to reap it).
+fn group_alive(pgid: Pid) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        // No /proc: any member, zombies included.
+        return killpg(pgid, None).is_ok();
+    };
+    dir.flatten().any(|e| {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp ..."; comm may contain anything.
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            return false;
+        };
+        let mut f = rest.split_ascii_whitespace();
+        let state = f.next().unwrap_or("Z");
+        let pgrp = f.nth(1).and_then(|g| g.parse::<i32>().ok());
+        pgrp == Some(pgid.as_raw()) && !matches!(state, "Z" | "X")
+    })
+}
+
+fn log(msg: &str) {
+    eprintln!("chorus-run: {msg}");
+}
+
+/// Runs the job; returns chorus-run's exit code.
+pub(crate) async fn run(args: Args, plan: Plan) -> i32 {
+    // Listen before the first child exists, so no signal is lost.
+    // SIGHUP too: the ranks are not in the terminal's process group, so
+    // they would not get it when the terminal goes away.
+    let (mut sigint, mut sigterm, mut sighup) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(i), Ok(t), Ok(h)) => (i, t, h),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+            log(&format!("cannot install signal handlers: {e}"));
+            return 1;
+        }
+    };
+    let (out, err) = match (Writer::spawn(Stream::Stdout), Writer::spawn(Stream::Stderr)) {
+        (Ok(o), Ok(e)) => (o, e),
+        (Err(e), _) | (_, Err(e)) => {
+            log(&format!("cannot start output threads: {e}"));
+            return 1;
+        }
+    };
+
+    let program = &args.command[0];
+    let mut alive: BTreeMap<u32, Pid> = BTreeMap::new();
+    let mut waits = FuturesUnordered::new();
+    let mut pumps = Vec::new();
+    // (rank, code) of the first rank that failed.
+    let mut failure: Option<(u32, i32)> = None;
+
+    for local in 0..plan.nproc_per_node {
+        let rank = plan.rank(local);
+        let mut cmd = Command::new(program);
+        cmd.args(&args.command[1..])
+            .envs(plan.rank_env(local))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let code = match e.kind() {
+                    std::io::ErrorKind::NotFound => 127,
+                    std::io::ErrorKind::PermissionDenied => 126,
+                    _ => 1,
+                };
+                log(&format!(
+                    "cannot start rank {rank} ({}): {e}",
+                    program.to_string_lossy()
+                ));
+                failure = Some((rank, code));
+                break;
+            }
+        };
+        let prefix = format!("[rank {rank}] ").into_bytes();
+        if let Some(o) = child.stdout.take() {
+            pumps.push(tokio::spawn(pump(o, prefix.clone(), out.sender())));
+        }
+        if let Some(e) = child.stderr.take() {
+            pumps.push(tokio::spawn(pump(e, prefix, err.sender())));
+        }
+        if let Some(pid) = child.id() {
+            alive.insert(rank, Pid::from_raw(pid as i32));
+        }
+        waits.push(async move { (rank, child.wait().await) });
+    }
+
+    let mut ranks = Running {
+        alive,
+        leftover: BTreeMap::new(),
+        kill_at: None,
+        kill_timeout: args.kill_timeout,
+    };
+    if failure.is_some() && !ranks.alive.is_empty() {
+        log("stopping the ranks already started");
+        ranks.stop(Signal::SIGTERM);
+    }
+    let mut got_signal: Option<Signal> = None;
+
+    while !waits.is_empty() || !ranks.leftover.is_empty() {
+        let far = Instant::now() + Duration::from_secs(86_400);
+        let kill_at = ranks.kill_at;
+        let leftover_at = ranks.leftover.values().map(|l| l.1).min();
+        let only_leftovers = waits.is_empty();
+        tokio::select! {
+            Some((rank, res)) = waits.next() => {
+                ranks.reaped(rank);
+                let (code, what) = match res {
+                    Ok(st) => (exit_code(st), describe(st)),
+                    Err(e) => (1, format!("could not be waited for: {e}")),
+                };
+                if code != 0 && failure.is_none() {
+                    failure = Some((rank, code));
+                    if ranks.alive.is_empty() || ranks.kill_at.is_some() {
+                        // Nothing left to stop, or already stopping.
+                        log(&format!("rank {rank} {what}"));
+                    } else if args.keep_going {
+                        log(&format!("rank {rank} {what}; the other ranks run on (--keep-going)"));
+                    } else {
+                        log(&format!(
+                            "rank {rank} {what}; stopping the other ranks (SIGTERM, SIGKILL after {:?})",
+                            args.kill_timeout
+                        ));
+                        ranks.stop(Signal::SIGTERM);
+                    }
+                }
+            }
+            Some(()) = sigint.recv() => ranks.on_signal(Signal::SIGINT, &mut got_signal),
+            Some(()) = sigterm.recv() => ranks.on_signal(Signal::SIGTERM, &mut got_signal),
+            Some(()) = sighup.recv() => ranks.on_signal(Signal::SIGHUP, &mut got_signal),
+            () = sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
+                log(&format!(
+                    "ranks {:?} still running after {:?}; sending SIGKILL",
+                    ranks.alive.keys().collect::<Vec<_>>(),
+                    args.kill_timeout
+                ));
+                ranks.kill_all();
+                ranks.kill_at = Some(far);
+            }
+            () = sleep_until(leftover_at.unwrap_or(far)), if leftover_at.is_some() => {
+                ranks.kill_due_leftovers();
+            }
+            // Every rank exited: finish as soon as what they left is gone.
+            () = tokio::time::sleep(LEFTOVER_POLL), if only_leftovers => {
+                ranks.leftover.retain(|_, (pgid, _)| group_alive(*pgid));
+            }
+        }
+    }
+
+    // Every child is reaped; drain what they wrote, then flush our streams.
+    let aborts: Vec<_> = pumps.iter().map(|p| p.abort_handle()).collect();
+    let drain = futures::future::join_all(pumps);
+    tokio::pin!(drain);
+    if tokio::time::timeout(DRAIN_TIMEOUT, &mut drain)
+        .await
+        .is_err()
+    {
+        log("some rank output is still open after every rank exited (a background process?); not waiting for it");
+        aborts.iter().for_each(|a| a.abort());
+        // Aborted pumps drop their senders, so the writers can finish.
+        drain.await;
+    }
+    out.close();
+    err.close();
+
+    match (failure, got_signal) {
+        (Some((rank, code)), _) => {
+            log(&format!(
+                "exiting with code {code} (rank {rank} failed first)"
+            ));
+            code
+        }
+        (None, Some(sig)) => 128 + sig as i32,
+        (None, None) => 0,
+    }
+}
+
+/// The ranks still running and when they get SIGKILL.
+#[derive(Debug)]
+struct Running {
+    /// Process group (= pid) of each rank not yet reaped.
+    alive: BTreeMap<u32, Pid>,
+    /// Process groups of exited ranks that still had members (background
+    /// children the rank left behind), and when they get SIGKILL.
+    leftover: BTreeMap<u32, (Pid, Instant)>,
+    /// Once set, the ranks still running were sent a stopping signal and
+    /// get SIGKILL at this instant.
+    kill_at: Option<Instant>,
+    kill_timeout: Duration,
+}
+
+impl Running {
+    /// Rank `rank` was reaped. Whatever it left running in its process
+    /// group gets SIGTERM now and SIGKILL after the kill timeout.
+    fn reaped(&mut self, rank: u32) {
+        let Some(pgid) = self.alive.remove(&rank) else {
+            return;
+        };
+        if group_alive(pgid) {
+            log(&format!(
+                "rank {rank} exited but left processes behind; stopping them (SIGTERM, SIGKILL after {:?})",
+                self.kill_timeout
+            ));
+            let _ = killpg(pgid, Signal::SIGTERM);
+            self.leftover
+                .insert(rank, (pgid, Instant::now() + self.kill_timeout));
+        }
+    }
+
+    /// SIGKILL to every rank and everything left behind.
+    fn kill_all(&mut self) {
+        signal_all(&self.alive, Signal::SIGKILL);
+        for (pgid, _) in std::mem::take(&mut self.leftover).into_values() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+
+    /// SIGKILL to the leftover groups whose time is up.
+    fn kill_due_leftovers(&mut self) {
+        let now = Instant::now();
+        self.leftover.retain(|_, (pgid, at)| {
+            if *at > now {
+                return true;
+            }
+            let _ = killpg(*pgid, Signal::SIGKILL);
+            false
+        });
+    }
+
+    /// Sends `sig` to every rank (and what exited ranks left behind) and
+    /// arms the SIGKILL deadline.
+    fn stop(&mut self, sig: Signal) {
+        signal_all(&self.alive, sig);
+        for (pgid, _) in self.leftover.values() {
+            let _ = killpg(*pgid, sig);
+        }
+        if self.kill_at.is_none() {
+            self.kill_at = Some(Instant::now() + self.kill_timeout);
+        }
+    }
+
+    /// SIGINT/SIGTERM/SIGHUP to chorus-run: forwarded; a second one kills.
+    fn on_signal(&mut self, sig: Signal, got_signal: &mut Option<Signal>) {
+        if got_signal.is_some() {
+            log(&format!("{sig} again; killing every rank (SIGKILL)"));
+            self.kill_all();
+            return;
+        }
+        *got_signal = Some(sig);
+        log(&format!(
+            "got {sig}; forwarding it to every rank (SIGKILL after {:?})",
+            self.kill_timeout
+        ));
+        self.stop(sig);
+    }
+}
