@@ -178,15 +178,12 @@ struct Inner {
     has_failed: AtomicBool,
     /// Set to true on failure or abort: stops the worker's current op.
     stop: watch::Sender<bool>,
-    /// The first peer whose connection broke, and why. From then on an op
-    /// that has to wait for a frame fails at once with `PeerLost` naming it;
-    /// frames that already arrived are still used (a rank that lags behind
-    /// finishes the ops its peers completed before one of them failed, and a
-    /// mismatch found in a received header is reported as such, not as the
-    /// close that followed it).
+    /// The first peer whose connection broke, and why. Frames that already
+    /// arrived from it are still used (a rank that lags behind finishes the
+    /// ops its peers completed before one of them failed, and a mismatch
+    /// found in a received header is reported as such, not as the close
+    /// that followed it); an op that needs more from it fails at once.
     lost: Mutex<Option<(usize, String)>>,
-    /// Set to true when `lost` is set: wakes an op waiting for a frame.
-    lost_signal: watch::Sender<bool>,
     peers: Mutex<Vec<PeerState>>,
     readers: Mutex<Vec<AbortHandle>>,
 }
@@ -253,7 +250,6 @@ impl Inner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get_or_insert((peer, cause));
-            self.lost_signal.send_replace(true);
         }
     }
 
@@ -290,19 +286,6 @@ impl Inner {
             .get(peer)
             .cloned()
             .unwrap_or(PeerState::Open)
-    }
-
-    /// The first lost peer, if any, as the error of `ctx`.
-    fn lost_peer(&self, ctx: &OpContext) -> Option<WorkError> {
-        self.lost
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|(peer, cause)| WorkError::PeerLost {
-                ctx: ctx.clone(),
-                peer: *peer,
-                cause: cause.clone(),
-            })
     }
 
     /// The error for an op that needs `peer` after its connection ended.
@@ -396,7 +379,6 @@ impl TcpBackend {
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
-        let (lost_signal, lost_rx) = watch::channel(false);
         // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring
         // reads ahead; fewer means an allocation and page faults per chunk).
         let pool_keep = (32 << 20) / opts.chunk_bytes + 8;
@@ -411,7 +393,6 @@ impl TcpBackend {
             has_failed: AtomicBool::new(false),
             stop,
             lost: Mutex::new(None),
-            lost_signal,
             peers: Mutex::new(vec![PeerState::Open; size]),
             readers: Mutex::new(Vec::new()),
         });
@@ -437,7 +418,7 @@ impl TcpBackend {
         }
         *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers;
         let (tx, rx) = mpsc::unbounded_channel();
-        let w = worker::Worker::new(inner.clone(), writers, coll, p2p, lost_rx);
+        let w = worker::Worker::new(inner.clone(), writers, coll, p2p);
         handle.spawn(w.run(rx, stop_rx));
         tracing::debug!(group = %inner.group, rank, size, "TCP backend connected");
         Ok(Arc::new(TcpBackend { inner, tx }))

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus_runtime::{OpContext, WorkError};
-use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -33,8 +32,6 @@ pub(super) struct Worker {
     /// Frames sent to / received from each peer in the current op.
     sent: Vec<u32>,
     recvd: Vec<u32>,
-    /// Turns true when a peer's connection broke.
-    lost: watch::Receiver<bool>,
 }
 
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -80,7 +77,6 @@ impl Worker {
         writers: Vec<Option<Writer>>,
         coll: Vec<Option<UnboundedReceiver<Frame>>>,
         p2p: Vec<Option<UnboundedReceiver<Frame>>>,
-        lost: watch::Receiver<bool>,
     ) -> Worker {
         let n = inner.size;
         Worker {
@@ -90,7 +86,6 @@ impl Worker {
             p2p,
             sent: vec![0; n],
             recvd: vec![0; n],
-            lost,
         }
     }
 
@@ -280,27 +275,13 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
-        let inner = &self.inner;
-        let lost = &mut self.lost;
-        let f = loop {
-            match q.try_recv() {
-                Ok(f) => break f,
-                Err(TryRecvError::Disconnected) => return Err(inner.lost_error(op.ctx, peer)),
-                Err(TryRecvError::Empty) => {}
-            }
-            // Nothing queued: once a peer is lost, waiting is pointless.
-            if let Some(e) = inner.lost_peer(op.ctx) {
-                return Err(e);
-            }
-            tokio::select! {
-                biased;
-                f = q.recv() => match f {
-                    Some(f) => break f,
-                    None => return Err(inner.lost_error(op.ctx, peer)),
-                },
-                // Checked again at the top of the loop.
-                () = stopped(lost) => {}
-            }
+        // Frames that already arrived are used even if their sender has gone
+        // since; only an op that needs more from a peer whose connection
+        // ended fails (at once, as the queue is closed). A peer that waits on
+        // the lost one fails and closes in turn, so failures spread through
+        // the group without waiting for timeouts.
+        let Some(f) = q.recv().await else {
+            return Err(self.inner.lost_error(op.ctx, peer));
         };
         self.check(op, peer, &f.hdr, idx, len)?;
         Ok(f)
