@@ -43,17 +43,25 @@
 //! connection the connections are in an unknown state: the backend is marked
 //! failed, the op in flight and every queued and later op fail with the same
 //! cause (re-addressed with [`WorkError::for_op`]), and every connection is
-//! closed, so that the peers fail promptly too. A peer whose connection ends
-//! without a goodbye (its process died, or its group failed or was aborted)
-//! fails every pending op with [`WorkError::PeerLost`] at once, even if no op
-//! is waiting on it. A peer whose backend was dropped after finishing its ops
-//! says goodbye; ops that then need it fail with `PeerLost`.
+//! closed, so that the peers fail promptly too. Each peer's reader task
+//! notices the end of its connection at once, whether or not an op is
+//! waiting on it. If the peer left without a goodbye (its process died, or
+//! its group failed or was aborted), the first op that needs a frame from it
+//! that has not arrived fails at once with [`WorkError::PeerLost`] naming it,
+//! and the group fails with that cause; frames that did arrive are still
+//! used, so a rank that lags behind completes the ops its peers completed,
+//! and a mismatching header is reported as a mismatch, not as the close that
+//! followed. A rank that waits on a failed rank fails and closes in turn, so
+//! a failure spreads through the group without waiting for timeouts; a rank
+//! that is alive but stuck (SIGSTOP) makes the ranks waiting on it time out.
+//! A peer whose backend was dropped after finishing its ops says goodbye;
+//! ops that then need it fail with `PeerLost`.
 //!
 //! # Algorithms
 //!
 //! | op | below `crossover_bytes` | from `crossover_bytes` |
 //! |---|---|---|
-//! | all_reduce | up to 4 KiB with more than 2 ranks: gather to rank 0, which reduces in rank order and sends the result back; else direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
+//! | all_reduce | direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
 //! | broadcast | direct from the root | pipelined chain from the root |
 //! | reduce | direct to the root; the root reduces in rank order | same |
 //! | all_gather | direct | pipelined ring |
