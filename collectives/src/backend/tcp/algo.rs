@@ -7,18 +7,12 @@ use chorus_runtime::{OpContext, WorkError};
 
 use super::conn::Frame;
 use super::wire::{
-    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_GATHER, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32,
-    NONE8,
+    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
 };
 use super::worker::{Op, Worker};
 use crate::backend::OpKind;
 use crate::dtype::{DType, HostBuffer, ReduceOp};
 use crate::reduce::{combine_into, finish_avg, Reducible};
-
-/// Largest all_reduce (bytes) that goes through rank 0 (gather, reduce,
-/// send back) in groups of more than two ranks: fewer frames, one more hop.
-/// (Capped at the chunk size, so that it is one frame.)
-const TINY: usize = 4 << 10;
 
 /// Elements `i` of `0..count` split into `n` blocks as evenly as possible
 /// (the first `count % n` blocks get one more).
@@ -265,32 +259,6 @@ impl Worker {
         }
         let es = dtype.size();
         let ce = self.ce(dtype);
-        if n > 2 && count * es <= TINY.min(self.inner.opts.chunk_bytes) {
-            // Gather to rank 0, which reduces in rank order, and send the
-            // result back: 2(n-1) frames instead of n(n-1).
-            let o = Self::op(
-                ctx,
-                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_GATHER),
-            );
-            let all = 0..count;
-            let me = self.me();
-            if me == 0 {
-                let mut frames = Vec::with_capacity(n - 1);
-                for p in 1..n {
-                    frames.push(self.recv(&o, p, count * es).await?);
-                }
-                self.reduce_rank_order(op, buf, &all, None, &frames);
-                finish_avg(op, buf, all, n);
-                for p in 1..n {
-                    self.send(&o, p, buf.as_bytes()).await?;
-                }
-            } else {
-                self.send(&o, 0, buf.as_bytes()).await?;
-                let f = self.recv(&o, 0, count * es).await?;
-                copy_in(buf, &all, f.payload.bytes());
-            }
-            return Ok(());
-        }
         if !self.large(count * es) {
             let o = Self::op(
                 ctx,

@@ -43,17 +43,25 @@
 //! connection the connections are in an unknown state: the backend is marked
 //! failed, the op in flight and every queued and later op fail with the same
 //! cause (re-addressed with [`WorkError::for_op`]), and every connection is
-//! closed, so that the peers fail promptly too. A peer whose connection ends
-//! without a goodbye (its process died, or its group failed or was aborted)
-//! fails every pending op with [`WorkError::PeerLost`] at once, even if no op
-//! is waiting on it. A peer whose backend was dropped after finishing its ops
-//! says goodbye; ops that then need it fail with `PeerLost`.
+//! closed, so that the peers fail promptly too. Each peer's reader task
+//! notices the end of its connection at once, whether or not an op is
+//! waiting on it. If the peer left without a goodbye (its process died, or
+//! its group failed or was aborted), the first op that needs a frame from it
+//! that has not arrived fails at once with [`WorkError::PeerLost`] naming it,
+//! and the group fails with that cause; frames that did arrive are still
+//! used, so a rank that lags behind completes the ops its peers completed,
+//! and a mismatching header is reported as a mismatch, not as the close that
+//! followed. A rank that waits on a failed rank fails and closes in turn, so
+//! a failure spreads through the group without waiting for timeouts; a rank
+//! that is alive but stuck (SIGSTOP) makes the ranks waiting on it time out.
+//! A peer whose backend was dropped after finishing its ops says goodbye;
+//! ops that then need it fail with `PeerLost`.
 //!
 //! # Algorithms
 //!
 //! | op | below `crossover_bytes` | from `crossover_bytes` |
 //! |---|---|---|
-//! | all_reduce | up to 4 KiB with more than 2 ranks: gather to rank 0, which reduces in rank order and sends the result back; else direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
+//! | all_reduce | direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
 //! | broadcast | direct from the root | pipelined chain from the root |
 //! | reduce | direct to the root; the root reduces in rank order | same |
 //! | all_gather | direct | pipelined ring |
@@ -100,9 +108,6 @@
 //! at 128 KiB): the crossover is 64 KiB. Chunks of 256 KiB gave the best
 //! 16 MiB bandwidth for 2 and 4 ranks (64 KiB: more syscalls and wake-ups;
 //! 1 MiB: more cache misses).
-
-// Until the process group constructs the backend, only tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
 
 mod algo;
 mod conn;
@@ -180,12 +185,13 @@ struct Inner {
     /// The first failure; later ops fail with it.
     failed: Mutex<Option<WorkError>>,
     has_failed: AtomicBool,
-    /// Set to true on failure, abort or a lost peer: stops the worker's
-    /// current op.
+    /// Set to true on failure or abort: stops the worker's current op.
     stop: watch::Sender<bool>,
-    /// The first peer whose connection broke, and why. The worker turns it
-    /// into the group's failure unless its own op failed first (so that a
-    /// mismatch it found is not reported as the peer's close that followed).
+    /// The first peer whose connection broke, and why. Frames that already
+    /// arrived from it are still used (a rank that lags behind finishes the
+    /// ops its peers completed before one of them failed, and a mismatch
+    /// found in a received header is reported as such, not as the close
+    /// that followed it); an op that needs more from it fails at once.
     lost: Mutex<Option<(usize, String)>>,
     peers: Mutex<Vec<PeerState>>,
     readers: Mutex<Vec<AbortHandle>>,
@@ -358,8 +364,9 @@ impl TcpBackend {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a bad rank, size or options;
-    /// [`Error::Setup`] if the store, a connection or a handshake fails or
-    /// times out (`connect_timeout`).
+    /// [`Error::Store`] if the store fails or a peer's address does not
+    /// appear within `connect_timeout`; [`Error::Setup`] if a connection or a
+    /// handshake fails or times out.
     pub(crate) async fn connect(
         store: Arc<dyn Store>,
         rank: usize,
@@ -392,7 +399,10 @@ impl TcpBackend {
         let streams = chorus_runtime::rt::run(setup::mesh(store, me))
             .await
             .map_err(setup_err)?
-            .map_err(setup_err)?;
+            .map_err(|e| match e {
+                setup::SetupError::Store(e) => Error::Store(e),
+                setup::SetupError::Other(msg) => setup_err(msg),
+            })?;
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);

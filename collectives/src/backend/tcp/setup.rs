@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus_runtime::store::Store;
+use chorus_runtime::store::{Store, StoreError};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
@@ -401,12 +401,30 @@ fn listener(ip: std::net::IpAddr) -> Result<TcpListener, String> {
         .map_err(|e| format!("cannot listen on {ip}: {e}"))
 }
 
+/// Why setup failed.
+#[derive(Debug)]
+pub(super) enum SetupError {
+    /// The store failed while addresses were exchanged (becomes
+    /// `Error::Store`).
+    Store(StoreError),
+    /// Anything else: what failed and what to check (becomes
+    /// `Error::Setup`).
+    Other(String),
+}
+
+impl From<String> for SetupError {
+    fn from(msg: String) -> Self {
+        SetupError::Other(msg)
+    }
+}
+
 /// Builds the mesh. Returns one stream per rank (`None` for this rank).
 ///
 /// # Errors
 ///
-/// What failed and what to check, as text for `Error::Setup`.
-pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Stream>>, String> {
+/// [`SetupError::Store`] if the store fails, else what failed and what to
+/// check.
+pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Stream>>, SetupError> {
     let mut streams: Vec<Option<Stream>> = (0..me.size).map(|_| None).collect();
     if me.size == 1 {
         return Ok(streams);
@@ -439,7 +457,7 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
     store
         .set(&format!("addr/{}", me.rank), published.as_bytes())
         .await
-        .map_err(|e| format!("cannot publish this rank's address in the store: {e}"))?;
+        .map_err(SetupError::Store)?;
     tracing::debug!(group = %me.group, rank = me.rank, %addr, "listening for peers");
 
     // Accept from every lower rank.
@@ -498,9 +516,7 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
                 let raw = store
                     .get(&format!("addr/{peer}"), left)
                     .await
-                    .map_err(|e| {
-                        format!("cannot read rank {peer}'s address from the store: {e}")
-                    })?;
+                    .map_err(SetupError::Store)?;
                 let addr = parse_addr(peer, &raw)?;
                 let s = tokio::time::timeout_at(
                     deadline.into(),
@@ -513,15 +529,16 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
                         addr.tcp
                     )
                 })??;
-                Ok::<_, String>((peer, s))
+                Ok::<_, SetupError>((peer, s))
             });
         }
         let mut got = Vec::new();
         while let Some(r) = tasks.next().await {
             got.push(r?);
         }
-        Ok::<_, String>(got)
+        Ok::<_, SetupError>(got)
     };
+    let accept = async { accept.await.map_err(SetupError::Other) };
 
     let (acc, con) = tokio::try_join!(accept, connect)?;
     for (peer, s) in acc.into_iter().chain(con) {

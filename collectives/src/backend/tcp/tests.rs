@@ -808,16 +808,29 @@ fn bad_setup_arguments_are_errors() {
     };
     let r = block_on(TcpBackend::connect(store.clone(), 0, 2, "g".into(), opts));
     assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
-    // A peer that never shows up: setup times out with a clear error.
+    // A peer that never shows up: setup times out, naming its address key
+    // (rank 0 waits for rank 1's address) or, for rank 1, the rank that never
+    // connected.
     let opts = TcpOptions {
         connect_timeout: Duration::from_millis(200),
         ..TcpOptions::default()
     };
-    let r = block_on(TcpBackend::connect(store, 0, 2, "g".into(), opts));
-    let Err(crate::Error::Setup { msg, .. }) = r else {
-        panic!("expected a setup error")
+    let r = block_on(TcpBackend::connect(
+        store.clone(),
+        0,
+        2,
+        "g".into(),
+        opts.clone(),
+    ));
+    let Err(crate::Error::Store(StoreError::Timeout { keys, .. })) = r else {
+        panic!("expected a store timeout, got {r:?}")
     };
-    assert!(msg.contains("rank 1"), "{msg}");
+    assert_eq!(keys, vec!["addr/1".to_string()]);
+    let r = block_on(TcpBackend::connect(store, 1, 2, "h".into(), opts));
+    let Err(crate::Error::Setup { msg, .. }) = r else {
+        panic!("expected a setup error, got {r:?}")
+    };
+    assert!(msg.contains("ranks {0}"), "{msg}");
 }
 
 #[test]

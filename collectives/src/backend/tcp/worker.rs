@@ -132,6 +132,7 @@ impl Worker {
                 completer.complete(Err(cause.for_op(ctx)));
                 break false;
             }
+            completer.started();
             let span = tracing::debug_span!(
                 "tcp_op",
                 group = %ctx.group,
@@ -289,6 +290,11 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
+        // Frames that already arrived are used even if their sender has gone
+        // since; only an op that needs more from a peer whose connection
+        // ended fails (at once, as the queue is closed). A peer that waits on
+        // the lost one fails and closes in turn, so failures spread through
+        // the group without waiting for timeouts.
         let Some(f) = q.recv().await else {
             return Err(self.inner.lost_error(op.ctx, peer));
         };
