@@ -245,6 +245,9 @@ fn main() -> std::process::ExitCode {
         let (_, all) = pg
             .all_gather(oks.clone(), vec![0u8; oks.len() * pg.size()])?
             .await?;
+        // Leave together: rank 0 keeps the store (and its sockets) up until
+        // every rank is done.
+        pg.shutdown().await?;
         Ok::<_, chorus::Error>((pg.rank(), pg.size(), pg.backend_name(), rows, all))
     });
     match result {

@@ -242,14 +242,25 @@ impl ProcessGroup {
         ProcessGroup::builder().init_from_env().await
     }
 
-    /// Leaves the job at its end: drops this rank's part of the rendezvous
-    /// (rank 0 waits for every rank to leave, then stops the store server).
-    /// Groups made with [`GroupBuilder::build`] have nothing to leave.
+    /// Leaves the job at its end, on every rank: closes the group's
+    /// connections gracefully (says goodbye to every peer and waits, at most
+    /// 2 s, for theirs, so no rank exits while another still reads what it
+    /// sent), then leaves the rendezvous (rank 0 waits for every rank to
+    /// leave, then stops the store server). Ops submitted afterwards fail.
     ///
     /// # Errors
     ///
     /// [`Error::Rendezvous`] if some ranks did not leave in time (rank 0).
     pub async fn shutdown(&self) -> Result<(), Error> {
+        // Goodbyes first: no rank closes while another still reads from it.
+        let close = self.inner.backend.close();
+        chorus_runtime::rt::run(close)
+            .await
+            .map_err(|msg| Error::Setup {
+                group: self.inner.name.to_string(),
+                rank: self.inner.rank,
+                msg,
+            })?;
         let rdzv = self
             .inner
             .rendezvous
@@ -289,6 +300,17 @@ impl ProcessGroup {
             format!("{GROUP_PREFIX}/{name}"),
             root_store.clone(),
         ));
+        // Count this rank in through the store first: a store that is gone
+        // (its host died) shows up here as a store error, not as a backend
+        // setup failure.
+        let joined = store.clone();
+        chorus_runtime::rt::run(async move { joined.add("joined", 1).await })
+            .await
+            .map_err(|e| Error::Setup {
+                group: name.to_string(),
+                rank,
+                msg: e,
+            })??;
         let backend: Arc<dyn Backend> =
             TcpBackend::connect(store, rank, size, name.clone(), tcp.clone()).await?;
         let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));

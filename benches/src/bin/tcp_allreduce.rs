@@ -89,5 +89,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+    pg.shutdown().await?;
     Ok(())
 }

@@ -130,6 +130,14 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// ranks' op, dtype and count).
     fn submit(&self, req: OpRequest);
 
+    /// Closes the backend gracefully at the end of a job: tells every peer
+    /// goodbye and waits (bounded) until every peer has said goodbye too, so
+    /// that no rank exits while another still reads what it sent. Ops
+    /// submitted afterwards fail.
+    fn close(&self) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
     /// Tears the backend down after a failure: close connections, stop the
     /// worker. Pending and later requests fail; buffers of ops still in
     /// flight are released only when the worker lets go of them.

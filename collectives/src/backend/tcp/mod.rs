@@ -126,6 +126,7 @@ use std::time::Duration;
 
 use chorus_runtime::store::Store;
 use chorus_runtime::{OpContext, WorkError};
+use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
@@ -243,6 +244,15 @@ impl Inner {
         self.stop.send_replace(true);
     }
 
+    /// True while some peer's connection is open (no goodbye, not lost).
+    fn any_peer_open(&self) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers
+            .iter()
+            .enumerate()
+            .any(|(p, st)| p != self.rank && *st == PeerState::Open)
+    }
+
     /// Called by a reader task when its connection ends.
     fn peer_ended(&self, peer: usize, end: PeerState) {
         {
@@ -253,6 +263,11 @@ impl Inner {
                 }
             }
         }
+        // The worker is not stopped here: frames this peer sent before its
+        // connection ended are still queued and may be all the op in flight
+        // needs (a peer that finished the op and exited). An op that needs
+        // more from this peer finds its queue closed and fails at once with
+        // `PeerLost`; ops that need nothing more from it may finish.
         if let PeerState::Lost(cause) = end {
             self.lost
                 .lock()
@@ -328,6 +343,10 @@ impl Inner {
 pub(crate) struct TcpBackend {
     inner: Arc<Inner>,
     tx: mpsc::UnboundedSender<OpRequest>,
+    /// Set by [`Backend::close`]: the worker says goodbye and stops.
+    close: watch::Sender<bool>,
+    /// Set by the worker once it has stopped (after its goodbyes).
+    done: watch::Receiver<bool>,
 }
 
 impl fmt::Debug for TcpBackend {
@@ -426,10 +445,20 @@ impl TcpBackend {
         }
         *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers;
         let (tx, rx) = mpsc::unbounded_channel();
+        let (close, close_rx) = watch::channel(false);
+        let (done_tx, done) = watch::channel(false);
         let w = worker::Worker::new(inner.clone(), writers, coll, p2p);
-        handle.spawn(w.run(rx, stop_rx));
+        handle.spawn(async move {
+            w.run(rx, stop_rx, close_rx).await;
+            done_tx.send_replace(true);
+        });
         tracing::debug!(group = %inner.group, rank, size, "TCP backend connected");
-        Ok(Arc::new(TcpBackend { inner, tx }))
+        Ok(Arc::new(TcpBackend {
+            inner,
+            tx,
+            close,
+            done,
+        }))
     }
 
     /// This rank.
@@ -472,6 +501,16 @@ impl Backend for TcpBackend {
             };
             req.completer.complete(Err(err));
         }
+    }
+
+    fn close(&self) -> BoxFuture<'static, ()> {
+        self.close.send_replace(true);
+        let mut done = self.done.clone();
+        Box::pin(async move {
+            // The worker's goodbye and its wait for the peers' are bounded;
+            // this bound only guards against a worker that cannot run.
+            let _ = tokio::time::timeout(Duration::from_secs(10), done.wait_for(|d| *d)).await;
+        })
     }
 
     fn abort(&self, cause: &WorkError) {

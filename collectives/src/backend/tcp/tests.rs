@@ -112,11 +112,12 @@ impl Rank {
             seq,
             op: kind.name(),
         };
+        // A registry per op: these tests check the backend's own failure
+        // handling, so the registry's abort-on-error (which refuses later
+        // submissions before they reach the backend) must not step in.
+        let reg = Arc::new(Registry::new());
         let (work, completer) =
-            // A registry per op: these tests look at what the backend does on
-            // its own (a shared registry is aborted by the first failed op and
-            // then refuses new works itself).
-            Work::new(ctx.clone(), &Arc::new(Registry::new()), None).expect("registry refused the op");
+            Work::new(ctx.clone(), &reg, None).expect("registry refused the op");
         self.be.submit(OpRequest {
             ctx,
             kind,

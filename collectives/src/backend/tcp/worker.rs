@@ -34,6 +34,18 @@ pub(super) struct Worker {
     recvd: Vec<u32>,
 }
 
+/// Waits (at most 2 s) until every peer has said goodbye or gone, so that
+/// this rank does not close while a peer still reads what it sent (a socket
+/// closed with unread data resets the connection).
+async fn await_goodbyes(inner: &Inner) {
+    let all_gone = async {
+        while inner.any_peer_open() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), all_gone).await;
+}
+
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The sender lives in `Inner`, which the worker holds: `wait_for` only
     // returns once the flag is set.
@@ -95,6 +107,7 @@ impl Worker {
         mut self,
         mut rx: UnboundedReceiver<OpRequest>,
         mut stop: watch::Receiver<bool>,
+        mut close: watch::Receiver<bool>,
     ) {
         let inner = self.inner.clone();
         let graceful = loop {
@@ -102,6 +115,7 @@ impl Worker {
                 biased;
                 () = stopped(&mut stop) => None,
                 r = rx.recv() => Some(r),
+                () = stopped(&mut close) => Some(None),
             };
             let req = match next {
                 None => break false,
@@ -170,6 +184,7 @@ impl Worker {
         }
         if graceful {
             self.say_goodbye().await;
+            await_goodbyes(&inner).await;
         }
         // Closing the write halves sends FIN; aborting the readers drops the
         // read halves, which closes the sockets.
