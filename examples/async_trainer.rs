@@ -42,7 +42,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus::{ProcessGroup, ReduceOp, Work};
-use chorus_examples::launch_self_if_needed;
+use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -52,8 +52,6 @@ use rand::{Rng, SeedableRng};
 const FEATURES: usize = 32;
 /// Hidden units of the (random) teacher network that defines the targets.
 const TEACHER_HIDDEN: usize = 16;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Data-parallel MLP training with bucketed, overlapped all_reduce")]
@@ -654,27 +652,8 @@ fn main() -> ExitCode {
     if let Some(code) = launch_self_if_needed(args.nproc) {
         return code;
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("async_trainer: cannot start tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async {
-        let pg = ProcessGroup::builder()
-            .timeout(Duration::from_secs(60))
-            .init_from_env()
-            .await?;
-        let outcome = train(&pg, cfg).await?;
-        // Leave the job: goodbyes to every peer (no rank exits while another
-        // still reads from it), then rank 0 waits for the others and stops
-        // the store.
-        pg.shutdown().await?;
-        Ok::<_, BoxError>(outcome)
+    let result = run_rank(Duration::from_secs(60), |pg| async move {
+        train(&pg, cfg).await
     });
     match result {
         Ok(o) if o.ok => ExitCode::SUCCESS,

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::{ProcessGroup, ReduceOp};
-use chorus_examples::launch_self_if_needed;
+use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
 use clap::Parser;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rand::rngs::StdRng;
@@ -61,8 +61,6 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::time::sleep;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "A tokio pipeline reducing per-batch statistics across ranks")]
@@ -816,28 +814,10 @@ fn main() -> ExitCode {
     if let Some(code) = launch_self_if_needed(args.nproc) {
         return code;
     }
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tokio_pipeline: cannot start tokio: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = rt.block_on(async {
-        let pg = ProcessGroup::builder()
-            .timeout(Duration::from_secs(60))
-            .init_from_env()
-            .await?;
-        let outcome = run(&pg, cfg).await?;
-        // Leave the job: goodbyes to every peer (no rank exits while another
-        // still reads from it), then rank 0 waits for the others and stops
-        // the store.
-        pg.shutdown().await?;
-        Ok::<_, BoxError>(outcome)
-    });
+    let result = run_rank(
+        Duration::from_secs(60),
+        |pg| async move { run(&pg, cfg).await },
+    );
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
