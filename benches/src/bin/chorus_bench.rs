@@ -460,14 +460,25 @@ fn merge_points(runs: &BTreeMap<usize, Vec<[f64; 3]>>) -> Vec<Point> {
         .collect()
 }
 
+/// Bus bandwidth in GB/s from the unrounded figures (the JSON's own
+/// `busbw_gbps` has three decimals, 0 for small messages).
+fn busbw(bytes: f64, ranks: Option<f64>, median_us: f64) -> Option<f64> {
+    let n = ranks?;
+    (n >= 1.0 && median_us > 0.0).then(|| bytes * 2.0 * (n - 1.0) / n / (median_us * 1e-6) / 1e9)
+}
+
 fn add_runs(rows: &[Value], into: &mut BTreeMap<usize, Vec<[f64; 3]>>) -> usize {
     let mut n = 0;
     for r in rows {
         let f = |k: &str| r.get(k).and_then(Value::as_f64);
         if let (Some(b), Some(m), Some(p)) = (f("bytes"), f("median_us"), f("p99_us")) {
-            into.entry(b as usize)
-                .or_default()
-                .push([m, p, f("busbw_gbps").unwrap_or(f64::NAN)]);
+            into.entry(b as usize).or_default().push([
+                m,
+                p,
+                busbw(b, f("ranks"), m)
+                    .or(f("busbw_gbps"))
+                    .unwrap_or(f64::NAN),
+            ]);
             n += 1;
         }
     }
@@ -565,6 +576,18 @@ fn fmt_bytes(b: usize) -> String {
     }
 }
 
+fn fmt_gbps(v: f64) -> String {
+    if !v.is_finite() {
+        "—".into()
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else if v >= 0.01 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.5}")
+    }
+}
+
 fn fmt_us(us: f64) -> String {
     if us >= 10_000.0 {
         format!("{:.1} ms", us / 1000.0)
@@ -636,7 +659,7 @@ fn tcp_section(t: &TcpRanks, plan: &Plan, plots: Option<&str>, md: &mut String) 
                     fmt_us(a.median_us),
                     fmt_us(a.p99_us),
                     format!("{lr:.2}×"),
-                    format!("{:.3}", a.busbw_gbps),
+                    fmt_gbps(a.busbw_gbps),
                     format!("{br:.2}×"),
                     met,
                 )
@@ -648,11 +671,11 @@ fn tcp_section(t: &TcpRanks, plan: &Plan, plots: Option<&str>, md: &mut String) 
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {am} | {ap} | {lr} | {:.3} | {ab} | {br} | {target} | {met} |",
+            "| {} | {} | {} | {am} | {ap} | {lr} | {} | {ab} | {br} | {target} | {met} |",
             fmt_bytes(o.bytes),
             fmt_us(o.median_us),
             fmt_us(o.p99_us),
-            o.busbw_gbps
+            fmt_gbps(o.busbw_gbps)
         );
     }
     md.push('\n');
@@ -1071,8 +1094,17 @@ fn machine(env: &Env) -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    // Field 19 of /proc/self/stat, counted after the command name's ')'.
+    let nice = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(16).map(str::to_string))
+        })
+        .unwrap_or_else(|| "?".into());
     let mut s = format!(
-        "- CPU: {cpu}, {cores} cores available, {mem} memory\n- OS: {os}, Linux {}\n- load average at start: {}\n",
+        "- CPU: {cpu}, {cores} cores available, {mem} memory\n- OS: {os}, Linux {}\n- load average at start: {}; niceness of the run: {nice}\n",
         kernel.trim(),
         load.join(" ")
     );
@@ -1254,7 +1286,7 @@ fn main() -> Result<(), Error> {
             ));
         }
     }
-    if plan.quick {
+    if plan.quick && args.ranks.is_none() && args.sizes.is_none() {
         skipped.push(
             "4 ranks and sizes above 64 KiB: quick run (run without `--quick` for the full sweep)"
                 .into(),
@@ -1342,6 +1374,14 @@ mod tests {
         let mut m = BTreeMap::new();
         assert_eq!(add_runs(&rows, &mut m), 1);
         assert_eq!(m[&4][0], [10.5, 20.0, 0.001]);
+        let rows = json_lines(
+            "{\"ranks\":2,\"bytes\":1000,\"median_us\":1,\"p99_us\":2,\"busbw_gbps\":0}",
+        );
+        add_runs(&rows, &mut m);
+        assert!(
+            (m[&1000][0][2] - 1.0).abs() < 1e-9,
+            "busbw from unrounded figures"
+        );
         let mut r = Rates::new();
         parse_rates(
             "# header\nchorus set     1   12345\ntorch get 16 99\nchorus add 1x32 7\n",
