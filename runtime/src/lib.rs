@@ -6,6 +6,9 @@
 //! * [`work`]: the [`Work`](work::Work) future a collective returns, its
 //!   completion slot and the per-group [`Registry`](work::Registry) of
 //!   in-flight ops. No I/O: loom checks it.
+//! * [`comm_cache`]: the per-group communicator cache with its
+//!   in-initialization map (lazy single-flight init, store-key choice,
+//!   abort), generic over the communicator. No I/O: loom checks it.
 //! * [`error`]: [`WorkError`](error::WorkError), the typed error of an op,
 //!   carrying rank, group, sequence number and op.
 //! * [`store`]: the key-value store (TCP server and client, prefix store,
@@ -23,6 +26,7 @@
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
 
+pub mod comm_cache;
 pub mod cuda;
 pub mod error;
 pub mod flight_recorder;

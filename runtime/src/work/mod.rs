@@ -25,7 +25,9 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+#[cfg(not(loom))]
+use std::time::Duration;
+use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::OpMeta;
