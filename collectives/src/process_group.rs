@@ -165,7 +165,10 @@ impl GroupBuilder {
         }
         .build()
         .await?;
-        *pg.inner.rendezvous.lock().unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        *pg.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
         Ok(pg)
     }
 
@@ -217,7 +220,11 @@ fn route_ip(store_addr: &str) -> std::net::IpAddr {
         return loopback;
     }
     // Connecting a UDP socket sends nothing; it only picks the route.
-    let bind = if target.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
     UdpSocket::bind(bind)
         .and_then(|s| s.connect(target).and_then(|()| s.local_addr()))
         .map(|a| a.ip())
@@ -243,7 +250,12 @@ impl ProcessGroup {
     ///
     /// [`Error::Rendezvous`] if some ranks did not leave in time (rank 0).
     pub async fn shutdown(&self) -> Result<(), Error> {
-        let rdzv = self.inner.rendezvous.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let rdzv = self
+            .inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         match rdzv {
             Some(r) => Ok(r.shutdown().await?),
             None => Ok(()),

@@ -15,6 +15,8 @@
 //!   in-memory store) used for rendezvous and id exchange.
 //! * [`rendezvous`]: how the ranks of a job find each other (torchrun,
 //!   SLURM or Open MPI environment, or a builder) through rank 0's store.
+//! * [`launcher`]: what `chorus-run` does (start local ranks, prefix their
+//!   output, forward signals, stop the others on failure), as a library.
 //! * [`rt`]: chorus's own background I/O threads (tokio), so futures stay
 //!   executor-agnostic.
 //! * [`cuda`]: the only module that calls the CUDA driver (devices, streams,
@@ -30,6 +32,7 @@ pub mod comm_cache;
 pub mod cuda;
 pub mod error;
 pub mod flight_recorder;
+pub mod launcher;
 pub mod rendezvous;
 pub mod rt;
 pub mod store;

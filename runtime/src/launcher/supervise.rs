@@ -22,8 +22,8 @@ use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
-use crate::cli::{Args, Plan};
-use crate::output::{pump, Stream, Writer};
+use super::cli::{Args, Plan};
+use super::output::{pump, Stream, Writer};
 
 /// How long the output of exited ranks is still drained (a background
 /// process the rank left behind may hold its pipe open).
@@ -189,6 +189,8 @@ pub(crate) async fn run(args: Args, plan: Plan) -> i32 {
                     if ranks.alive.is_empty() || ranks.kill_at.is_some() {
                         // Nothing left to stop, or already stopping.
                         log(&format!("rank {rank} {what}"));
+                    } else if args.keep_going {
+                        log(&format!("rank {rank} {what}; the other ranks run on (--keep-going)"));
                     } else {
                         log(&format!(
                             "rank {rank} {what}; stopping the other ranks (SIGTERM, SIGKILL after {:?})",

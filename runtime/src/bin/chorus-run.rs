@@ -14,34 +14,10 @@
 //! kills them.
 //! When a rank fails, the others get SIGTERM and, after `--kill-timeout`
 //! seconds, SIGKILL; chorus-run then exits with the failing rank's code
-//! (128+N for a rank killed by signal N). See `chorus-run --help`.
-
-mod cli;
-mod output;
-mod supervise;
-
-use clap::Parser;
+//! (128+N for a rank killed by signal N); with `--keep-going` the others
+//! run on and it exits with the first failing code once all are done. See
+//! `chorus-run --help`. The logic lives in `chorus_runtime::launcher`.
 
 fn main() {
-    let args = cli::Args::parse();
-    let plan = match cli::Plan::from_args(&args) {
-        Ok(p) => p,
-        Err(msg) => {
-            eprintln!("chorus-run: {msg}");
-            std::process::exit(2);
-        }
-    };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("chorus-run: cannot start the tokio runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let code = rt.block_on(supervise::run(args, plan));
-    drop(rt);
-    std::process::exit(code);
+    std::process::exit(chorus_runtime::launcher::main_from_args(std::env::args_os()));
 }

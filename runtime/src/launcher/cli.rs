@@ -46,6 +46,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
     pub(crate) kill_timeout: Duration,
 
+    /// When a rank fails, let the others run on (instead of stopping them);
+    /// exit with the first failing rank's code once every rank is done.
+    /// For fault-injection tests.
+    #[arg(long)]
+    pub(crate) keep_going: bool,
+
     /// The program to run and its arguments (after `--`).
     #[arg(
         value_name = "PROGRAM",

@@ -1,0 +1,755 @@
+//! The algorithms of the TCP backend (see the table in the module docs of
+//! [`tcp`](super)).
+
+use std::ops::Range;
+
+use chorus_runtime::{OpContext, WorkError};
+
+use super::conn::Frame;
+use super::wire::{
+    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+};
+use super::worker::{Op, Worker};
+use crate::backend::OpKind;
+use crate::dtype::{DType, HostBuffer, ReduceOp};
+use crate::reduce::{combine_into, finish_avg, Reducible};
+
+/// Elements `i` of `0..count` split into `n` blocks as evenly as possible
+/// (the first `count % n` blocks get one more).
+fn block(count: usize, n: usize, i: usize) -> Range<usize> {
+    let base = count / n;
+    let rem = count % n;
+    let start = i * base + i.min(rem);
+    start..start + base + usize::from(i < rem)
+}
+
+/// Number of chunks of `len` elements, at least one (an empty op still
+/// exchanges one empty frame, so every op is checked on the wire).
+fn nchunks(len: usize, ce: usize) -> usize {
+    len.div_ceil(ce).max(1)
+}
+
+/// Chunk `k` of `r`.
+fn chunk(r: &Range<usize>, ce: usize, k: usize) -> Range<usize> {
+    let s = (r.start + k * ce).min(r.end);
+    s..(s + ce).min(r.end)
+}
+
+/// Byte range of an element range.
+fn bytes(r: &Range<usize>, es: usize) -> Range<usize> {
+    r.start * es..r.end * es
+}
+
+fn copy_in(dst: &mut HostBuffer, r: &Range<usize>, src: &[u8]) {
+    let es = dst.dtype().size();
+    dst.as_bytes_mut()[bytes(r, es)].copy_from_slice(src);
+}
+
+fn combine_raw<T: Reducible>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
+    if let (Ok(d), Ok(s)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+        bytemuck::try_cast_slice::<u8, T>(src),
+    ) {
+        for (d, s) in d.iter_mut().zip(s) {
+            *d = T::combine(op, *d, *s);
+        }
+        return;
+    }
+    let size = std::mem::size_of::<T>();
+    for (d, s) in dst.chunks_exact_mut(size).zip(src.chunks_exact(size)) {
+        let a: T = bytemuck::pod_read_unaligned(d);
+        let b: T = bytemuck::pod_read_unaligned(s);
+        d.copy_from_slice(bytemuck::bytes_of(&T::combine(op, a, b)));
+    }
+}
+
+/// `dst[i] = op(dst[i], src[i])` on raw bytes of `dtype`.
+fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
+    use half::{bf16, f16};
+    match dtype {
+        DType::F32 => combine_raw::<f32>(op, dst, src),
+        DType::F64 => combine_raw::<f64>(op, dst, src),
+        DType::F16 => combine_raw::<f16>(op, dst, src),
+        DType::BF16 => combine_raw::<bf16>(op, dst, src),
+        DType::I8 => combine_raw::<i8>(op, dst, src),
+        DType::U8 => combine_raw::<u8>(op, dst, src),
+        DType::I32 => combine_raw::<i32>(op, dst, src),
+        DType::I64 => combine_raw::<i64>(op, dst, src),
+    }
+}
+
+impl Worker {
+    fn ce(&self, dtype: DType) -> usize {
+        (self.inner.opts.chunk_bytes / dtype.size()).max(1)
+    }
+
+    fn large(&self, bytes: usize) -> bool {
+        bytes >= self.inner.opts.crossover_bytes
+    }
+
+    /// The other ranks, starting after this one (spreads the load).
+    fn others(&self) -> impl Iterator<Item = usize> {
+        let (n, me) = (self.n(), self.me());
+        (1..n).map(move |s| (me + s) % n)
+    }
+
+    fn op<'a>(ctx: &'a OpContext, sig: Sig) -> Op<'a> {
+        Op {
+            ctx,
+            sig,
+            class: CLASS_COLL,
+        }
+    }
+
+    fn sig(
+        ctx: &OpContext,
+        dtype: Option<DType>,
+        redop: Option<ReduceOp>,
+        root: Option<usize>,
+        count: usize,
+        algo: u8,
+    ) -> Sig {
+        Sig {
+            seq: ctx.seq,
+            op: op_code(ctx.op),
+            dtype: dtype.map_or(NONE8, |d| d as u8),
+            redop: redop.map_or(NONE8, |r| r as u8),
+            root: root.map_or(NONE32, |r| r as u32),
+            count: count as u64,
+            algo,
+        }
+    }
+
+    /// Runs one op on this rank.
+    pub(super) async fn execute(
+        &mut self,
+        ctx: &OpContext,
+        kind: &mut OpKind,
+    ) -> Result<(), WorkError> {
+        self.begin();
+        self.validate(ctx, kind)?;
+        match kind {
+            OpKind::AllReduce { buf, op } => self.all_reduce(ctx, buf, *op).await,
+            OpKind::Broadcast { buf, root } => self.broadcast(ctx, buf, *root).await,
+            OpKind::Reduce { buf, root, op } => self.reduce(ctx, buf, *root, *op).await,
+            OpKind::AllGather { input, output } => self.all_gather(ctx, input, output).await,
+            OpKind::ReduceScatter { input, output, op } => {
+                self.reduce_scatter(ctx, input, output, *op).await
+            }
+            OpKind::AllToAll { input, output } => self.all_to_all(ctx, input, output).await,
+            OpKind::Send { buf, peer } => self.send_op(ctx, buf, *peer).await,
+            OpKind::Recv { buf, peer } => self.recv_op(ctx, buf, *peer).await,
+            OpKind::Barrier => self.barrier(ctx).await,
+        }
+    }
+
+    /// Checks what the process group already validated, so that a bad
+    /// request is an error rather than a panic.
+    fn validate(&self, ctx: &OpContext, kind: &OpKind) -> Result<(), WorkError> {
+        let n = self.n();
+        let bad = |msg: String| {
+            Err(WorkError::InvalidArgument {
+                ctx: ctx.clone(),
+                msg,
+            })
+        };
+        let pair = |a: &HostBuffer, b: &HostBuffer, big_is_a: bool, what: &str| {
+            let (big, small) = if big_is_a { (a, b) } else { (b, a) };
+            if a.dtype() != b.dtype() {
+                return bad(format!(
+                    "input is {} but output is {}",
+                    a.dtype(),
+                    b.dtype()
+                ));
+            }
+            if small.len().checked_mul(n) != Some(big.len()) {
+                return bad(format!(
+                    "{what}: {} elements is not {n} (the group size) times {}",
+                    big.len(),
+                    small.len()
+                ));
+            }
+            Ok(())
+        };
+        match kind {
+            OpKind::Broadcast { root, .. } | OpKind::Reduce { root, .. } if *root >= n => {
+                bad(format!("root {root} is not a rank of this group of {n}"))
+            }
+            OpKind::AllGather { input, output } => pair(input, output, false, "all_gather output"),
+            OpKind::ReduceScatter { input, output, .. } => {
+                pair(input, output, true, "reduce_scatter input")
+            }
+            OpKind::AllToAll { input, output } => {
+                if input.dtype() != output.dtype()
+                    || input.len() != output.len()
+                    || input.len() % n != 0
+                {
+                    return bad(format!(
+                        "all_to_all needs input and output of the same dtype and length, a multiple of {n}; got {} {} and {} {}",
+                        input.len(),
+                        input.dtype(),
+                        output.len(),
+                        output.dtype()
+                    ));
+                }
+                Ok(())
+            }
+            OpKind::Send { peer, .. } | OpKind::Recv { peer, .. } => self.check_peer(ctx, *peer),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reduces chunk `r` in rank order into `dst`: `x0 op x1 op ... op
+    /// x(n-1)`, where `x(me)` is `own` and the others are `frames` (rank
+    /// order, without this rank). Every rank that runs this gets the same
+    /// bits, equal to `reference_reduce`.
+    fn reduce_rank_order(
+        &self,
+        op: ReduceOp,
+        dst: &mut HostBuffer,
+        r: &Range<usize>,
+        own: Option<&[u8]>,
+        frames: &[Frame],
+    ) {
+        let me = self.me();
+        let es = dst.dtype().size();
+        let b = bytes(r, es);
+        // `own` is None when this rank's data already sits in `dst[r]`.
+        let saved;
+        let own: &[u8] = match own {
+            Some(o) => o,
+            None if me == 0 => {
+                for f in frames {
+                    combine_into(op, dst, r.clone(), f.payload.bytes());
+                }
+                return;
+            }
+            None => {
+                let mut tmp = self.inner.pool.get(b.len());
+                tmp.bytes_mut().copy_from_slice(&dst.as_bytes()[b.clone()]);
+                saved = tmp;
+                saved.bytes()
+            }
+        };
+        let mut srcs = (0..self.n()).map(|p| match p.cmp(&me) {
+            std::cmp::Ordering::Less => frames[p].payload.bytes(),
+            std::cmp::Ordering::Equal => own,
+            std::cmp::Ordering::Greater => frames[p - 1].payload.bytes(),
+        });
+        if let Some(first) = srcs.next() {
+            dst.as_bytes_mut()[b].copy_from_slice(first);
+        }
+        for s in srcs {
+            combine_into(op, dst, r.clone(), s);
+        }
+    }
+
+    async fn all_reduce(
+        &mut self,
+        ctx: &OpContext,
+        buf: &mut HostBuffer,
+        op: ReduceOp,
+    ) -> Result<(), WorkError> {
+        let n = self.n();
+        let count = buf.len();
+        let dtype = buf.dtype();
+        if n == 1 {
+            finish_avg(op, buf, 0..count, 1);
+            return Ok(());
+        }
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        if !self.large(count * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_DIRECT),
+            );
+            let all = 0..count;
+            let mut frames = Vec::with_capacity(n - 1);
+            for k in 0..nchunks(count, ce) {
+                let c = chunk(&all, ce, k);
+                let b = bytes(&c, es);
+                for p in self.others() {
+                    self.send(&o, p, &buf.as_bytes()[b.clone()]).await?;
+                }
+                frames.clear();
+                let me = self.me();
+                for p in (0..n).filter(|&p| p != me) {
+                    frames.push(self.recv(&o, p, b.len()).await?);
+                }
+                self.reduce_rank_order(op, buf, &c, None, &frames);
+            }
+            finish_avg(op, buf, 0..count, n);
+            return Ok(());
+        }
+        // Ring: reduce-scatter (rank r ends with block r reduced), then
+        // all-gather.
+        let o = Self::op(
+            ctx,
+            Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RING),
+        );
+        let me = self.me();
+        let (left, right) = ((me + n - 1) % n, (me + 1) % n);
+        for s in 0..n - 1 {
+            let sb = block(count, n, (me + 2 * n - s - 1) % n);
+            let rb = block(count, n, (me + 2 * n - s - 2) % n);
+            let (ns, nr) = (nchunks(sb.len(), ce), nchunks(rb.len(), ce));
+            for k in 0..ns.max(nr) {
+                if k < ns {
+                    let c = chunk(&sb, ce, k);
+                    self.send(&o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
+                }
+                if k < nr {
+                    let c = chunk(&rb, ce, k);
+                    let f = self.recv(&o, left, c.len() * es).await?;
+                    combine_into(op, buf, c, f.payload.bytes());
+                }
+            }
+        }
+        finish_avg(op, buf, block(count, n, me), n);
+        self.ring_all_gather(&o, buf, |i| block(count, n, i), ce)
+            .await
+    }
+
+    /// Ring all-gather in place on `buf`, whose block `me` is ready; block
+    /// `i` is `blk(i)`.
+    async fn ring_all_gather(
+        &mut self,
+        o: &Op<'_>,
+        buf: &mut HostBuffer,
+        blk: impl Fn(usize) -> Range<usize>,
+        ce: usize,
+    ) -> Result<(), WorkError> {
+        let (n, me) = (self.n(), self.me());
+        let es = buf.dtype().size();
+        let (left, right) = ((me + n - 1) % n, (me + 1) % n);
+        for s in 0..n - 1 {
+            let sb = blk((me + n - s) % n);
+            let rb = blk((me + 2 * n - s - 1) % n);
+            let (ns, nr) = (nchunks(sb.len(), ce), nchunks(rb.len(), ce));
+            for k in 0..ns.max(nr) {
+                if k < ns {
+                    let c = chunk(&sb, ce, k);
+                    self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
+                }
+                if k < nr {
+                    let c = chunk(&rb, ce, k);
+                    let f = self.recv(o, left, c.len() * es).await?;
+                    copy_in(buf, &c, f.payload.bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn broadcast(
+        &mut self,
+        ctx: &OpContext,
+        buf: &mut HostBuffer,
+        root: usize,
+    ) -> Result<(), WorkError> {
+        let n = self.n();
+        if n == 1 {
+            return Ok(());
+        }
+        let (me, count, dtype) = (self.me(), buf.len(), buf.dtype());
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        let all = 0..count;
+        if !self.large(count * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_DIRECT),
+            );
+            for k in 0..nchunks(count, ce) {
+                let c = chunk(&all, ce, k);
+                if me == root {
+                    for p in self.others() {
+                        self.send(&o, p, &buf.as_bytes()[bytes(&c, es)]).await?;
+                    }
+                } else {
+                    if k == 0 {
+                        // An empty frame back to the root, so that ranks that
+                        // disagree on the root see each other's header.
+                        self.send(&o, root, &[]).await?;
+                    }
+                    let f = self.recv(&o, root, c.len() * es).await?;
+                    copy_in(buf, &c, f.payload.bytes());
+                }
+            }
+            if me == root {
+                for p in (0..n).filter(|&p| p != me) {
+                    self.recv(&o, p, 0).await?;
+                }
+            }
+            return Ok(());
+        }
+        // Pipelined chain root -> root+1 -> ... -> root+n-1.
+        let o = Self::op(
+            ctx,
+            Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_CHAIN),
+        );
+        let v = (me + n - root) % n;
+        let next = (v < n - 1).then_some((me + 1) % n);
+        let prev = (me + n - 1) % n;
+        for k in 0..nchunks(count, ce) {
+            let c = chunk(&all, ce, k);
+            if v == 0 {
+                if let Some(nx) = next {
+                    self.send(&o, nx, &buf.as_bytes()[bytes(&c, es)]).await?;
+                }
+            } else {
+                let f = self.recv(&o, prev, c.len() * es).await?;
+                if let Some(nx) = next {
+                    self.send(&o, nx, f.payload.bytes()).await?;
+                }
+                copy_in(buf, &c, f.payload.bytes());
+            }
+        }
+        // The last rank of the chain tells the root it is done (and ranks that
+        // disagree on the root see each other's header).
+        let last = (root + n - 1) % n;
+        if v == n - 1 {
+            self.send(&o, root, &[]).await?;
+        } else if v == 0 {
+            self.recv(&o, last, 0).await?;
+        }
+        Ok(())
+    }
+
+    async fn reduce(
+        &mut self,
+        ctx: &OpContext,
+        buf: &mut HostBuffer,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<(), WorkError> {
+        let n = self.n();
+        let (me, count, dtype) = (self.me(), buf.len(), buf.dtype());
+        if n == 1 {
+            finish_avg(op, buf, 0..count, 1);
+            return Ok(());
+        }
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        let all = 0..count;
+        let o = Self::op(
+            ctx,
+            Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_DIRECT),
+        );
+        let mut frames = Vec::with_capacity(n - 1);
+        if me == root {
+            // An empty frame to every other rank, so that ranks that disagree
+            // on the root see each other's header instead of waiting.
+            for p in self.others() {
+                self.send(&o, p, &[]).await?;
+            }
+        }
+        for k in 0..nchunks(count, ce) {
+            let c = chunk(&all, ce, k);
+            if me == root {
+                frames.clear();
+                for p in (0..n).filter(|&p| p != me) {
+                    frames.push(self.recv(&o, p, c.len() * es).await?);
+                }
+                self.reduce_rank_order(op, buf, &c, None, &frames);
+            } else {
+                self.send(&o, root, &buf.as_bytes()[bytes(&c, es)]).await?;
+            }
+        }
+        if me == root {
+            finish_avg(op, buf, all, n);
+        } else {
+            self.recv(&o, root, 0).await?;
+        }
+        Ok(())
+    }
+
+    async fn all_gather(
+        &mut self,
+        ctx: &OpContext,
+        input: &HostBuffer,
+        output: &mut HostBuffer,
+    ) -> Result<(), WorkError> {
+        let (n, me) = (self.n(), self.me());
+        let k = input.len();
+        let dtype = input.dtype();
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        copy_in(output, &(me * k..(me + 1) * k), input.as_bytes());
+        if n == 1 {
+            return Ok(());
+        }
+        if self.large(n * k * es) {
+            let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_RING));
+            return self
+                .ring_all_gather(&o, output, |i| i * k..(i + 1) * k, ce)
+                .await;
+        }
+        let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_DIRECT));
+        let all = 0..k;
+        for j in 0..nchunks(k, ce) {
+            let c = chunk(&all, ce, j);
+            for p in self.others() {
+                self.send(&o, p, &input.as_bytes()[bytes(&c, es)]).await?;
+            }
+            for p in (0..n).filter(|&p| p != me) {
+                let f = self.recv(&o, p, c.len() * es).await?;
+                copy_in(output, &(p * k + c.start..p * k + c.end), f.payload.bytes());
+            }
+        }
+        Ok(())
+    }
+
+    async fn reduce_scatter(
+        &mut self,
+        ctx: &OpContext,
+        input: &HostBuffer,
+        output: &mut HostBuffer,
+        op: ReduceOp,
+    ) -> Result<(), WorkError> {
+        let (n, me) = (self.n(), self.me());
+        let k = output.len();
+        let dtype = input.dtype();
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        let all = 0..k;
+        let inb = |p: usize, c: &Range<usize>| {
+            &input.as_bytes()[(p * k + c.start) * es..(p * k + c.end) * es]
+        };
+        if n == 1 {
+            copy_in(output, &all, inb(0, &all));
+            finish_avg(op, output, all, 1);
+            return Ok(());
+        }
+        if !self.large(n * k * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, k, ALGO_DIRECT),
+            );
+            let mut frames = Vec::with_capacity(n - 1);
+            for j in 0..nchunks(k, ce) {
+                let c = chunk(&all, ce, j);
+                for p in self.others() {
+                    self.send(&o, p, inb(p, &c)).await?;
+                }
+                frames.clear();
+                for p in (0..n).filter(|&p| p != me) {
+                    frames.push(self.recv(&o, p, c.len() * es).await?);
+                }
+                self.reduce_rank_order(op, output, &c, Some(inb(me, &c)), &frames);
+            }
+            finish_avg(op, output, all, n);
+            return Ok(());
+        }
+        // Ring: the partial sum of a block travels n-1 hops and ends at its
+        // owner; partials live in received frames, the input is not touched.
+        let o = Self::op(
+            ctx,
+            Self::sig(ctx, Some(dtype), Some(op), None, k, ALGO_RING),
+        );
+        let (left, right) = ((me + n - 1) % n, (me + 1) % n);
+        let nck = nchunks(k, ce);
+        let mut partial: Vec<Option<Frame>> = (0..nck).map(|_| None).collect();
+        for s in 0..n - 1 {
+            let sbi = (me + 2 * n - s - 1) % n;
+            let rbi = (me + 2 * n - s - 2) % n;
+            for (j, slot) in partial.iter_mut().enumerate() {
+                let c = chunk(&all, ce, j);
+                match slot.take() {
+                    Some(p) => self.send(&o, right, p.payload.bytes()).await?,
+                    None => self.send(&o, right, inb(sbi, &c)).await?,
+                }
+                let mut f = self.recv(&o, left, c.len() * es).await?;
+                if s + 2 < n {
+                    combine_bytes(op, dtype, f.payload.bytes_mut(), inb(rbi, &c));
+                    *slot = Some(f);
+                } else {
+                    copy_in(output, &c, inb(me, &c));
+                    combine_into(op, output, c, f.payload.bytes());
+                }
+            }
+        }
+        finish_avg(op, output, all, n);
+        Ok(())
+    }
+
+    async fn all_to_all(
+        &mut self,
+        ctx: &OpContext,
+        input: &HostBuffer,
+        output: &mut HostBuffer,
+    ) -> Result<(), WorkError> {
+        let (n, me) = (self.n(), self.me());
+        let total = input.len();
+        let k = total / n;
+        let dtype = input.dtype();
+        let es = dtype.size();
+        let ce = self.ce(dtype);
+        let blk = |p: usize| p * k..(p + 1) * k;
+        copy_in(output, &blk(me), &input.as_bytes()[bytes(&blk(me), es)]);
+        if n == 1 {
+            return Ok(());
+        }
+        let o = Self::op(
+            ctx,
+            Self::sig(ctx, Some(dtype), None, None, total, ALGO_DIRECT),
+        );
+        let all = 0..k;
+        for s in 1..n {
+            let to = (me + s) % n;
+            let from = (me + n - s) % n;
+            for j in 0..nchunks(k, ce) {
+                let c = chunk(&all, ce, j);
+                let sc = to * k + c.start..to * k + c.end;
+                self.send(&o, to, &input.as_bytes()[bytes(&sc, es)]).await?;
+                let f = self.recv(&o, from, c.len() * es).await?;
+                copy_in(
+                    output,
+                    &(from * k + c.start..from * k + c.end),
+                    f.payload.bytes(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn p2p_op<'a>(ctx: &'a OpContext, buf: &HostBuffer) -> Op<'a> {
+        // Both sides describe the message as the sender's op.
+        let mut sig = Self::sig(ctx, Some(buf.dtype()), None, None, buf.len(), ALGO_DIRECT);
+        sig.op = op_code("send");
+        Op {
+            ctx,
+            sig,
+            class: CLASS_P2P,
+        }
+    }
+
+    fn check_peer(&self, ctx: &OpContext, peer: usize) -> Result<(), WorkError> {
+        if peer >= self.n() || peer == self.me() {
+            return Err(WorkError::InvalidArgument {
+                ctx: ctx.clone(),
+                msg: format!(
+                    "peer {peer} is not another rank of this group of {}",
+                    self.n()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    async fn send_op(
+        &mut self,
+        ctx: &OpContext,
+        buf: &HostBuffer,
+        peer: usize,
+    ) -> Result<(), WorkError> {
+        let o = Self::p2p_op(ctx, buf);
+        let es = buf.dtype().size();
+        let ce = self.ce(buf.dtype());
+        let all = 0..buf.len();
+        for k in 0..nchunks(buf.len(), ce) {
+            let c = chunk(&all, ce, k);
+            self.send(&o, peer, &buf.as_bytes()[bytes(&c, es)]).await?;
+        }
+        Ok(())
+    }
+
+    async fn recv_op(
+        &mut self,
+        ctx: &OpContext,
+        buf: &mut HostBuffer,
+        peer: usize,
+    ) -> Result<(), WorkError> {
+        let o = Self::p2p_op(ctx, buf);
+        let es = buf.dtype().size();
+        let ce = self.ce(buf.dtype());
+        let all = 0..buf.len();
+        for k in 0..nchunks(buf.len(), ce) {
+            let c = chunk(&all, ce, k);
+            let f = self.recv(&o, peer, c.len() * es).await?;
+            copy_in(buf, &c, f.payload.bytes());
+        }
+        Ok(())
+    }
+
+    async fn barrier(&mut self, ctx: &OpContext) -> Result<(), WorkError> {
+        if self.n() == 1 {
+            return Ok(());
+        }
+        let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DIRECT));
+        for p in self.others() {
+            self.send(&o, p, &[]).await?;
+        }
+        let (n, me) = (self.n(), self.me());
+        for p in (0..n).filter(|&p| p != me) {
+            self.recv(&o, p, 0).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_everything() {
+        for count in 0..40 {
+            for n in 1..7 {
+                let mut next = 0;
+                for i in 0..n {
+                    let b = block(count, n, i);
+                    assert_eq!(b.start, next);
+                    assert!(b.len() == count / n || b.len() == count / n + 1);
+                    next = b.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_cover_everything() {
+        for len in 0..50 {
+            for ce in 1..9 {
+                let r = 3..3 + len;
+                let mut next = r.start;
+                for k in 0..nchunks(len, ce) {
+                    let c = chunk(&r, ce, k);
+                    assert_eq!(c.start, next);
+                    assert!(c.len() <= ce);
+                    next = c.end;
+                }
+                assert_eq!(next, r.end);
+            }
+        }
+    }
+
+    #[test]
+    fn raw_combine_matches_typed() {
+        let a: Vec<f32> = vec![1.5, -2.0, 3.25];
+        let b: Vec<f32> = vec![0.5, 4.0, -1.0];
+        let mut d = bytemuck::cast_slice::<f32, u8>(&a).to_vec();
+        combine_bytes(ReduceOp::Sum, DType::F32, &mut d, bytemuck::cast_slice(&b));
+        let got: Vec<f32> = d
+            .chunks_exact(4)
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        assert_eq!(got, vec![2.0, 2.0, 2.25]);
+        // Unaligned destination.
+        let mut u = vec![0u8; 1 + 12];
+        u[1..].copy_from_slice(bytemuck::cast_slice(&a));
+        combine_bytes(
+            ReduceOp::Max,
+            DType::F32,
+            &mut u[1..],
+            bytemuck::cast_slice(&b),
+        );
+        let got: Vec<f32> = u[1..]
+            .chunks_exact(4)
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        assert_eq!(got, vec![1.5, 4.0, 3.25]);
+    }
+}

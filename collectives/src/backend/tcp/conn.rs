@@ -1,0 +1,214 @@
+//! Connections to peers: the receive-buffer pool, the reader task of each
+//! peer and the write side the worker uses.
+
+use std::io::{self, IoSlice};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::wire::{Header, CLASS_BYE, CLASS_P2P, HEADER_LEN};
+use super::Inner;
+
+/// Recycled receive buffers, so that steady-state ops allocate nothing per
+/// chunk. Buffers are `u64`-backed, so their bytes are aligned for every
+/// dtype.
+#[derive(Debug)]
+pub(super) struct Pool {
+    bufs: Mutex<Vec<Vec<u64>>>,
+    /// How many idle buffers are kept.
+    keep: usize,
+}
+
+impl Pool {
+    pub(super) fn new(keep: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            bufs: Mutex::new(Vec::new()),
+            keep,
+        })
+    }
+
+    /// A buffer of `len` bytes (contents unspecified).
+    pub(super) fn get(self: &Arc<Self>, len: usize) -> PoolBuf {
+        let mut words = self
+            .bufs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default();
+        let need = len.div_ceil(8);
+        if words.len() < need {
+            words.resize(need, 0);
+        }
+        PoolBuf {
+            words,
+            len,
+            pool: self.clone(),
+        }
+    }
+
+    fn put(&self, words: Vec<u64>) {
+        let mut bufs = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
+        if bufs.len() < self.keep {
+            bufs.push(words);
+        }
+    }
+}
+
+/// A buffer from the [`Pool`]; goes back to it when dropped.
+pub(super) struct PoolBuf {
+    words: Vec<u64>,
+    len: usize,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for PoolBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PoolBuf({} bytes)", self.len)
+    }
+}
+
+impl PoolBuf {
+    pub(super) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        if self.words.capacity() > 0 {
+            self.pool.put(std::mem::take(&mut self.words));
+        }
+    }
+}
+
+/// A received frame.
+#[derive(Debug)]
+pub(super) struct Frame {
+    pub(super) hdr: Header,
+    pub(super) payload: PoolBuf,
+}
+
+/// How a peer's connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum PeerState {
+    /// Connected.
+    Open,
+    /// The peer said goodbye: its backend was dropped after finishing its
+    /// ops. Frames already received can still be used.
+    Departed,
+    /// The connection broke (EOF without goodbye, reset, corrupt stream).
+    Lost(String),
+}
+
+/// Reads frames from `peer` as they arrive and queues them for the worker,
+/// so that a sender never waits for the receiver to reach the op.
+///
+/// Ends at the peer's goodbye, at EOF or on an error; an abrupt end fails the
+/// backend at once (even if no op is waiting on this peer).
+pub(super) async fn reader(
+    peer: usize,
+    rd: OwnedReadHalf,
+    coll: UnboundedSender<Frame>,
+    p2p: UnboundedSender<Frame>,
+    inner: Arc<Inner>,
+) {
+    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    let mut hb = [0u8; HEADER_LEN];
+    let end = loop {
+        match rd.read_exact(&mut hb).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                break PeerState::Lost(
+                    "the connection closed without a goodbye (the process died, or its group failed or was aborted)"
+                        .into(),
+                )
+            }
+            Err(e) => break PeerState::Lost(format!("read failed: {e}")),
+        }
+        let hdr = match Header::decode(&hb) {
+            Ok(h) => h,
+            Err(msg) => break PeerState::Lost(msg),
+        };
+        if hdr.class == CLASS_BYE {
+            break PeerState::Departed;
+        }
+        if hdr.len > inner.opts.chunk_bytes as u64 {
+            break PeerState::Lost(format!(
+                "frame of {} bytes exceeds the chunk size {} (corrupt stream, or the ranks' TcpOptions differ)",
+                hdr.len, inner.opts.chunk_bytes
+            ));
+        }
+        let mut payload = inner.pool.get(hdr.len as usize);
+        if let Err(e) = rd.read_exact(payload.bytes_mut()).await {
+            break PeerState::Lost(format!("read failed mid-frame: {e}"));
+        }
+        let tx = if hdr.class == CLASS_P2P { &p2p } else { &coll };
+        // A closed queue means the worker is gone: drop the frame.
+        let _ = tx.send(Frame { hdr, payload });
+    };
+    tracing::debug!(group = %inner.group, rank = inner.rank, peer, state = ?end, "peer connection ended");
+    inner.peer_ended(peer, end);
+    // The queues close when `coll` and `p2p` drop here, after the state is
+    // set: a worker that finds a queue closed reads the reason from it.
+}
+
+/// The write side of one connection, used only by the worker.
+#[derive(Debug)]
+pub(super) struct Writer {
+    half: OwnedWriteHalf,
+    small: Vec<u8>,
+}
+
+/// Frames up to this payload size are written with one copy into a scratch
+/// buffer and a single `write`.
+const SMALL_WRITE: usize = 16 << 10;
+
+impl Writer {
+    pub(super) fn new(half: OwnedWriteHalf) -> Writer {
+        Writer {
+            half,
+            small: Vec::with_capacity(HEADER_LEN + SMALL_WRITE),
+        }
+    }
+
+    /// Writes one frame.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a cancelled write leaves a partial frame on the wire.
+    /// The worker only cancels when the backend fails, after which the
+    /// connection is closed.
+    pub(super) async fn write_frame(
+        &mut self,
+        hdr: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> io::Result<()> {
+        if payload.len() <= SMALL_WRITE {
+            self.small.clear();
+            self.small.extend_from_slice(hdr);
+            self.small.extend_from_slice(payload);
+            return self.half.write_all(&self.small).await;
+        }
+        let mut h = 0;
+        let mut p = 0;
+        while h < HEADER_LEN {
+            let n = self
+                .half
+                .write_vectored(&[IoSlice::new(&hdr[h..]), IoSlice::new(&payload[p..])])
+                .await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            let from_hdr = n.min(HEADER_LEN - h);
+            h += from_hdr;
+            p += n - from_hdr;
+        }
+        self.half.write_all(&payload[p..]).await
+    }
+}

@@ -1,0 +1,912 @@
+//! Multi-rank tests of the TCP backend: N backends in one process over
+//! loopback, ops submitted directly, results checked against serial
+//! references on random data.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus_runtime::store::{Store, StoreError};
+use chorus_runtime::{OpContext, Registry, Work, WorkError};
+use futures::executor::block_on;
+use futures::future::join_all;
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{TcpBackend, TcpOptions};
+use crate::backend::{Backend, OpKind, OpOutput, OpRequest};
+use crate::dtype::{DType, Element, HostBuffer, ReduceOp};
+use crate::reduce::{reference_reduce, Reducible};
+
+/// A tiny in-memory store: a map and a notifier.
+#[derive(Debug, Default)]
+struct MemStore {
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    changed: tokio::sync::Notify,
+}
+
+fn unsupported() -> StoreError {
+    StoreError::Protocol("not supported by the test store".into())
+}
+
+#[async_trait::async_trait]
+impl Store for MemStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.map.lock().unwrap().insert(key.into(), value.to_vec());
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(v) = self.map.lock().unwrap().get(key) {
+                return Ok(v.clone());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(StoreError::Timeout {
+                    keys: vec![key.into()],
+                    after: timeout,
+                });
+            }
+        }
+    }
+
+    async fn add(&self, _: &str, _: i64) -> Result<i64, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn wait(&self, _: &[&str], _: Duration) -> Result<(), StoreError> {
+        Err(unsupported())
+    }
+
+    async fn check(&self, _: &[&str]) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn delete(&self, _: &str) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn num_keys(&self) -> Result<u64, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn multi_get(&self, _: &[&str], _: Duration) -> Result<Vec<Vec<u8>>, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn multi_set(&self, _: &[(&str, &[u8])]) -> Result<(), StoreError> {
+        Err(unsupported())
+    }
+}
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One rank of a test world.
+struct Rank {
+    be: Arc<TcpBackend>,
+    reg: Arc<Registry>,
+    group: Arc<str>,
+    seq: u64,
+    p2p: HashMap<(usize, usize), u64>,
+}
+
+impl Rank {
+    fn rank(&self) -> usize {
+        self.be.rank()
+    }
+
+    fn submit_at(&self, seq: u64, kind: OpKind, timeout: Duration) -> Work<OpOutput> {
+        let ctx = OpContext {
+            rank: self.rank(),
+            group: self.group.clone(),
+            seq,
+            op: kind.name(),
+        };
+        let (work, completer) =
+            Work::new(ctx.clone(), &self.reg, None).expect("registry refused the op");
+        self.be.submit(OpRequest {
+            ctx,
+            kind,
+            timeout,
+            completer,
+        });
+        work
+    }
+
+    /// Submits a collective with the next collective seq.
+    fn coll(&mut self, kind: OpKind) -> Work<OpOutput> {
+        self.seq += 1;
+        self.submit_at(self.seq, kind, TIMEOUT)
+    }
+
+    /// Submits a send or recv with the pair-direction message number.
+    fn p2p(&mut self, kind: OpKind) -> Work<OpOutput> {
+        let me = self.rank();
+        let key = match &kind {
+            OpKind::Send { peer, .. } => (me, *peer),
+            OpKind::Recv { peer, .. } => (*peer, me),
+            _ => unreachable!("not a p2p op"),
+        };
+        let n = self.p2p.entry(key).or_insert(0);
+        *n += 1;
+        let seq = *n;
+        self.submit_at(seq, kind, TIMEOUT)
+    }
+}
+
+static GROUPS: AtomicUsize = AtomicUsize::new(0);
+
+fn world(n: usize, opts: &TcpOptions) -> Vec<Rank> {
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let group: Arc<str> = format!("test-{}", GROUPS.fetch_add(1, Ordering::Relaxed)).into();
+    let bes = block_on(join_all((0..n).map(|r| {
+        TcpBackend::connect(store.clone(), r, n, group.clone(), opts.clone())
+    })));
+    bes.into_iter()
+        .map(|b| Rank {
+            be: b.expect("setup failed"),
+            reg: Arc::new(Registry::new()),
+            group: group.clone(),
+            seq: 0,
+            p2p: HashMap::new(),
+        })
+        .collect()
+}
+
+/// Small chunk and crossover, so that small data exercises the ring and
+/// chain paths with many chunks.
+fn small_opts() -> TcpOptions {
+    TcpOptions {
+        crossover_bytes: 2048,
+        chunk_bytes: 512,
+        ..TcpOptions::default()
+    }
+}
+
+fn from_i64(dtype: DType, v: &[i64]) -> HostBuffer {
+    match dtype {
+        DType::F32 => HostBuffer::F32(v.iter().map(|&x| x as f32).collect()),
+        DType::F64 => HostBuffer::F64(v.iter().map(|&x| x as f64).collect()),
+        DType::F16 => HostBuffer::F16(v.iter().map(|&x| f16::from_f32(x as f32)).collect()),
+        DType::BF16 => HostBuffer::BF16(v.iter().map(|&x| bf16::from_f32(x as f32)).collect()),
+        DType::I8 => HostBuffer::I8(v.iter().map(|&x| x as i8).collect()),
+        DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
+        DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
+        DType::I64 => HostBuffer::I64(v.to_vec()),
+    }
+}
+
+/// Random integer-valued data (exact in every dtype, so every reduction
+/// order gives the same bits); products use +-1 and +-2. A xorshift seeded
+/// from `rng` keeps large buffers cheap in debug builds.
+fn gen(rng: &mut StdRng, dtype: DType, len: usize, op: ReduceOp) -> HostBuffer {
+    let mut x: u64 = rng.gen::<u64>() | 1;
+    let v: Vec<i64> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if op == ReduceOp::Prod {
+                [-2, -1, 1, 2][(x >> 40) as usize % 4]
+            } else {
+                ((x >> 40) % 17) as i64 - 8
+            }
+        })
+        .collect();
+    from_i64(dtype, &v)
+}
+
+fn reference_t<T: Reducible>(op: ReduceOp, inputs: &[HostBuffer]) -> HostBuffer {
+    let v: Vec<Vec<T>> = inputs
+        .iter()
+        .map(|b| T::from_host(b.clone()).expect("dtype"))
+        .collect();
+    T::into_host(reference_reduce(op, &v))
+}
+
+fn reference(op: ReduceOp, inputs: &[HostBuffer]) -> HostBuffer {
+    match inputs[0].dtype() {
+        DType::F32 => reference_t::<f32>(op, inputs),
+        DType::F64 => reference_t::<f64>(op, inputs),
+        DType::F16 => reference_t::<f16>(op, inputs),
+        DType::BF16 => reference_t::<bf16>(op, inputs),
+        DType::I8 => reference_t::<i8>(op, inputs),
+        DType::U8 => reference_t::<u8>(op, inputs),
+        DType::I32 => reference_t::<i32>(op, inputs),
+        DType::I64 => reference_t::<i64>(op, inputs),
+    }
+}
+
+/// Elements `r` of `b` as bytes.
+fn elems(b: &HostBuffer, r: std::ops::Range<usize>) -> &[u8] {
+    let es = b.dtype().size();
+    &b.as_bytes()[r.start * es..r.end * es]
+}
+
+fn wait_all(works: Vec<Work<OpOutput>>) -> Vec<OpOutput> {
+    block_on(join_all(works))
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("op failed: {e}")))
+        .collect()
+}
+
+const OPS: [ReduceOp; 5] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Min,
+    ReduceOp::Max,
+    ReduceOp::Avg,
+];
+
+/// Every op, dtype and world size 1..=5, sizes 0, 1, a prime and one above
+/// the crossover with an uneven split, against serial references.
+#[test]
+fn every_op_matches_reference() {
+    let opts = small_opts();
+    let mut rng = StdRng::seed_from_u64(0x5eed);
+    for n in 1..=5 {
+        let mut w = world(n, &opts);
+        for (di, dtype) in DType::ALL.into_iter().enumerate() {
+            let big = 3 * opts.crossover_bytes / dtype.size() + 1;
+            for (si, len) in [0usize, 1, 13, big].into_iter().enumerate() {
+                check_batch(&mut w, &mut rng, dtype, len, di + si);
+            }
+        }
+    }
+}
+
+/// One batch: every op once (all_reduce with every reduce op) on every
+/// rank, all submitted before any is awaited.
+fn check_batch(w: &mut [Rank], rng: &mut StdRng, dtype: DType, len: usize, salt: usize) {
+    let n = w.len();
+    let redop = OPS[salt % OPS.len()];
+    let root_b = salt % n;
+    let root_r = (salt + 1) % n;
+    // Inputs per rank.
+    let ar_in: Vec<Vec<HostBuffer>> = OPS
+        .iter()
+        .map(|&op| (0..n).map(|_| gen(rng, dtype, len, op)).collect())
+        .collect();
+    let bc_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, len, redop)).collect();
+    let rd_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, len, redop)).collect();
+    let ag_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, len, redop)).collect();
+    let rs_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, n * len, redop)).collect();
+    let aa_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, n * len, redop)).collect();
+    let p2p_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, len, redop)).collect();
+
+    let mut works: Vec<Vec<Work<OpOutput>>> = Vec::new();
+    for (r, rk) in w.iter_mut().enumerate() {
+        let mut v = Vec::new();
+        for (i, &op) in OPS.iter().enumerate() {
+            v.push(rk.coll(OpKind::AllReduce {
+                buf: ar_in[i][r].clone(),
+                op,
+            }));
+        }
+        v.push(rk.coll(OpKind::Broadcast {
+            buf: bc_in[r].clone(),
+            root: root_b,
+        }));
+        v.push(rk.coll(OpKind::Reduce {
+            buf: rd_in[r].clone(),
+            root: root_r,
+            op: redop,
+        }));
+        v.push(rk.coll(OpKind::AllGather {
+            input: ag_in[r].clone(),
+            output: gen(rng, dtype, n * len, redop),
+        }));
+        v.push(rk.coll(OpKind::ReduceScatter {
+            input: rs_in[r].clone(),
+            output: gen(rng, dtype, len, redop),
+            op: redop,
+        }));
+        v.push(rk.coll(OpKind::AllToAll {
+            input: aa_in[r].clone(),
+            output: gen(rng, dtype, n * len, redop),
+        }));
+        v.push(rk.coll(OpKind::Barrier));
+        if n > 1 {
+            // Everyone sends first, then receives.
+            v.push(rk.p2p(OpKind::Send {
+                buf: p2p_in[r].clone(),
+                peer: (r + 1) % n,
+            }));
+            v.push(rk.p2p(OpKind::Recv {
+                buf: gen(rng, dtype, len, redop),
+                peer: (r + n - 1) % n,
+            }));
+        }
+        works.push(v);
+    }
+    let outs: Vec<Vec<OpOutput>> = works.into_iter().map(wait_all).collect();
+    let what = |op: &str| format!("{op} n={n} {dtype} len={len}");
+
+    for (i, &op) in OPS.iter().enumerate() {
+        let want = reference(op, &ar_in[i]);
+        for (r, o) in outs.iter().enumerate() {
+            assert_eq!(
+                o[i][0].as_bytes(),
+                want.as_bytes(),
+                "{} {op} rank {r}",
+                what("all_reduce")
+            );
+        }
+    }
+    let mut k = OPS.len();
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o[k][0], bc_in[root_b], "{} rank {r}", what("broadcast"));
+    }
+    k += 1;
+    let want = reference(redop, &rd_in);
+    for (r, o) in outs.iter().enumerate() {
+        let expect = if r == root_r { &want } else { &rd_in[r] };
+        assert_eq!(
+            o[k][0].as_bytes(),
+            expect.as_bytes(),
+            "{} {redop} rank {r}",
+            what("reduce")
+        );
+    }
+    k += 1;
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o[k][0], ag_in[r], "all_gather input changed");
+        for (p, inp) in ag_in.iter().enumerate() {
+            assert_eq!(
+                elems(&o[k][1], p * len..(p + 1) * len),
+                inp.as_bytes(),
+                "{} rank {r} block {p}",
+                what("all_gather")
+            );
+        }
+    }
+    k += 1;
+    let want = reference(redop, &rs_in);
+    for (r, o) in outs.iter().enumerate() {
+        assert_eq!(o[k][0], rs_in[r], "reduce_scatter input changed");
+        assert_eq!(
+            o[k][1].as_bytes(),
+            elems(&want, r * len..(r + 1) * len),
+            "{} {redop} rank {r}",
+            what("reduce_scatter")
+        );
+    }
+    k += 1;
+    for (r, o) in outs.iter().enumerate() {
+        for (p, inp) in aa_in.iter().enumerate() {
+            assert_eq!(
+                elems(&o[k][1], p * len..(p + 1) * len),
+                elems(inp, r * len..(r + 1) * len),
+                "{} rank {r} block {p}",
+                what("all_to_all")
+            );
+        }
+    }
+    k += 1;
+    for o in &outs {
+        assert!(o[k].is_empty(), "barrier returns no buffers");
+    }
+    k += 1;
+    if n > 1 {
+        for (r, o) in outs.iter().enumerate() {
+            assert_eq!(o[k][0], p2p_in[r], "send gives its buffer back");
+            assert_eq!(
+                o[k + 1][0],
+                p2p_in[(r + n - 1) % n],
+                "{} rank {r}",
+                what("recv")
+            );
+        }
+    }
+}
+
+fn random_f32(rng: &mut StdRng, len: usize) -> HostBuffer {
+    HostBuffer::F32((0..len).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
+}
+
+/// Non-integer floats: every rank gets the same bits on both paths; the
+/// direct path equals the rank-order reference exactly, the ring is close.
+#[test]
+fn float_results_are_bit_identical_on_every_rank() {
+    let opts = small_opts();
+    let mut rng = StdRng::seed_from_u64(7);
+    for n in [3, 4] {
+        let mut w = world(n, &opts);
+        for len in [101, 4099] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let ins: Vec<HostBuffer> = (0..n).map(|_| random_f32(&mut rng, len)).collect();
+                let works = w
+                    .iter_mut()
+                    .zip(&ins)
+                    .map(|(rk, b)| rk.coll(OpKind::AllReduce { buf: b.clone(), op }))
+                    .collect();
+                let outs = wait_all(works);
+                for o in &outs {
+                    assert_eq!(
+                        o[0].as_bytes(),
+                        outs[0][0].as_bytes(),
+                        "n={n} len={len} {op}"
+                    );
+                }
+                let want = reference(op, &ins);
+                if len * 4 < opts.crossover_bytes {
+                    assert_eq!(
+                        outs[0][0].as_bytes(),
+                        want.as_bytes(),
+                        "direct path is rank order"
+                    );
+                } else {
+                    let (HostBuffer::F32(got), HostBuffer::F32(want)) = (&outs[0][0], &want) else {
+                        unreachable!()
+                    };
+                    for (g, e) in got.iter().zip(want) {
+                        assert!((g - e).abs() <= 1e-5 * n as f32, "{g} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn expect_err(w: Work<OpOutput>) -> WorkError {
+    match block_on(w) {
+        Ok(_) => panic!("op succeeded but should have failed"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn mismatched_ops_name_both_sides() {
+    let mut w = world(2, &small_opts());
+    let a = w[0].submit_at(
+        7,
+        OpKind::AllReduce {
+            buf: HostBuffer::F32(vec![1.0; 12]),
+            op: ReduceOp::Sum,
+        },
+        TIMEOUT,
+    );
+    let b = w[1].submit_at(
+        7,
+        OpKind::AllGather {
+            input: HostBuffer::F32(vec![1.0; 10]),
+            output: HostBuffer::F32(vec![0.0; 20]),
+        },
+        TIMEOUT,
+    );
+    let (ea, eb) = (expect_err(a), expect_err(b));
+    assert!(
+        matches!(&ea, WorkError::Mismatch { detail, .. }
+            if detail == "rank 1 at seq 7 called all_gather(count=10) but rank 0 called all_reduce(count=12)"),
+        "{ea}"
+    );
+    assert!(
+        matches!(&eb, WorkError::Mismatch { detail, .. }
+            if detail == "rank 0 at seq 7 called all_reduce(count=12) but rank 1 called all_gather(count=10)"),
+        "{eb}"
+    );
+    // The group is failed: later ops fail with the same cause.
+    let c = w[0].submit_at(8, OpKind::Barrier, TIMEOUT);
+    let ec = expect_err(c);
+    assert!(
+        matches!(&ec, WorkError::Mismatch { ctx, .. } if ctx.seq == 8 && ctx.op == "barrier"),
+        "{ec}"
+    );
+}
+
+/// Mismatches where the two sides take different paths (ring vs direct),
+/// differ in dtype, or disagree on the root.
+#[test]
+fn mismatches_of_size_dtype_and_root() {
+    let cases: Vec<(OpKind, OpKind, &str)> = vec![
+        (
+            OpKind::AllReduce {
+                buf: HostBuffer::F32(vec![1.0; 100_000]),
+                op: ReduceOp::Sum,
+            },
+            OpKind::AllReduce {
+                buf: HostBuffer::F32(vec![1.0; 12]),
+                op: ReduceOp::Sum,
+            },
+            "called all_reduce(count=12)",
+        ),
+        (
+            OpKind::AllReduce {
+                buf: HostBuffer::F32(vec![1.0; 12]),
+                op: ReduceOp::Sum,
+            },
+            OpKind::AllReduce {
+                buf: HostBuffer::F64(vec![1.0; 12]),
+                op: ReduceOp::Max,
+            },
+            "called all_reduce(count=12, dtype=f64, op=max)",
+        ),
+        (
+            OpKind::Broadcast {
+                buf: HostBuffer::I32(vec![1; 5]),
+                root: 0,
+            },
+            OpKind::Broadcast {
+                buf: HostBuffer::I32(vec![1; 5]),
+                root: 1,
+            },
+            "called broadcast(count=5, root=1)",
+        ),
+        (
+            OpKind::Reduce {
+                buf: HostBuffer::I32(vec![1; 5000]),
+                root: 0,
+                op: ReduceOp::Sum,
+            },
+            OpKind::Reduce {
+                buf: HostBuffer::I32(vec![1; 5000]),
+                root: 1,
+                op: ReduceOp::Sum,
+            },
+            "called reduce(count=5000, root=1)",
+        ),
+        (
+            OpKind::Broadcast {
+                buf: HostBuffer::U8(vec![1; 5000]),
+                root: 0,
+            },
+            OpKind::Broadcast {
+                buf: HostBuffer::U8(vec![1; 5000]),
+                root: 1,
+            },
+            "called broadcast(count=5000, root=1)",
+        ),
+    ];
+    for (k0, k1, rank1_says) in cases {
+        let mut w = world(2, &small_opts());
+        let a = w[0].coll(k0);
+        let b = w[1].coll(k1);
+        let (ea, eb) = (expect_err(a), expect_err(b));
+        assert!(matches!(&ea, WorkError::Mismatch { .. }), "{ea}");
+        assert!(matches!(&eb, WorkError::Mismatch { .. }), "{eb}");
+        assert!(ea.to_string().contains(rank1_says), "{ea}");
+    }
+}
+
+#[test]
+fn recv_of_a_different_length_is_a_mismatch() {
+    let mut w = world(2, &small_opts());
+    let a = w[0].p2p(OpKind::Send {
+        buf: HostBuffer::F32(vec![1.0; 10]),
+        peer: 1,
+    });
+    let b = w[1].p2p(OpKind::Recv {
+        buf: HostBuffer::F32(vec![0.0; 12]),
+        peer: 0,
+    });
+    assert!(block_on(a).is_ok());
+    let e = expect_err(b);
+    assert!(
+        matches!(&e, WorkError::Mismatch { detail, .. }
+            if detail == "rank 0 at seq 1 called send(count=10) but rank 1 called recv(count=12)"),
+        "{e}"
+    );
+}
+
+/// A recv whose send never comes times out; the group is failed (queued
+/// and later ops fail with the timeout) and its connections closed, so the
+/// peer fails at once, naming it.
+#[test]
+fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
+    let mut w = world(2, &small_opts());
+    let a = w[0].submit_at(
+        1,
+        OpKind::Recv {
+            buf: HostBuffer::F32(vec![0.0; 4]),
+            peer: 1,
+        },
+        Duration::from_millis(200),
+    );
+    let queued = w[0].coll(OpKind::Barrier);
+    let e = expect_err(a);
+    assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
+    let e = expect_err(queued);
+    assert!(
+        matches!(&e, WorkError::OpTimeout { ctx, .. } if ctx.op == "barrier"),
+        "{e}"
+    );
+    let later = w[0].coll(OpKind::Barrier);
+    assert!(matches!(expect_err(later), WorkError::OpTimeout { .. }));
+    let b = w[1].coll(OpKind::Barrier);
+    let e = expect_err(b);
+    assert!(matches!(e, WorkError::PeerLost { peer: 0, .. }), "{e}");
+}
+
+/// A collective one rank calls and the other does not: the first times out;
+/// the other, at its next op, sees the stray header (mismatch) or the
+/// closed connection, never a hang or garbage.
+#[test]
+fn a_collective_the_peer_never_calls_times_out() {
+    let mut w = world(2, &small_opts());
+    w[0].seq += 1;
+    let a = w[0].submit_at(
+        w[0].seq,
+        OpKind::AllReduce {
+            buf: HostBuffer::F32(vec![1.0; 4]),
+            op: ReduceOp::Sum,
+        },
+        Duration::from_millis(200),
+    );
+    let e = expect_err(a);
+    assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
+    let b = w[1].coll(OpKind::Barrier);
+    let e = expect_err(b);
+    assert!(
+        matches!(
+            e,
+            WorkError::PeerLost { peer: 0, .. } | WorkError::Mismatch { .. }
+        ),
+        "{e}"
+    );
+}
+
+fn aborted(rank: usize) -> WorkError {
+    WorkError::Aborted {
+        ctx: OpContext {
+            rank,
+            group: "g".into(),
+            seq: 0,
+            op: "abort",
+        },
+        reason: "test abort".into(),
+    }
+}
+
+/// Ops already waiting on a peer fail with PeerLost when it is aborted, and
+/// the aborted rank's own queued and later ops fail with the abort.
+#[test]
+fn aborted_peer_fails_pending_ops_with_peer_lost() {
+    let mut w = world(3, &small_opts());
+    let buf = || HostBuffer::I64(vec![3; 1000]);
+    let a = w[0].coll(OpKind::AllReduce {
+        buf: buf(),
+        op: ReduceOp::Sum,
+    });
+    let b = w[1].coll(OpKind::AllReduce {
+        buf: buf(),
+        op: ReduceOp::Sum,
+    });
+    w[2].be.abort(&aborted(2));
+    let later = w[2].coll(OpKind::Barrier);
+    let e = expect_err(later);
+    assert!(matches!(e, WorkError::Aborted { .. }), "{e}");
+    for e in [expect_err(a), expect_err(b)] {
+        assert!(matches!(e, WorkError::PeerLost { .. }), "{e}");
+    }
+}
+
+/// A peer whose backend was dropped (goodbye) makes ops that need it fail
+/// with PeerLost naming it.
+#[test]
+fn dropped_peer_fails_later_ops_with_peer_lost() {
+    let mut w = world(3, &small_opts());
+    // A first op that everyone completes.
+    let works = w.iter_mut().map(|rk| rk.coll(OpKind::Barrier)).collect();
+    wait_all(works);
+    drop(w.pop());
+    let works: Vec<_> = w
+        .iter_mut()
+        .map(|rk| {
+            rk.coll(OpKind::AllReduce {
+                buf: HostBuffer::F32(vec![1.0; 7]),
+                op: ReduceOp::Sum,
+            })
+        })
+        .collect();
+    for wk in works {
+        let e = expect_err(wk);
+        assert!(matches!(e, WorkError::PeerLost { .. }), "{e}");
+    }
+}
+
+/// Both ranks send a message larger than the socket buffers first, then
+/// receive: no deadlock.
+#[test]
+fn both_sending_first_does_not_deadlock() {
+    let mut w = world(2, &TcpOptions::default());
+    let mut rng = StdRng::seed_from_u64(3);
+    let big = 2 << 20;
+    let data: Vec<HostBuffer> = (0..2)
+        .map(|_| gen(&mut rng, DType::F32, big, ReduceOp::Sum))
+        .collect();
+    let mut works = Vec::new();
+    for (r, rk) in w.iter_mut().enumerate() {
+        let s = rk.p2p(OpKind::Send {
+            buf: data[r].clone(),
+            peer: 1 - r,
+        });
+        let v = rk.p2p(OpKind::Recv {
+            buf: HostBuffer::zeros(DType::F32, big),
+            peer: 1 - r,
+        });
+        works.push((s, v));
+    }
+    for (r, (s, v)) in works.into_iter().enumerate() {
+        let (s, v) = block_on(futures::future::join(s, v));
+        assert_eq!(s.unwrap()[0], data[r]);
+        assert_eq!(v.unwrap()[0], data[1 - r]);
+    }
+}
+
+/// Ops complete in submission order: when the last is done, every earlier
+/// one is done too.
+#[test]
+fn ops_complete_in_submission_order() {
+    let mut w = world(2, &small_opts());
+    let mut all = Vec::new();
+    for rk in w.iter_mut() {
+        let v: Vec<_> = (0..40)
+            .map(|i| {
+                rk.coll(OpKind::AllReduce {
+                    buf: HostBuffer::I32(vec![i; 1 + (i as usize % 3) * 600]),
+                    op: ReduceOp::Sum,
+                })
+            })
+            .collect();
+        all.push(v);
+    }
+    for mut v in all {
+        let last = v.pop().unwrap();
+        let out = block_on(last).unwrap();
+        assert_eq!(out[0], HostBuffer::I32(vec![78; 1 + (39 % 3) * 600]));
+        assert!(v.iter().all(|wk| wk.is_done()), "an earlier op is not done");
+    }
+}
+
+#[test]
+fn bad_setup_arguments_are_errors() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let r = block_on(TcpBackend::connect(
+        store.clone(),
+        2,
+        2,
+        "g".into(),
+        TcpOptions::default(),
+    ));
+    assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
+    let opts = TcpOptions {
+        chunk_bytes: 0,
+        ..TcpOptions::default()
+    };
+    let r = block_on(TcpBackend::connect(store.clone(), 0, 2, "g".into(), opts));
+    assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
+    // A peer that never shows up: setup times out with a clear error.
+    let opts = TcpOptions {
+        connect_timeout: Duration::from_millis(200),
+        ..TcpOptions::default()
+    };
+    let r = block_on(TcpBackend::connect(store, 0, 2, "g".into(), opts));
+    let Err(crate::Error::Setup { msg, .. }) = r else {
+        panic!("expected a setup error")
+    };
+    assert!(msg.contains("rank 1"), "{msg}");
+}
+
+#[test]
+fn different_options_are_refused_at_setup() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::default());
+    let a = TcpOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..small_opts()
+    };
+    let b = TcpOptions {
+        chunk_bytes: 1024,
+        ..a.clone()
+    };
+    let (ra, rb) = block_on(futures::future::join(
+        TcpBackend::connect(store.clone(), 0, 2, "g".into(), a),
+        TcpBackend::connect(store, 1, 2, "g".into(), b),
+    ));
+    let Err(crate::Error::Setup { msg, .. }) = ra else {
+        panic!("rank 0 should refuse")
+    };
+    assert!(msg.contains("same TcpOptions"), "{msg}");
+    assert!(rb.is_err());
+}
+
+// ---------------------------------------------------------------------------
+// Measurements (not run by default): `cargo test -p chorus --release --lib
+// bench_ -- --ignored --nocapture --test-threads=1`.
+
+fn time_all_reduce(w: &mut [Rank], len: usize, iters: usize) -> Duration {
+    let mut rng = StdRng::seed_from_u64(1);
+    let bufs: Vec<HostBuffer> = (0..w.len()).map(|_| random_f32(&mut rng, len)).collect();
+    let mut bufs: Vec<Option<HostBuffer>> = bufs.into_iter().map(Some).collect();
+    let mut run = |w: &mut [Rank]| {
+        let works: Vec<_> = w
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(rk, b)| {
+                rk.coll(OpKind::AllReduce {
+                    buf: b.take().unwrap(),
+                    op: ReduceOp::Sum,
+                })
+            })
+            .collect();
+        for (o, b) in wait_all(works).into_iter().zip(bufs.iter_mut()) {
+            *b = o.into_iter().next();
+        }
+    };
+    for _ in 0..iters.div_ceil(10).max(2) {
+        run(w);
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        run(w);
+    }
+    t.elapsed() / iters as u32
+}
+
+#[test]
+#[ignore = "measurement; run in release with --nocapture"]
+fn bench_all_reduce_targets() {
+    for n in [2, 4] {
+        let mut w = world(n, &TcpOptions::default());
+        for (len, iters) in [(1usize, 2000), (16 << 10, 500), (4 << 20, 20)] {
+            let t = time_all_reduce(&mut w, len, iters);
+            let bytes = len * 4;
+            let busbw = bytes as f64 * 2.0 * (n - 1) as f64 / n as f64 / t.as_secs_f64() / 1e9;
+            println!(
+                "n={n} bytes={bytes:>9} time={:>10.1?} busbw={busbw:.3} GB/s",
+                t
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "measurement; run in release with --nocapture"]
+fn bench_crossover_sweep() {
+    for n in [2, 4] {
+        for (name, crossover) in [("direct", usize::MAX), ("ring", 0)] {
+            let opts = TcpOptions {
+                crossover_bytes: crossover,
+                ..TcpOptions::default()
+            };
+            let mut w = world(n, &opts);
+            for kib in [4usize, 16, 64, 128, 256, 512, 1024, 2048] {
+                let len = kib * 256;
+                let iters = (20_000 / kib).clamp(10, 500);
+                let t = time_all_reduce(&mut w, len, iters);
+                println!("n={n} {name:6} {kib:>5} KiB {:>10.1?}", t);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "measurement; run in release with --nocapture"]
+fn bench_chunk_sweep() {
+    for n in [2, 4] {
+        for chunk_kib in [64usize, 128, 256, 512, 1024, 2048] {
+            let opts = TcpOptions {
+                chunk_bytes: chunk_kib << 10,
+                ..TcpOptions::default()
+            };
+            let mut w = world(n, &opts);
+            let t = time_all_reduce(&mut w, 4 << 20, 20);
+            let busbw =
+                (16u64 << 20) as f64 * 2.0 * (n - 1) as f64 / n as f64 / t.as_secs_f64() / 1e9;
+            println!(
+                "n={n} chunk={chunk_kib:>5} KiB 16 MiB {:>10.1?} busbw={busbw:.3} GB/s",
+                t
+            );
+        }
+    }
+}
