@@ -153,8 +153,8 @@ impl GroupBuilder {
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
         let rdzv = chorus_runtime::rendezvous::init_from_env().await?;
         let mut tcp = self.tcp.clone();
-        if tcp.advertise_ip.is_none() {
-            tcp.advertise_ip = Some(route_ip(rdzv.store_addr()));
+        if tcp.advertise_ip.is_loopback() {
+            tcp.advertise_ip = route_ip(rdzv.store_addr());
         }
         let pg = GroupBuilder {
             rank: rdzv.rank(),
