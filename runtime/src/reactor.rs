@@ -1,0 +1,427 @@
+//! The completion reactor: one thread per process that watches in-flight GPU
+//! ops and completes them when they finish (DESIGN §2 rule 2).
+//!
+//! A backend hands the reactor one [`Pending`] entry per op: typically the
+//! op's end event together with its completer and buffers. The reactor
+//! thread calls [`Pending::poll_complete`] on every entry in turn; an entry
+//! that finds its event complete (or failed) completes its work, which wakes
+//! the future awaiting it, and leaves the reactor.
+//!
+//! # Backoff
+//!
+//! While entries are pending the thread spins (`spin`, default 200 µs since
+//! the last progress), then yields its core between rounds (until `yield_for`,
+//! default 2 ms), then sleeps between rounds for growing intervals (10 µs
+//! doubling up to `max_sleep`, default 250 µs). Any progress (a completion, a
+//! new registration, a [`Reactor::nudge`] from a future being polled) starts
+//! the spin phase again. With nothing to watch it parks and uses no CPU until
+//! the next registration unparks it.
+//!
+//! The settings come from `CHORUS_REACTOR_SPIN_US`,
+//! `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+//!
+//! # Safety of buffers
+//!
+//! An entry owns the op's buffers until it completes; the reactor never drops
+//! an entry before `poll_complete` returned true. An entry whose
+//! `poll_complete` panics is leaked (never dropped), so memory the GPU may
+//! still touch is never freed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// One watched op.
+pub trait Pending: Send + 'static {
+    /// Checks the op once, without blocking. When the op has finished (or
+    /// failed) it completes its work and returns true; the reactor then drops
+    /// the entry. Returns false to be checked again.
+    fn poll_complete(&mut self) -> bool;
+}
+
+/// How the reactor thread backs off while entries are pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReactorConfig {
+    /// Spin (no yield, no sleep) for this long after the last progress.
+    pub spin: Duration,
+    /// Then yield the core between rounds until this long after the last
+    /// progress.
+    pub yield_for: Duration,
+    /// Then sleep between rounds, 10 µs doubling up to this.
+    pub max_sleep: Duration,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            spin: Duration::from_micros(200),
+            yield_for: Duration::from_millis(2),
+            max_sleep: Duration::from_micros(250),
+        }
+    }
+}
+
+impl ReactorConfig {
+    /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
+    /// `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+    pub fn from_env() -> ReactorConfig {
+        let us = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_micros)
+        };
+        let d = ReactorConfig::default();
+        ReactorConfig {
+            spin: us("CHORUS_REACTOR_SPIN_US").unwrap_or(d.spin),
+            yield_for: us("CHORUS_REACTOR_YIELD_US").unwrap_or(d.yield_for),
+            max_sleep: us("CHORUS_REACTOR_MAX_SLEEP_US")
+                .unwrap_or(d.max_sleep)
+                .max(Duration::from_micros(1)),
+        }
+    }
+}
+
+/// Counters of a reactor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// Entries registered so far.
+    pub registered: u64,
+    /// Entries that completed.
+    pub completed: u64,
+    /// Times the thread parked with nothing to watch.
+    pub parks: u64,
+}
+
+/// The reactor could not start its thread.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the chorus completion reactor thread: {reason}")]
+pub struct ReactorError {
+    /// The OS error text.
+    pub reason: String,
+}
+
+struct Shared {
+    incoming: Mutex<Vec<Box<dyn Pending>>>,
+    /// Set when `incoming` is non-empty or a nudge asks to spin again.
+    wake: AtomicBool,
+    /// Set while the thread is parked or sleeping.
+    sleeping: AtomicBool,
+    registered: AtomicU64,
+    completed: AtomicU64,
+    parks: AtomicU64,
+    config: ReactorConfig,
+}
+
+/// A completion reactor: a thread that completes registered [`Pending`]
+/// entries. Most code uses the process-wide one, [`global`].
+pub struct Reactor {
+    shared: Arc<Shared>,
+    thread: OnceLock<Result<Thread, String>>,
+}
+
+impl std::fmt::Debug for Reactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reactor")
+            .field("config", &self.shared.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// The process-wide reactor, with [`ReactorConfig::from_env`]. Its thread
+/// starts on the first registration.
+pub fn global() -> &'static Reactor {
+    static GLOBAL: OnceLock<Reactor> = OnceLock::new();
+    GLOBAL.get_or_init(|| Reactor::new(ReactorConfig::from_env()))
+}
+
+impl Reactor {
+    /// A reactor whose thread starts on the first registration. The thread
+    /// lives as long as the process (it parks when idle).
+    pub fn new(config: ReactorConfig) -> Reactor {
+        Reactor {
+            shared: Arc::new(Shared {
+                incoming: Mutex::new(Vec::new()),
+                wake: AtomicBool::new(false),
+                sleeping: AtomicBool::new(false),
+                registered: AtomicU64::new(0),
+                completed: AtomicU64::new(0),
+                parks: AtomicU64::new(0),
+                config,
+            }),
+            thread: OnceLock::new(),
+        }
+    }
+
+    /// The reactor's settings.
+    pub fn config(&self) -> ReactorConfig {
+        self.shared.config
+    }
+
+    fn thread(&self) -> Result<&Thread, ReactorError> {
+        self.thread
+            .get_or_init(|| {
+                let shared = self.shared.clone();
+                std::thread::Builder::new()
+                    .name("chorus-reactor".into())
+                    .spawn(move || run(shared))
+                    .map(|h| h.thread().clone())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|reason| ReactorError {
+                reason: reason.clone(),
+            })
+    }
+
+    /// Hands `entry` to the reactor thread, which polls it until it
+    /// completes.
+    ///
+    /// # Errors
+    ///
+    /// If the thread cannot be started, the entry comes back with the error
+    /// (the caller must then complete it another way, e.g. by a blocking
+    /// wait).
+    pub fn register(
+        &self,
+        entry: Box<dyn Pending>,
+    ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        let thread = match self.thread() {
+            Ok(t) => t,
+            Err(e) => return Err((e, entry)),
+        };
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .incoming
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry);
+        self.shared.wake.store(true, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            thread.unpark();
+        }
+        Ok(())
+    }
+
+    /// Asks the thread to spin again (a future is being awaited and wants a
+    /// fast wake-up). Cheap when the thread is already spinning.
+    pub fn nudge(&self) {
+        if !self.shared.wake.load(Ordering::Relaxed) {
+            self.shared.wake.store(true, Ordering::SeqCst);
+        }
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            if let Some(Ok(t)) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The reactor's counters.
+    pub fn stats(&self) -> ReactorStats {
+        ReactorStats {
+            registered: self.shared.registered.load(Ordering::Relaxed),
+            completed: self.shared.completed.load(Ordering::Relaxed),
+            parks: self.shared.parks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Entries registered and not yet completed.
+    pub fn pending(&self) -> u64 {
+        let s = self.stats();
+        s.registered.saturating_sub(s.completed)
+    }
+}
+
+/// Polls one entry, leaking it if it panics (its buffers may still be in use
+/// by the GPU, so dropping it would be unsound for raw-pointer users).
+fn poll_one(entry: &mut Box<dyn Pending>) -> Option<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry.poll_complete())).ok()
+}
+
+fn run(shared: Arc<Shared>) {
+    let cfg = shared.config;
+    let mut local: Vec<Box<dyn Pending>> = Vec::new();
+    let mut last_progress = Instant::now();
+    let mut sleep = Duration::from_micros(10);
+    loop {
+        if shared.wake.swap(false, Ordering::SeqCst) {
+            let mut inc = shared.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            local.append(&mut inc);
+            drop(inc);
+            last_progress = Instant::now();
+            sleep = Duration::from_micros(10);
+        }
+        if local.is_empty() {
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if !shared.wake.load(Ordering::SeqCst) {
+                shared.parks.fetch_add(1, Ordering::Relaxed);
+                std::thread::park();
+            }
+            shared.sleeping.store(false, Ordering::SeqCst);
+            continue;
+        }
+        let before = local.len();
+        let mut i = 0;
+        while i < local.len() {
+            match poll_one(&mut local[i]) {
+                Some(false) => i += 1,
+                Some(true) => {
+                    drop(local.swap_remove(i));
+                    shared.completed.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    tracing::error!("a completion entry panicked; its buffers are leaked");
+                    std::mem::forget(local.swap_remove(i));
+                    shared.completed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let now = Instant::now();
+        if local.len() != before {
+            last_progress = now;
+            sleep = Duration::from_micros(10);
+            continue;
+        }
+        let idle = now.saturating_duration_since(last_progress);
+        if idle < cfg.spin {
+            std::hint::spin_loop();
+        } else if idle < cfg.yield_for {
+            std::thread::yield_now();
+        } else {
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if !shared.wake.load(Ordering::SeqCst) {
+                std::thread::park_timeout(sleep);
+            }
+            shared.sleeping.store(false, Ordering::SeqCst);
+            sleep = (sleep * 2).min(cfg.max_sleep);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    struct Flag {
+        done: Arc<AtomicBool>,
+        tx: mpsc::Sender<u32>,
+        id: u32,
+        polls: Arc<AtomicU64>,
+    }
+
+    impl Pending for Flag {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            if self.done.load(Ordering::Acquire) {
+                let _ = self.tx.send(self.id);
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn completes_entries_in_any_order_and_parks_when_idle() {
+        let r = Reactor::new(ReactorConfig {
+            spin: Duration::from_micros(50),
+            yield_for: Duration::from_micros(100),
+            max_sleep: Duration::from_micros(200),
+        });
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        let flags: Vec<Arc<AtomicBool>> =
+            (0..8).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        for (i, f) in flags.iter().enumerate() {
+            r.register(Box::new(Flag {
+                done: f.clone(),
+                tx: tx.clone(),
+                id: i as u32,
+                polls: polls.clone(),
+            }))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        }
+        // Complete them in a scrambled order; each must come out exactly once.
+        let order = [5u32, 0, 7, 2, 1, 6, 3, 4];
+        for &i in &order {
+            flags[i as usize].store(true, Ordering::Release);
+            let got = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("entry completed");
+            assert_eq!(got, i);
+        }
+        assert_eq!(r.stats().registered, 8);
+        // The completed counter moves right after the entry returns true.
+        let t0 = Instant::now();
+        while r.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert_eq!(r.pending(), 0);
+        // Idle: the thread parks and stops polling.
+        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(r.stats().parks >= 1, "idle reactor must park");
+        let p = polls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            p,
+            "a parked reactor polls nothing"
+        );
+        // A new registration unparks it.
+        let f = Arc::new(AtomicBool::new(true));
+        r.register(Box::new(Flag {
+            done: f,
+            tx,
+            id: 99,
+            polls,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 99);
+    }
+
+    struct Panicky(Arc<AtomicU64>);
+    impl Pending for Panicky {
+        fn poll_complete(&mut self) -> bool {
+            panic!("entry bug")
+        }
+    }
+    impl Drop for Panicky {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_panicking_entry_is_leaked_and_the_reactor_keeps_going() {
+        let r = Reactor::new(ReactorConfig::default());
+        let drops = Arc::new(AtomicU64::new(0));
+        r.register(Box::new(Panicky(drops.clone())))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        r.register(Box::new(Flag {
+            done: Arc::new(AtomicBool::new(true)),
+            tx,
+            id: 1,
+            polls: Arc::new(AtomicU64::new(0)),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "never dropped");
+    }
+
+    #[test]
+    fn config_from_env_defaults() {
+        let d = ReactorConfig::default();
+        assert!(d.spin < d.yield_for);
+        assert!(d.max_sleep >= Duration::from_micros(1));
+    }
+}
