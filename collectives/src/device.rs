@@ -145,6 +145,12 @@ impl<R: DeviceResult> DeviceWork<R> {
         self.watched.end_event()
     }
 
+    /// A shared handle on the end event, usable from another thread (it
+    /// stays valid after the work is consumed).
+    pub fn end_event_handle(&self) -> std::sync::Arc<chorus_runtime::cuda::nccl::EndEvent> {
+        self.watched.end_event_handle()
+    }
+
     /// Queries the end event now (`cuEventQuery`): true once the GPU
     /// finished the op.
     ///

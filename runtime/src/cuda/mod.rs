@@ -17,6 +17,7 @@
 //! work when called, so the TCP backend runs on machines without a GPU.
 
 mod hold;
+pub mod kernels;
 pub mod nccl;
 #[cfg(test)]
 mod tests;

@@ -1257,6 +1257,11 @@ impl<B: DeviceMem> Watched<B> {
         self.cell.end.event()
     }
 
+    /// A shared handle on the end event (e.g. for another thread to watch).
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.cell.end.clone()
+    }
+
     /// Stream-ordered completion: makes `stream` (default: each buffer's own
     /// producer stream) wait on the end event and takes the buffers at once,
     /// without a host wait. When `stream` is another stream, each buffer's
