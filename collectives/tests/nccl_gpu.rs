@@ -392,7 +392,7 @@ fn gpu_blocking_wait_timeout_aborts_the_communicator() {
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let st = store();
     let pg = group(&st, "timeout", Some(0));
-    let hold = s.hold(Duration::from_secs(20)).unwrap();
+    let hold = s.hold(Duration::from_secs(3)).unwrap();
     let work = pg
         .all_reduce(upload(&s, &[1f32, 2.0, 3.0]), ReduceOp::Sum)
         .unwrap();

@@ -152,7 +152,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // event's completion.
     let (tx, rx) = mpsc::channel::<Arc<EndEvent>>();
     let (otx, orx) = mpsc::channel::<Instant>();
+    let obs_dev = dev.clone();
     let observer = std::thread::spawn(move || {
+        let _ = obs_dev.bind_to_thread();
         for ev in rx {
             loop {
                 match ev.event().query() {

@@ -958,6 +958,7 @@ impl Communicator {
             Ok(()) => {
                 drop(guard);
                 Ok(InFlight {
+                    device: self.device.clone(),
                     end: Arc::new(end),
                     bufs: Some(bufs),
                 })
@@ -1132,6 +1133,7 @@ impl Drop for Communicator {
 /// [`watch`](Self::watch), [`wait`](Self::wait), or — when dropped
 /// unfinished — by the completion reactor.
 pub struct InFlight<B: DeviceMem> {
+    device: Device,
     end: Arc<EndEvent>,
     bufs: Option<Vec<B>>,
 }
@@ -1174,6 +1176,7 @@ impl<B: DeviceMem> InFlight<B> {
             bufs: Mutex::new(self.bufs.take()),
         });
         let entry = Entry {
+            device: self.device.clone(),
             cell: cell.clone(),
             done: Some(Box::new(done)),
         };
@@ -1198,6 +1201,7 @@ impl<B: DeviceMem> Drop for InFlight<B> {
             }
             // Unfinished: the reactor keeps the buffers until the GPU is done.
             let f = InFlight {
+                device: self.device.clone(),
                 end: self.end.clone(),
                 bufs: Some(bufs),
             };
@@ -1214,12 +1218,16 @@ struct Cell<B> {
 type Done<B> = Box<dyn FnOnce(Finished<B>) + Send>;
 
 struct Entry<B: DeviceMem> {
+    device: Device,
     cell: Arc<Cell<B>>,
     done: Option<Done<B>>,
 }
 
 impl<B: DeviceMem> Pending for Entry<B> {
     fn poll_complete(&mut self) -> bool {
+        // The reactor thread queries events of any device: make the event's
+        // context current (cheap when it already is).
+        let _ = self.device.bind_to_thread();
         let outcome = match self.cell.end.event().query() {
             Ok(false) => return false,
             Ok(true) => Ok(()),
