@@ -225,8 +225,18 @@ impl<R: DeviceResult> DeviceWork<R> {
     /// The op's error, or the timeout.
     pub fn wait_timeout(self, timeout: Duration) -> Result<R, WorkError> {
         let ctx = self.inner.context().clone();
-        chorus_runtime::reactor::global().nudge();
-        let r = self.inner.wait_timeout(timeout)?;
+        let reactor = chorus_runtime::reactor::global();
+        reactor.nudge();
+        // A blocking wait may spin a little before it sleeps: short ops then
+        // return without the wake-up latency of a parked thread.
+        let t0 = std::time::Instant::now();
+        let spin = timeout.min(Duration::from_micros(100));
+        while !self.inner.is_done() && t0.elapsed() < spin {
+            std::hint::spin_loop();
+        }
+        let r = self
+            .inner
+            .wait_timeout(timeout.saturating_sub(t0.elapsed()))?;
         r.and_then(R::from_bufs).ok_or_else(|| missing(&ctx))
     }
 }

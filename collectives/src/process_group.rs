@@ -1030,7 +1030,7 @@ impl ProcessGroup {
         };
         let dev = first.stream().device().ordinal() as u32;
         let count = first.count();
-        let dtype = format!("{:?}", first.nccl_type()).to_lowercase();
+        let dtype = first.nccl_type().name();
         // Key and the op in the communicator's ranks.
         let (key, cop, peer) = match op {
             CommOp::Send { peer } | CommOp::Recv { peer } | CommOp::SendRecv { peer } => {
@@ -1086,7 +1086,7 @@ impl ProcessGroup {
         };
         let ctx = self.ctx(seq, name);
         let meta = chorus_runtime::flight_recorder::OpMeta {
-            dtype: Some(dtype),
+            dtype: Some(dtype.to_string()),
             count: count as u64,
             peer,
         };

@@ -12,10 +12,12 @@
 //! While entries are pending the thread spins (`spin`, default 200 µs since
 //! the last progress), then yields its core between rounds (until `yield_for`,
 //! default 2 ms), then sleeps between rounds for growing intervals (10 µs
-//! doubling up to `max_sleep`, default 250 µs). Any progress (a completion, a
+//! doubling up to `max_sleep`, default 30 µs, with the thread's timer
+//! slack at 1 µs). Any progress (a completion, a
 //! new registration, a [`Reactor::nudge`] from a future being polled) starts
-//! the spin phase again. With nothing to watch it parks and uses no CPU until
-//! the next registration unparks it.
+//! the spin phase again. With nothing to watch it spins and yields the same
+//! way (so a stream of ops finds it awake and needs no unpark system call),
+//! then parks and uses no CPU until the next registration unparks it.
 //!
 //! The settings come from `CHORUS_REACTOR_SPIN_US`,
 //! `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
@@ -57,7 +59,7 @@ impl Default for ReactorConfig {
         ReactorConfig {
             spin: Duration::from_micros(200),
             yield_for: Duration::from_millis(2),
-            max_sleep: Duration::from_micros(250),
+            max_sleep: Duration::from_micros(30),
         }
     }
 }
@@ -242,6 +244,10 @@ fn poll_one(entry: &mut Box<dyn Pending>) -> Option<bool> {
 
 fn run(shared: Arc<Shared>) {
     let cfg = shared.config;
+    // Short sleeps must be short: the default timer slack (50 µs) would
+    // stretch every one of them.
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_timerslack(1_000);
     let mut local: Vec<Box<dyn Pending>> = Vec::new();
     let mut last_progress = Instant::now();
     let mut sleep = Duration::from_micros(10);
@@ -254,6 +260,18 @@ fn run(shared: Arc<Shared>) {
             sleep = Duration::from_micros(10);
         }
         if local.is_empty() {
+            // Stay responsive for a moment (ops often come in a stream, and
+            // a registration that finds the thread awake needs no unpark
+            // system call); then park until the next registration.
+            let idle = last_progress.elapsed();
+            if idle < cfg.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < cfg.yield_for {
+                std::thread::yield_now();
+                continue;
+            }
             shared.sleeping.store(true, Ordering::SeqCst);
             if !shared.wake.load(Ordering::SeqCst) {
                 shared.parks.fetch_add(1, Ordering::Relaxed);

@@ -150,16 +150,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 2. Wake latency. A thread spins on cuEventQuery to timestamp the end
     // event's completion.
-    let (tx, rx) = mpsc::channel::<Arc<EndEvent>>();
+    // `pause` spin hints between the observer's queries: 0 is a tight loop
+    // (the most exact timestamp, but it competes with the reactor for the
+    // driver), 200 is about a microsecond between queries.
+    let (tx, rx) = mpsc::channel::<(Arc<EndEvent>, u32)>();
     let (otx, orx) = mpsc::channel::<Instant>();
     let obs_dev = dev.clone();
     let observer = std::thread::spawn(move || {
         let _ = obs_dev.bind_to_thread();
-        for ev in rx {
+        for (ev, pause) in rx {
             loop {
                 match ev.event().query() {
                     Ok(true) => break,
-                    Ok(false) => std::hint::spin_loop(),
+                    Ok(false) => {
+                        for _ in 0..=pause {
+                            std::hint::spin_loop();
+                        }
+                    }
                     Err(_) => break,
                 }
             }
@@ -169,13 +176,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let mut wake_rows = Vec::new();
-    for &spin in &args.spin_us {
+    for (spin, pause) in args.spin_us.iter().flat_map(|&s| [(s, 0u32), (s, 200u32)]) {
         let mut to_wake = Vec::with_capacity(args.wake_iters);
         let mut to_resume = Vec::with_capacity(args.wake_iters);
         for _ in 0..args.wake_iters {
             kernels.spin(&producer, Duration::from_micros(spin))?;
             let w = pg.all_reduce(buf, ReduceOp::Sum)?;
-            tx.send(w.end_event_handle())?;
+            tx.send((w.end_event_handle(), pause))?;
             let (out, woke, resumed) = block_on_timed(w);
             buf = out?;
             let seen = orx.recv()?;
@@ -193,6 +200,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         wake_rows.push((
             spin,
+            pause,
             pct(&mut to_wake, 0.5),
             pct(&mut to_wake, 0.99),
             pct(&mut to_resume, 0.5),
@@ -235,8 +243,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("enqueue (all_reduce call)     median {enq_med:.2} us  p99 {enq_p99:.2} us  mean {enq_mean:.2} us");
     println!("stream_ordered()              median {so_med:.2} us  p99 {so_p99:.2} us  mean {so_mean:.2} us");
-    for (spin, wm, wp, rm, rp, k) in &wake_rows {
-        println!("wake after {spin} us kernel: waker called median {wm:.2} us p99 {wp:.2} us; thread resumed median {rm:.2} us p99 {rp:.2} us ({k} samples)");
+    for (spin, pause, wm, wp, rm, rp, k) in &wake_rows {
+        println!("wake after {spin} us kernel (observer pause {pause}): waker called median {wm:.2} us p99 {wp:.2} us; thread resumed median {rm:.2} us p99 {rp:.2} us ({k} samples)");
     }
     println!("awaited round trips (block_on)  {rt_per_s:.0} /s");
     println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
@@ -244,8 +252,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = args.json {
         let wake: Vec<String> = wake_rows
             .iter()
-            .map(|(s, wm, wp, rm, rp, k)| format!(
-                "{{\"spin_us\":{s},\"wake_median_us\":{wm:.3},\"wake_p99_us\":{wp:.3},\"resume_median_us\":{rm:.3},\"resume_p99_us\":{rp:.3},\"samples\":{k}}}"
+            .map(|(s, pause, wm, wp, rm, rp, k)| format!(
+                "{{\"spin_us\":{s},\"observer_pause\":{pause},\"wake_median_us\":{wm:.3},\"wake_p99_us\":{wp:.3},\"resume_median_us\":{rm:.3},\"resume_p99_us\":{rp:.3},\"samples\":{k}}}"
             ))
             .collect();
         let json = format!(

@@ -72,6 +72,22 @@ impl NcclType {
         }
     }
 
+    /// Lower-case name, as in `f32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclType::I8 => "i8",
+            NcclType::U8 => "u8",
+            NcclType::I32 => "i32",
+            NcclType::U32 => "u32",
+            NcclType::I64 => "i64",
+            NcclType::U64 => "u64",
+            NcclType::F16 => "f16",
+            NcclType::BF16 => "bf16",
+            NcclType::F32 => "f32",
+            NcclType::F64 => "f64",
+        }
+    }
+
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
