@@ -10,14 +10,16 @@
 //! # Backoff
 //!
 //! While entries are pending the thread spins (`spin`, default 200 µs since
-//! the last progress), then yields its core between rounds (until `yield_for`,
-//! default 2 ms), then sleeps between rounds for growing intervals (10 µs
-//! doubling up to `max_sleep`, default 30 µs, with the thread's timer
-//! slack at 1 µs). Any progress (a completion, a
-//! new registration, a [`Reactor::nudge`] from a future being polled) starts
-//! the spin phase again. With nothing to watch it spins and yields the same
-//! way (so a stream of ops finds it awake and needs no unpark system call),
-//! then parks and uses no CPU until the next registration unparks it.
+//! the last progress), then yields its core between rounds (until
+//! `yield_for`, default 20 ms), then sleeps between rounds for growing
+//! intervals (10 µs doubling up to `max_sleep`, default 30 µs, with the
+//! thread's timer slack at 1 µs). Up to one core is thus spent while ops are
+//! in flight, which is what keeps wake-ups at a few microseconds. Any
+//! progress (a completion, a new registration, a [`Reactor::nudge`] from a
+//! future being polled) starts the spin phase again. With nothing to watch
+//! it spins the same way and yields for at most 1 ms (so a stream of ops
+//! finds it awake and needs no unpark system call), then parks and uses no
+//! CPU until the next registration unparks it.
 //!
 //! The settings come from `CHORUS_REACTOR_SPIN_US`,
 //! `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
@@ -58,7 +60,7 @@ impl Default for ReactorConfig {
     fn default() -> Self {
         ReactorConfig {
             spin: Duration::from_micros(200),
-            yield_for: Duration::from_millis(2),
+            yield_for: Duration::from_millis(20),
             max_sleep: Duration::from_micros(30),
         }
     }
@@ -242,6 +244,9 @@ fn poll_one(entry: &mut Box<dyn Pending>) -> Option<bool> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry.poll_complete())).ok()
 }
 
+/// With nothing to watch, yield at most this long before parking.
+const IDLE_YIELD: Duration = Duration::from_millis(1);
+
 fn run(shared: Arc<Shared>) {
     let cfg = shared.config;
     // Short sleeps must be short: the default timer slack (50 µs) would
@@ -268,7 +273,7 @@ fn run(shared: Arc<Shared>) {
                 std::hint::spin_loop();
                 continue;
             }
-            if idle < cfg.yield_for {
+            if idle < cfg.yield_for.min(IDLE_YIELD) {
                 std::thread::yield_now();
                 continue;
             }

@@ -148,6 +148,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (enq_med, enq_p99) = (pct(&mut enq, 0.5), pct(&mut enq, 0.99));
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
 
+    let in_progress = chorus_runtime::cuda::nccl::in_progress_returns();
+
+    // Breakdown: the driver floor (one event record + one stream wait, and a
+    // bare record) and chorus's CPU bookkeeping per op (work, registry entry,
+    // flight record, completion).
+    let other = dev.new_stream(StreamPriority::Normal)?;
+    let ev = dev.new_event()?;
+    let k = 20000;
+    let t = Instant::now();
+    for i in 0..k {
+        ev.record(&producer)?;
+        other.wait_event(&ev)?;
+        if i % 256 == 255 {
+            other.synchronize()?;
+        }
+    }
+    let rec_wait_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+    let t = Instant::now();
+    for _ in 0..k {
+        ev.record(&producer)?;
+    }
+    let rec_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+    producer.synchronize()?;
+    other.synchronize()?;
+    let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
+        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    )));
+    let t = Instant::now();
+    for seq in 0..k as u64 {
+        let ctx = chorus_runtime::OpContext {
+            rank: 0,
+            group: "b".into(),
+            seq,
+            op: "all_reduce",
+        };
+        let (w, c) = chorus_runtime::Work::<u32>::new_recorded(
+            ctx,
+            &reg,
+            Some(Instant::now() + Duration::from_secs(60)),
+            true,
+            Default::default(),
+        )?;
+        c.started();
+        c.complete(Ok(1));
+        drop(w);
+    }
+    let book_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+
     // 2. Wake latency. A thread spins on cuEventQuery to timestamp the end
     // event's completion.
     // `pause` spin hints between the observer's queries: 0 is a tight loop
@@ -248,6 +296,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("awaited round trips (block_on)  {rt_per_s:.0} /s");
     println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
+    println!("breakdown: cuEventRecord+cuStreamWaitEvent {rec_wait_us:.2} us, cuEventRecord alone {rec_us:.2} us, work+registry+flight-record bookkeeping {book_us:.2} us, ncclInProgress returns {in_progress}");
     println!("reactor: {:?}", chorus_runtime::reactor::global().stats());
     if let Some(path) = args.json {
         let wake: Vec<String> = wake_rows
@@ -257,7 +306,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ))
             .collect();
         let json = format!(
-            "{{\"count\":{},\"enqueue_median_us\":{enq_med:.3},\"enqueue_p99_us\":{enq_p99:.3},\"enqueue_mean_us\":{enq_mean:.3},\"stream_ordered_median_us\":{so_med:.3},\"stream_ordered_p99_us\":{so_p99:.3},\"stream_ordered_mean_us\":{so_mean:.3},\"wake\":[{}],\"round_trips_per_s\":{rt_per_s:.0},\"round_trips_wait_timeout_per_s\":{rt_wait_per_s:.0}}}\n",
+            "{{\"count\":{},\"enqueue_median_us\":{enq_med:.3},\"enqueue_p99_us\":{enq_p99:.3},\"enqueue_mean_us\":{enq_mean:.3},\"stream_ordered_median_us\":{so_med:.3},\"stream_ordered_p99_us\":{so_p99:.3},\"stream_ordered_mean_us\":{so_mean:.3},\"wake\":[{}],\"round_trips_per_s\":{rt_per_s:.0},\"round_trips_wait_timeout_per_s\":{rt_wait_per_s:.0},\"record_wait_us\":{rec_wait_us:.3},\"record_us\":{rec_us:.3},\"bookkeeping_us\":{book_us:.3},\"in_progress_returns\":{in_progress}}}\n",
             args.count,
             wake.join(",")
         );

@@ -855,10 +855,27 @@ impl Communicator {
                 reason,
                 "aborting NCCL communicator"
             );
-            // SAFETY: `comm` is live and no longer reachable through `self`;
-            // ncclCommAbort may be called while another thread is blocked in
-            // an NCCL call on it.
-            unsafe { (self.nccl.ncclCommAbort)(comm) };
+            // ncclCommAbort can block until the communicator's stream drains
+            // (e.g. behind a producer stream that never completes): run it
+            // on its own thread so the caller (a timed-out blocking wait, the
+            // watchdog) returns at once. The communicator is already unusable.
+            struct Raw(ncclComm_t, &'static Nccl);
+            // SAFETY: the handle is owned by this value alone from here on.
+            unsafe impl Send for Raw {}
+            let raw = Raw(comm, self.nccl);
+            let run = move || {
+                let raw = raw;
+                // SAFETY: `raw.0` is live and no longer reachable through
+                // the communicator; ncclCommAbort may be called while other
+                // threads are inside NCCL calls on it.
+                unsafe { (raw.1.ncclCommAbort)(raw.0) };
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("chorus-nccl-abort".into())
+                .spawn(run)
+            {
+                tracing::error!(error = %e, "cannot start the NCCL abort thread; the communicator is leaked");
+            }
         }
     }
 
@@ -1007,6 +1024,13 @@ impl Communicator {
         });
         let c1 = bufs.get(1).map_or(0, |b| b.count());
         let n = self.nccl;
+        // On one rank the average is the sum; NCCL 2.28.3's one-rank
+        // average path (a scaling kernel) was seen to leave the last element
+        // of an odd-length f64 reduce_scatter unwritten on an H200.
+        let red = |r: NcclRedOp| match r {
+            NcclRedOp::Avg if self.nranks == 1 => NcclRedOp::Sum.raw(),
+            r => r.raw(),
+        };
         // SAFETY: `comm` is live and we hold the enqueue lock; every pointer
         // is valid device memory of the stated count and type on the
         // communicator's device for as long as its `DeviceMem` value lives
@@ -1016,7 +1040,7 @@ impl Communicator {
             match op {
                 CommOp::AllReduce(r) => (
                     "ncclAllReduce",
-                    (n.ncclAllReduce)(p0, p0, c0, ty, r.raw(), comm, s),
+                    (n.ncclAllReduce)(p0, p0, c0, ty, red(r), comm, s),
                 ),
                 CommOp::Broadcast { root } => (
                     "ncclBroadcast",
@@ -1024,12 +1048,12 @@ impl Communicator {
                 ),
                 CommOp::Reduce { root, op } => (
                     "ncclReduce",
-                    (n.ncclReduce)(p0, p0, c0, ty, op.raw(), root as c_int, comm, s),
+                    (n.ncclReduce)(p0, p0, c0, ty, red(op), root as c_int, comm, s),
                 ),
                 CommOp::AllGather => ("ncclAllGather", (n.ncclAllGather)(p0, p1, c0, ty, comm, s)),
                 CommOp::ReduceScatter(r) => (
                     "ncclReduceScatter",
-                    (n.ncclReduceScatter)(p0, p1, c1, ty, r.raw(), comm, s),
+                    (n.ncclReduceScatter)(p0, p1, c1, ty, red(r), comm, s),
                 ),
                 CommOp::Send { peer } => {
                     ("ncclSend", (n.ncclSend)(p0, c0, ty, peer as c_int, comm, s))
@@ -1073,6 +1097,7 @@ impl Communicator {
             }
         };
         if rc.is_in_progress() {
+            IN_PROGRESS.fetch_add(1, Ordering::Relaxed);
             // Non-blocking communicator: the op is still being enqueued
             // (e.g. connections set up on first use). It must be on the
             // stream before the end event is recorded.
@@ -1098,6 +1123,15 @@ impl Communicator {
         Ok(())
     }
 }
+
+/// How many NCCL op calls returned `ncclInProgress` (process-wide): each
+/// then costs `ncclCommGetAsyncError` polls before the end event is
+/// recorded.
+pub fn in_progress_returns() -> u64 {
+    IN_PROGRESS.load(Ordering::Relaxed)
+}
+
+static IN_PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Drop for Communicator {
     fn drop(&mut self) {
