@@ -605,7 +605,7 @@ impl PendingComm {
             stream,
             rank: self.rank,
             nranks: self.nranks,
-            enqueue: Mutex::new(EnqueueState { ready }),
+            enqueue: Mutex::new(EnqueueState { ready, ops: 0 }),
             pool: Arc::new(Mutex::new(Vec::new())),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
@@ -643,6 +643,8 @@ struct EnqueueState {
     /// Input-ready events, re-recorded by every op (a stream wait captures
     /// the event's state at the call, so reuse is safe).
     ready: [Event; 2],
+    /// Ops enqueued so far (their end events complete in this order).
+    ops: u64,
 }
 
 type EventPool = Arc<Mutex<Vec<Event>>>;
@@ -986,12 +988,15 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
-        let guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         match self.enqueue_locked(&guard, op, &bufs, &end) {
             Ok(()) => {
+                guard.ops += 1;
+                let pos = guard.ops;
                 drop(guard);
                 Ok(InFlight {
                     device: self.device.clone(),
+                    order: (self.stream.as_raw() as u64, pos),
                     end: Arc::new(end),
                     bufs: Some(bufs),
                 })
@@ -1184,6 +1189,8 @@ impl Drop for Communicator {
 /// unfinished — by the completion reactor.
 pub struct InFlight<B: DeviceMem> {
     device: Device,
+    /// (comm stream, op number on it): end events complete in this order.
+    order: (u64, u64),
     end: Arc<EndEvent>,
     bufs: Option<Vec<B>>,
 }
@@ -1226,6 +1233,7 @@ impl<B: DeviceMem> InFlight<B> {
             bufs: Mutex::new(self.bufs.take()),
         });
         let entry = Entry {
+            order: self.order,
             device: self.device.clone(),
             cell: cell.clone(),
             done: Some(Box::new(done)),
@@ -1252,6 +1260,7 @@ impl<B: DeviceMem> Drop for InFlight<B> {
             // Unfinished: the reactor keeps the buffers until the GPU is done.
             let f = InFlight {
                 device: self.device.clone(),
+                order: self.order,
                 end: self.end.clone(),
                 bufs: Some(bufs),
             };
@@ -1268,12 +1277,17 @@ struct Cell<B> {
 type Done<B> = Box<dyn FnOnce(Finished<B>) + Send>;
 
 struct Entry<B: DeviceMem> {
+    order: (u64, u64),
     device: Device,
     cell: Arc<Cell<B>>,
     done: Option<Done<B>>,
 }
 
 impl<B: DeviceMem> Pending for Entry<B> {
+    fn order(&self) -> Option<(u64, u64)> {
+        Some(self.order)
+    }
+
     fn poll_complete(&mut self) -> bool {
         // The reactor thread queries events of any device: make the event's
         // context current (cheap when it already is).
