@@ -34,5 +34,5 @@ pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, Raw
 pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
-pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
+pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
 pub use work::{OpResult, Work};

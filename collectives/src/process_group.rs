@@ -1059,6 +1059,8 @@ impl ProcessGroup {
             }
             _ => (CommKey::devices([dev]), op, None),
         };
+        let prof = profile::on();
+        let t0 = prof.then(Instant::now);
         let comm = match g.nccl.comm(key, dev) {
             Ok(c) => c,
             Err(e) => {
@@ -1077,6 +1079,7 @@ impl ProcessGroup {
                 return Err((err, bufs));
             }
         };
+        let t1 = prof.then(Instant::now);
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
         let seq = match op {
             CommOp::Send { peer } => counters.sent[peer] + 1,
@@ -1105,8 +1108,10 @@ impl ProcessGroup {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
+        let t2 = prof.then(Instant::now);
         match comm.submit(cop, bufs) {
             Ok(inflight) => {
+                let t3 = prof.then(Instant::now);
                 match op {
                     CommOp::Send { peer } => counters.sent[peer] = seq,
                     CommOp::Recv { peer } => counters.received[peer] = seq,
@@ -1129,7 +1134,11 @@ impl ProcessGroup {
                         }
                     }
                 });
-                Ok(DeviceWork::new(work, watched))
+                let work = DeviceWork::new(work, watched);
+                if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
+                    profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
+                }
+                Ok(work)
             }
             Err((e, bufs)) => {
                 drop(counters);
@@ -1167,4 +1176,52 @@ fn device_op_name(op: CommOp) -> &'static str {
         CommOp::Recv { .. } => "recv",
         CommOp::SendRecv { .. } => "send_recv",
     }
+}
+
+/// Optional timing of the device enqueue path (`CHORUS_NCCL_PROFILE=1`),
+/// for the benchmark's breakdown.
+pub(crate) mod profile {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    static SUMS: [AtomicU64; 5] = [
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ];
+
+    pub(crate) fn on() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
+    }
+
+    pub(crate) fn add(parts: [Duration; 4]) {
+        for (s, d) in SUMS.iter().zip(parts) {
+            s.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        }
+        SUMS[4].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Mean microseconds per op of: communicator lookup, work and registry
+    /// entry, enqueue on the communicator (events + NCCL call), hand-off to
+    /// the reactor; and the number of ops. Zeros unless profiling is on.
+    pub(crate) fn means() -> ([f64; 4], u64) {
+        let n = SUMS[4].load(Ordering::Relaxed);
+        let mut out = [0.0; 4];
+        for (o, s) in out.iter_mut().zip(&SUMS) {
+            *o = s.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64;
+        }
+        (out, n)
+    }
+}
+
+/// Mean microseconds per device op of its enqueue phases (communicator
+/// lookup, work + registry, events + NCCL call, reactor hand-off) and the
+/// number of ops measured, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
+#[doc(hidden)]
+pub fn nccl_enqueue_profile() -> ([f64; 4], u64) {
+    profile::means()
 }

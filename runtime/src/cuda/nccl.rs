@@ -1041,6 +1041,7 @@ impl Communicator {
         // communicator's device for as long as its `DeviceMem` value lives
         // (the `InFlight` keeps them until the end event completes); counts
         // and roots were checked against the communicator.
+        let t_call = nccl_profile_on().then(Instant::now);
         let (call, rc) = unsafe {
             match op {
                 CommOp::AllReduce(r) => (
@@ -1101,6 +1102,10 @@ impl Communicator {
                 }
             }
         };
+        if let Some(t) = t_call {
+            NCCL_CALL_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
         if rc.is_in_progress() {
             IN_PROGRESS.fetch_add(1, Ordering::Relaxed);
             // Non-blocking communicator: the op is still being enqueued
@@ -1137,6 +1142,23 @@ pub fn in_progress_returns() -> u64 {
 }
 
 static IN_PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static NCCL_CALL_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static NCCL_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn nccl_profile_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
+}
+
+/// Mean microseconds of the NCCL op call itself (ncclAllReduce & co.) and
+/// the number of calls, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
+pub fn nccl_call_profile() -> (f64, u64) {
+    let n = NCCL_CALLS.load(Ordering::Relaxed);
+    (
+        NCCL_CALL_NS.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64,
+        n,
+    )
+}
 
 impl Drop for Communicator {
     fn drop(&mut self) {
