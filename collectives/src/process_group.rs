@@ -1049,19 +1049,23 @@ impl ProcessGroup {
                     CommOp::Recv { .. } => CommOp::Recv { peer: p },
                     _ => CommOp::SendRecv { peer: p },
                 };
-                (CommKey::pair(g.rank, peer), cop, Some(peer))
+                (Some(CommKey::pair(g.rank, peer)), cop, Some(peer))
             }
             CommOp::Broadcast { root } | CommOp::Reduce { root, .. } => {
                 if let Err(e) = self.check_rank(name, "root", root) {
                     return Err((e, bufs));
                 }
-                (CommKey::devices([dev]), op, Some(root))
+                (None, op, Some(root))
             }
-            _ => (CommKey::devices([dev]), op, None),
+            _ => (None, op, None),
         };
         let prof = profile::on();
         let t0 = prof.then(Instant::now);
-        let comm = match g.nccl.comm(key, dev) {
+        let found = match key {
+            Some(k) => g.nccl.comm(k, dev),
+            None => g.nccl.collective(dev),
+        };
+        let comm = match found {
             Ok(c) => c,
             Err(e) => {
                 let ctx = self.ctx(0, name);

@@ -357,7 +357,7 @@ fn run(shared: Arc<Shared>) {
         if idle < cfg.spin {
             // A short pause between rounds of driver queries, so that the
             // threads enqueueing work do not contend with a tight loop.
-            for _ in 0..8 {
+            for _ in 0..32 {
                 std::hint::spin_loop();
             }
         } else if idle < cfg.yield_for {

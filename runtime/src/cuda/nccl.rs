@@ -1249,7 +1249,10 @@ impl<B: DeviceMem> InFlight<B> {
     /// Hands the op to the completion reactor: `done` runs on the reactor
     /// thread once the end event completed (or failed). The returned handle
     /// can take the buffers early with a stream-ordered wait.
-    pub fn watch(mut self, done: impl FnOnce(Finished<B>) + Send + 'static) -> Watched<B> {
+    pub fn watch<F>(mut self, done: F) -> Watched<B>
+    where
+        F: FnOnce(Finished<B>) + Send + 'static,
+    {
         let cell = Arc::new(Cell {
             end: self.end.clone(),
             bufs: Mutex::new(self.bufs.take()),
@@ -1258,7 +1261,7 @@ impl<B: DeviceMem> InFlight<B> {
             order: self.order,
             device: self.device.clone(),
             cell: cell.clone(),
-            done: Some(Box::new(done)),
+            done: Some(done),
         };
         if let Err((e, mut entry)) = reactor::global().register(Box::new(entry)) {
             // No reactor thread: complete synchronously (the GPU wait happens
@@ -1296,16 +1299,14 @@ struct Cell<B> {
     bufs: Mutex<Option<Vec<B>>>,
 }
 
-type Done<B> = Box<dyn FnOnce(Finished<B>) + Send>;
-
-struct Entry<B: DeviceMem> {
+struct Entry<B: DeviceMem, F> {
     order: (u64, u64),
     device: Device,
     cell: Arc<Cell<B>>,
-    done: Option<Done<B>>,
+    done: Option<F>,
 }
 
-impl<B: DeviceMem> Pending for Entry<B> {
+impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B, F> {
     fn order(&self) -> Option<(u64, u64)> {
         Some(self.order)
     }

@@ -202,6 +202,8 @@ pub(crate) struct NcclBackend {
     /// Communicators handed out so far, for the watchdog and subgroups.
     live: Mutex<Vec<(CommKey, Weak<Communicator>)>>,
     seen: AtomicU64,
+    /// Collective communicators by device, in front of the cache.
+    hot: std::sync::RwLock<Vec<(u32, Arc<Communicator>)>>,
 }
 
 impl fmt::Debug for NcclBackend {
@@ -237,6 +239,7 @@ impl NcclBackend {
             cache: CommCache::new(group, factory),
             live: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
+            hot: std::sync::RwLock::new(Vec::new()),
         }
     }
 
@@ -275,6 +278,28 @@ impl NcclBackend {
             self.note(&key, &comm);
         }
         Ok(comm)
+    }
+
+    /// The collective communicator on `dev`: from a small read-mostly list
+    /// in front of the cache (no key allocation, no cache lock on the hot
+    /// path), else through [`comm`](Self::comm). An aborted communicator is
+    /// returned as it is; submitting to it fails with `Aborted`.
+    pub(crate) fn collective(
+        &self,
+        dev: u32,
+    ) -> Result<Arc<Communicator>, CommCacheError<NcclInitError>> {
+        {
+            let hot = self.hot.read().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, c)) = hot.iter().find(|(d, _)| *d == dev) {
+                return Ok(c.clone());
+            }
+        }
+        let c = self.comm(CommKey::devices([dev]), dev)?;
+        let mut hot = self.hot.write().unwrap_or_else(|p| p.into_inner());
+        if !hot.iter().any(|(d, _)| *d == dev) {
+            hot.push((dev, c.clone()));
+        }
+        Ok(c)
     }
 
     /// The same as [`comm`](Self::comm), awaited (eager init).
