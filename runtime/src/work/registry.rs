@@ -160,6 +160,8 @@ impl Registry {
     /// Safe to call from the backend itself (the hook runs with no lock
     /// held, and a second abort does not run it again).
     pub fn abort(&self, cause: &WorkError) -> usize {
+        // Claim the first abort under the same lock as the check, so two
+        // concurrent aborts cannot both run the hook.
         let first = {
             let mut inner = lock(&self.inner);
             let first = inner.errored.is_none();

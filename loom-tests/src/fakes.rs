@@ -1,0 +1,224 @@
+//! Fakes shared by the models.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use chorus_runtime::comm_cache::{CommCache, CommFactory, CommKey};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::sync::Arc;
+
+/// Preemption bound used when `LOOM_MAX_PREEMPTIONS` is not set, so a bare
+/// `cargo test` under `--cfg loom` still ends in reasonable time.
+pub const DEFAULT_PREEMPTIONS: usize = 3;
+
+/// Runs `f` under loom with the preemption bound from
+/// `LOOM_MAX_PREEMPTIONS` (default [`DEFAULT_PREEMPTIONS`]), and prints how
+/// many interleavings it explored (shown with `--nocapture`).
+pub fn model<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    model_capped(usize::MAX, f);
+}
+
+/// Like [`model`], with the preemption bound capped at `cap`: for the
+/// largest models, whose state space grows too fast past that bound to fit
+/// the suite's time budget.
+pub fn model_capped<F>(cap: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut b = loom::model::Builder::new();
+    let bound = b.preemption_bound.unwrap_or(DEFAULT_PREEMPTIONS).min(cap);
+    b.preemption_bound = Some(bound);
+    let bound = b.preemption_bound;
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = runs.clone();
+    let start = std::time::Instant::now();
+    b.check(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    println!(
+        "loom: {} interleavings in {:.2?} (max preemptions {:?})",
+        runs.load(std::sync::atomic::Ordering::Relaxed),
+        start.elapsed(),
+        bound
+    );
+}
+
+/// The fake factory's communicator: remembers its store key and counts its
+/// drops in `drops`.
+pub struct FakeComm {
+    /// The store key it was created under.
+    pub store_key: String,
+    drops: Arc<AtomicUsize>,
+}
+
+impl fmt::Debug for FakeComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeComm")
+            .field("store_key", &self.store_key)
+            .finish()
+    }
+}
+
+impl Drop for FakeComm {
+    fn drop(&mut self) {
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The fake factory's error: the store key of the failed initialization.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FakeError(pub String);
+
+impl fmt::Display for FakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fake init under '{}' failed", self.0)
+    }
+}
+
+/// A factory that records the store keys it is given, fails its first
+/// `fail_first` initializations, and (with `yields`) has each
+/// initialization return `Pending` once before finishing, so the models go
+/// through the parked state of the in-initialization entry.
+pub struct Fake {
+    /// Store keys given to `create`, in call order. A std mutex: recording is
+    /// not part of what the models check, and keeps the state space small.
+    calls: std::sync::Mutex<Vec<String>>,
+    fail_left: AtomicUsize,
+    yields: bool,
+    /// Drops of communicators made by this factory.
+    pub comm_drops: Arc<AtomicUsize>,
+}
+
+impl fmt::Debug for Fake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fake")
+            .field("yields", &self.yields)
+            .finish()
+    }
+}
+
+impl Fake {
+    /// A factory that fails its first `fail_first` initializations.
+    pub fn new(fail_first: usize, yields: bool) -> Self {
+        Fake {
+            calls: std::sync::Mutex::new(Vec::new()),
+            fail_left: AtomicUsize::new(fail_first),
+            yields,
+            comm_drops: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// The store keys `create` was called with, in call order.
+    pub fn store_keys(&self) -> Vec<String> {
+        match self.calls.lock() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// The fake factory's initialization future.
+pub struct FakeInit {
+    yield_first: bool,
+    result: Option<Result<FakeComm, FakeError>>,
+}
+
+impl fmt::Debug for FakeInit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FakeInit").finish_non_exhaustive()
+    }
+}
+
+impl Future for FakeInit {
+    type Output = Result<FakeComm, FakeError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.yield_first {
+            self.yield_first = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        match self.result.take() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Ready(Err(FakeError("polled after completion".into()))),
+        }
+    }
+}
+
+impl CommFactory for Fake {
+    type Comm = FakeComm;
+    type Error = FakeError;
+    type Init = FakeInit;
+
+    fn create(&self, _key: &CommKey, store_key: String) -> FakeInit {
+        match self.calls.lock() {
+            Ok(mut c) => c.push(store_key.clone()),
+            Err(p) => p.into_inner().push(store_key.clone()),
+        }
+        let fail = self
+            .fail_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let result = if fail {
+            Err(FakeError(store_key))
+        } else {
+            Ok(FakeComm {
+                store_key,
+                drops: self.comm_drops.clone(),
+            })
+        };
+        FakeInit {
+            yield_first: self.yields,
+            result: Some(result),
+        }
+    }
+}
+
+/// A cache over a [`Fake`] factory.
+pub type FakeCache = CommCache<Fake>;
+
+/// A stand-in for an op's buffers: counts its drops, and checks that it is
+/// never dropped while the backend still has it in flight.
+pub struct Tracked {
+    drops: Arc<AtomicUsize>,
+    in_flight: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for Tracked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Tracked")
+    }
+}
+
+impl Tracked {
+    /// A buffer counted in `drops`, in flight while `in_flight` is set.
+    pub fn new(drops: &Arc<AtomicUsize>, in_flight: &Arc<AtomicBool>) -> Self {
+        Tracked {
+            drops: drops.clone(),
+            in_flight: in_flight.clone(),
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        assert!(
+            !self.in_flight.load(Ordering::SeqCst),
+            "buffer released while the backend still had it in flight"
+        );
+        self.drops.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Polls `f` once, inside loom's executor.
+pub fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    loom::future::block_on(std::future::poll_fn(|cx| {
+        Poll::Ready(Pin::new(&mut *f).poll(cx))
+    }))
+}

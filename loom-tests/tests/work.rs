@@ -1,0 +1,200 @@
+//! Loom models of the work slot and the registry: complete vs poll vs drop
+//! of a work, and abort racing submissions.
+#![cfg(loom)]
+
+use std::sync::Arc as StdArc;
+
+use chorus_loom_tests::{model, poll_once, Tracked};
+use chorus_runtime::{OpContext, Registry, Work, WorkError};
+use loom::future::block_on;
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+fn ctx(seq: u64) -> OpContext {
+    OpContext {
+        rank: 0,
+        group: StdArc::from("g"),
+        seq,
+        op: "all_reduce",
+    }
+}
+
+fn abort_cause() -> WorkError {
+    WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "user abort".into(),
+    }
+}
+
+/// What the caller does with its work while the backend completes it.
+#[derive(Clone, Copy, Debug)]
+enum Caller {
+    /// Awaits it to the end (a lost wake-up would be a loom deadlock).
+    Await,
+    /// Drops it without polling.
+    Drop,
+    /// Polls it once, then drops it.
+    PollThenDrop,
+}
+
+/// The backend completes a work while the caller awaits / drops / polls and
+/// drops it, optionally with an abort racing both: the buffer is released
+/// exactly once, never while in flight, and an awaiting caller is always
+/// woken.
+fn complete_vs_caller(caller: Caller, with_abort: bool) {
+    model(move || {
+        let reg = Arc::new(Registry::new());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let in_flight = Arc::new(AtomicBool::new(true));
+        let buf = Tracked::new(&drops, &in_flight);
+        let (mut work, done) = Work::<Tracked>::new(ctx(1), &reg, None).expect("registered");
+
+        let backend = {
+            let in_flight = in_flight.clone();
+            thread::spawn(move || {
+                // The op ends: the backend no longer touches the buffer.
+                in_flight.store(false, Ordering::SeqCst);
+                done.complete(Ok(buf));
+            })
+        };
+        let aborter = with_abort.then(|| {
+            let reg = reg.clone();
+            thread::spawn(move || {
+                reg.abort(&abort_cause());
+            })
+        });
+
+        match caller {
+            Caller::Await => match block_on(work) {
+                Ok(b) => drop(b),
+                Err(e) => {
+                    assert!(with_abort, "only an abort fails it: {e}");
+                    assert!(matches!(e, WorkError::Aborted { .. }), "{e}");
+                }
+            },
+            Caller::Drop => drop(work),
+            Caller::PollThenDrop => {
+                let _ = poll_once(&mut work);
+                drop(work);
+            }
+        }
+        backend.join().expect("backend thread");
+        if let Some(a) = aborter {
+            a.join().expect("abort thread");
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "released exactly once");
+        assert_eq!(reg.pending(), 0, "no registry entry leaks");
+    });
+}
+
+#[test]
+fn complete_vs_await() {
+    complete_vs_caller(Caller::Await, false);
+}
+
+#[test]
+fn complete_vs_drop() {
+    complete_vs_caller(Caller::Drop, false);
+}
+
+#[test]
+fn complete_vs_poll_then_drop() {
+    complete_vs_caller(Caller::PollThenDrop, false);
+}
+
+#[test]
+fn complete_vs_await_vs_abort() {
+    complete_vs_caller(Caller::Await, true);
+}
+
+#[test]
+fn complete_vs_poll_then_drop_vs_abort() {
+    complete_vs_caller(Caller::PollThenDrop, true);
+}
+
+/// abort races a submission (`Work::new`) and the completion of an earlier
+/// op: no waiter hangs, no entry leaks, the abort hook runs once, and the
+/// group stays aborted.
+#[test]
+fn abort_races_submission() {
+    model(|| {
+        let reg = Arc::new(Registry::new());
+        let hooks = Arc::new(AtomicUsize::new(0));
+        {
+            let hooks = hooks.clone();
+            reg.set_abort_hook(move |_| {
+                hooks.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let (w1, c1) = Work::<u32>::new(ctx(1), &reg, None).expect("registered before abort");
+        let submitter = {
+            let reg = reg.clone();
+            thread::spawn(move || match Work::<u32>::new(ctx(2), &reg, None) {
+                Ok((w2, c2)) => {
+                    c2.complete(Ok(2));
+                    match block_on(w2) {
+                        Ok(v) => assert_eq!(v, 2),
+                        Err(e) => assert!(matches!(e, WorkError::Aborted { .. }), "{e}"),
+                    }
+                }
+                Err(e) => assert!(matches!(e, WorkError::GroupErrored { .. }), "{e}"),
+            })
+        };
+        let aborter = {
+            let reg = reg.clone();
+            thread::spawn(move || {
+                reg.abort(&abort_cause());
+            })
+        };
+        c1.complete(Ok(1));
+        match block_on(w1) {
+            Ok(v) => assert_eq!(v, 1),
+            Err(e) => assert!(matches!(e, WorkError::Aborted { .. }), "{e}"),
+        }
+        submitter.join().expect("submitter");
+        aborter.join().expect("aborter");
+        assert_eq!(reg.pending(), 0, "no entry leaks");
+        assert_eq!(hooks.load(Ordering::SeqCst), 1, "the abort hook runs once");
+        assert!(matches!(reg.errored(), Some(WorkError::Aborted { .. })));
+        assert!(
+            matches!(
+                Work::<u32>::new(ctx(3), &reg, None),
+                Err(WorkError::GroupErrored { .. })
+            ),
+            "aborted stays aborted"
+        );
+    });
+}
+
+/// Two aborts race a pending work: the hook runs once, the waiter is failed
+/// once and woken.
+#[test]
+fn concurrent_aborts_run_the_hook_once() {
+    model(|| {
+        let reg = Arc::new(Registry::new());
+        let hooks = Arc::new(AtomicUsize::new(0));
+        {
+            let hooks = hooks.clone();
+            reg.set_abort_hook(move |_| {
+                hooks.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let (w, c) = Work::<u32>::new(ctx(1), &reg, None).expect("registered");
+        let aborters: Vec<_> = (0..2)
+            .map(|_| {
+                let reg = reg.clone();
+                thread::spawn(move || reg.abort(&abort_cause()))
+            })
+            .collect();
+        assert!(matches!(block_on(w), Err(WorkError::Aborted { .. })));
+        let failed: usize = aborters
+            .into_iter()
+            .map(|a| a.join().expect("aborter"))
+            .sum();
+        assert_eq!(failed, 1, "the pending work is failed once");
+        assert_eq!(hooks.load(Ordering::SeqCst), 1, "the abort hook runs once");
+        drop(c);
+        assert_eq!(reg.pending(), 0);
+    });
+}
