@@ -1,1 +1,2 @@
 //! Benchmark support code.
+pub mod store;

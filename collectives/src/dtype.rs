@@ -156,6 +156,7 @@ macro_rules! each_buffer {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use each_buffer;
 
 impl fmt::Debug for HostBuffer {

@@ -320,6 +320,17 @@ impl ProcessGroup {
             format!("{GROUP_PREFIX}/{name}"),
             root_store.clone(),
         ));
+        // Count this rank in through the store first: a store that is gone
+        // (its host died) shows up here as a store error, not as a backend
+        // setup failure.
+        let joined = store.clone();
+        chorus_runtime::rt::run(async move { joined.add("joined", 1).await })
+            .await
+            .map_err(|e| Error::Setup {
+                group: name.to_string(),
+                rank,
+                msg: e,
+            })??;
         let backend: Arc<dyn Backend> =
             TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
         let nccl = Arc::new(NcclBackend::new(

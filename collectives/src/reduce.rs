@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 
-use crate::dtype::{DType, Element, HostBuffer, ReduceOp};
+use crate::dtype::{Element, HostBuffer, ReduceOp};
 
 /// Arithmetic a reduction needs, per element type (sealed through
 /// [`Element`]).
@@ -172,9 +172,4 @@ pub fn reference_reduce<T: Reducible>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T>
         div_slice(&mut acc, inputs.len());
     }
     acc
-}
-
-/// Size in bytes of `count` elements of `dtype`.
-pub(crate) fn byte_len(dtype: DType, count: usize) -> usize {
-    dtype.size() * count
 }

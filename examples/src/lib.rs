@@ -3,7 +3,7 @@
 
 pub mod testkit;
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -213,7 +213,7 @@ fn mismatched_collectives_are_named_by_the_error_and_by_chorus_trace() {
             .count();
         assert!(named >= 1, "{:?}", out.results);
         let report = trace(&dir);
-        assert!(report.contains("first divergence at seq 2"), "{report}");
+        assert!(report.contains("first divergence at seq 1"), "{report}");
         assert!(
             report.contains("called a different op/dtype/count: ranks [1]"),
             "{report}"

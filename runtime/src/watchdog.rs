@@ -231,6 +231,10 @@ pub fn stats() -> WatchdogStats {
 ///
 /// The I/O or serialization error.
 pub fn dump_all(reason: &str) -> std::io::Result<PathBuf> {
+    // One dump at a time: the watchdog, an erroring group and SIGUSR1 may
+    // all ask at once, and they write the same file.
+    static DUMPING: Mutex<()> = Mutex::new(());
+    let _one = DUMPING.lock().unwrap_or_else(|p| p.into_inner());
     let st = state();
     let mut groups = BTreeMap::new();
     for g in st.groups.lock().unwrap_or_else(|p| p.into_inner()).iter() {

@@ -390,7 +390,7 @@ fn client_and_stores_work_under_block_on_without_tokio() {
 
         // A get woken by a set from another thread (another block_on).
         let setter = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
             futures::executor::block_on(b.set("late", b"hello")).unwrap();
             b
         });
@@ -411,7 +411,7 @@ fn client_and_stores_work_under_block_on_without_tokio() {
         let m = InMemoryStore::new();
         let m2 = m.clone();
         let setter = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(25));
             futures::executor::block_on(m2.set("k", b"v")).unwrap();
         });
         assert_eq!(m.get("k", LONG).await.unwrap(), b"v");
@@ -582,5 +582,95 @@ async fn connection_limit_refuses_extra_clients() {
     let _b = client(&s, None).await;
     let r = TcpStore::connect(&s.local_addr().to_string(), client_opts(None)).await;
     assert!(r.is_err(), "{r:?}");
+    // A raw third connection is told why before the close.
+    let mut sock = raw(&s);
+    assert_error_then_closed(&mut sock, ERR_PROTOCOL);
     check_good(&a, 0).await;
+}
+
+#[tokio::test]
+async fn steady_split_frames_are_not_timed_out() {
+    // Every read ends inside a frame, but frames keep completing: that is
+    // progress, not a stall.
+    let s = server(ServerOptions {
+        frame_timeout: Duration::from_millis(500),
+        ..ServerOptions::default()
+    })
+    .await;
+    let addr = s.local_addr();
+    let replies = tokio::task::spawn_blocking(move || {
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.set_nodelay(true).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let frames: Vec<Vec<u8>> = (0..30)
+            .map(|i| set_frame(i + 1, &format!("split{i:02}"), &[i as u8; 40]))
+            .collect();
+        let bytes: Vec<u8> = frames.concat();
+        let step = frames[0].len();
+        // Half a frame, then one frame's worth every 25 ms: 750 ms in all,
+        // longer than the frame timeout, with gaps 20 times shorter.
+        let mut pos = step / 2;
+        sock.write_all(&bytes[..pos]).unwrap();
+        while pos < bytes.len() {
+            std::thread::sleep(Duration::from_millis(25));
+            let end = (pos + step).min(bytes.len());
+            sock.write_all(&bytes[pos..end]).unwrap();
+            pos = end;
+        }
+        (0..30)
+            .map(|_| read_frame(&mut sock).map(|(k, id, _)| (k, id)))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let want: Vec<_> = (1..=30).map(|id| Some((STATUS_OK, id))).collect();
+    assert_eq!(replies, want);
+    let c = client(&s, None).await;
+    assert_eq!(c.get("split29", SHORT).await.unwrap(), vec![29u8; 40]);
+}
+
+#[tokio::test]
+async fn silent_unauthenticated_connections_are_dropped() {
+    let s = server(ServerOptions {
+        token: Some("t".into()),
+        frame_timeout: Duration::from_millis(200),
+        ..ServerOptions::default()
+    })
+    .await;
+    let mut sock = raw(&s);
+    let start = Instant::now();
+    assert_error_then_closed(&mut sock, ERR_AUTH);
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    // An authenticated client may stay idle longer than that.
+    let c = client(&s, Some("t")).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    check_good(&c, 0).await;
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_hello_fails_connect_in_time() {
+    let l = TcpListener::bind(localhost()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut sock, _) = l.accept().unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut sink = [0u8; 256];
+        while let Ok(n) = sock.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
+    let r = TcpStore::connect(
+        &addr.to_string(),
+        ClientOptions {
+            connect_timeout: Duration::from_millis(300),
+            ..ClientOptions::default()
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(StoreError::Connection { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(4));
+    peer.join().unwrap();
 }

@@ -82,11 +82,11 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         "kill" => {
             pg.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)?.await?;
-            let big = vec![1.0f32; 4 << 20];
+            let big = vec![1.0f32; 16 << 20];
             let start = Instant::now();
             let w = pg.all_reduce(big, ReduceOp::Sum)?;
             if rank == victim {
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(2));
                 println!(
                     "VICTIM rank={rank} pid={} killing itself",
                     std::process::id()
@@ -127,7 +127,6 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             }
         }
         "mismatch" => {
-            pg.barrier()?.await?;
             let start = Instant::now();
             let r = if rank == victim {
                 pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?
@@ -152,11 +151,14 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         "store-dies" => {
             pg.barrier()?.await?;
             if rank == 0 {
+                // Let every rank leave the barrier first: a killed process's
+                // socket may reset data still in flight to the others.
+                std::thread::sleep(Duration::from_millis(200));
                 println!("VICTIM rank=0 pid={} killing itself", std::process::id());
                 signal_self(libc::SIGKILL);
             }
             // Give the store host time to die, then use the store.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(600)).await;
             let start = Instant::now();
             match pg.new_group(&[1, 2]).await {
                 Ok(_) => {

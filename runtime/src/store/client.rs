@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+use super::io::{InBuf, OutBuf};
 use super::wire::{self, op, Encoder, FrameStatus, Reply};
 use super::{Store, StoreError, DEFAULT_TIMEOUT, TOKEN_ENV};
 use crate::sync::{lock, Arc, Mutex};
@@ -17,10 +18,6 @@ use crate::sync::{lock, Arc, Mutex};
 /// Requests waiting to be sent, in bytes, above which the connection task
 /// stops taking new ones until the socket drains.
 const OUT_HIGH_WATER: usize = 4 << 20;
-/// Bytes to read at a time.
-const READ_CHUNK: usize = 64 * 1024;
-/// Buffer capacity kept while idle; more is given back.
-const KEEP_CAPACITY: usize = 64 * 1024;
 
 /// Options of [`TcpStore::connect`].
 #[derive(Clone, Debug)]
@@ -424,10 +421,9 @@ async fn open(addr: &str, opts: &ClientOptions) -> Result<(TcpStream, SocketAddr
     let mut enc = Encoder::begin(&mut buf, op::HELLO, 1);
     enc.bytes(opts.token.as_deref().unwrap_or("").as_bytes());
     enc.finish();
-    let hello_deadline = deadline_after(
-        opts.request_timeout
-            .min(opts.connect_timeout.max(Duration::from_secs(10))),
-    );
+    // The hello is part of connecting: it shares the connect deadline, but
+    // a connection made at the last moment still gets a second for it.
+    let hello_deadline = deadline.max(deadline_after(Duration::from_secs(1)));
     let reply = tokio::time::timeout_at(hello_deadline.into(), async {
         let mut out: &[u8] = &buf;
         while !out.is_empty() {
@@ -472,19 +468,21 @@ async fn open(addr: &str, opts: &ClientOptions) -> Result<(TcpStream, SocketAddr
     }
 }
 
+/// Requests sent and not yet answered: reply channel and deadline.
+type Pending = HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>;
+
 /// The connection task's state.
 struct Conn {
     addr: String,
-    pending: HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>,
+    pending: Pending,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
-    wbuf: Vec<u8>,
-    wpos: usize,
-    rbuf: Vec<u8>,
+    out: OutBuf,
+    inbuf: InBuf,
 }
 
 impl Conn {
     fn accept(&mut self, cmd: Cmd) {
-        self.wbuf.extend_from_slice(&cmd.frame);
+        self.out.buf().extend_from_slice(&cmd.frame);
         self.pending.insert(cmd.id, (cmd.reply, cmd.deadline));
         self.deadlines.push(Reverse((cmd.deadline, cmd.id)));
         // Entries of answered requests stay in the heap until they come to
@@ -496,37 +494,6 @@ impl Conn {
                 .map(|(id, (_, d))| Reverse((*d, *id)))
                 .collect();
         }
-    }
-
-    /// Dispatches every complete reply in the read buffer.
-    fn dispatch(&mut self) -> Result<(), StoreError> {
-        let mut pos = 0;
-        let result = loop {
-            match wire::check_frame(&self.rbuf[pos..], wire::MAX_FRAME_LEN) {
-                Err(e) => break Err(e),
-                Ok(FrameStatus::Partial) => break Ok(()),
-                Ok(FrameStatus::Complete { total }) => {
-                    let (kind, id, body) = wire::split_frame(&self.rbuf[pos..pos + total]);
-                    pos += total;
-                    let reply = match Reply::decode(kind, body) {
-                        Ok(r) => r,
-                        Err(e) => break Err(e),
-                    };
-                    if id == 0 {
-                        // An error about the connection itself.
-                        break Err(match reply {
-                            Reply::Error(e) => e.into_store_error(Duration::ZERO),
-                            r => unexpected(r),
-                        });
-                    }
-                    if let Some((tx, _)) = self.pending.remove(&id) {
-                        let _ = tx.send(Ok(reply));
-                    }
-                }
-            }
-        };
-        self.rbuf.drain(..pos);
-        result
     }
 
     /// Fails requests whose reply is overdue; returns the next deadline.
@@ -559,6 +526,50 @@ impl Conn {
     }
 }
 
+/// Dispatches every complete reply in the read buffer.
+fn dispatch(inb: &mut InBuf, pending: &mut Pending) -> Result<(), StoreError> {
+    let mut pos = 0;
+    let result = loop {
+        let data = &inb.data()[pos..];
+        match wire::check_frame(data, wire::MAX_FRAME_LEN) {
+            Err(e) => break Err(e),
+            Ok(FrameStatus::Partial) => break Ok(()),
+            Ok(FrameStatus::Complete { total }) => {
+                let (kind, id, body) = wire::split_frame(&data[..total]);
+                pos += total;
+                let reply = match Reply::decode(kind, body) {
+                    Ok(r) => r,
+                    Err(e) => break Err(e),
+                };
+                if id == 0 {
+                    // An error about the connection itself.
+                    break Err(match reply {
+                        Reply::Error(e) => e.into_store_error(Duration::ZERO),
+                        r => unexpected(r),
+                    });
+                }
+                if let Some((tx, _)) = pending.remove(&id) {
+                    let _ = tx.send(Ok(reply));
+                }
+            }
+        }
+    };
+    inb.consume(pos);
+    result
+}
+
+/// Errors of the read path.
+enum ReadErr {
+    Io(io::Error),
+    Store(StoreError),
+}
+
+impl From<io::Error> for ReadErr {
+    fn from(e: io::Error) -> Self {
+        ReadErr::Io(e)
+    }
+}
+
 /// Owns the connection: writes requests, reads replies, enforces reply
 /// deadlines. Ends when every [`TcpStore`] handle is gone and its requests
 /// are written, or when the connection fails.
@@ -572,14 +583,13 @@ async fn connection(
         addr,
         pending: HashMap::new(),
         deadlines: BinaryHeap::new(),
-        wbuf: Vec::new(),
-        wpos: 0,
-        rbuf: Vec::new(),
+        out: OutBuf::default(),
+        inbuf: InBuf::default(),
     };
     let mut closed = false;
     let end: StoreError = loop {
         // Take queued requests.
-        while !closed && c.wbuf.len() - c.wpos < OUT_HIGH_WATER {
+        while !closed && c.out.pending() < OUT_HIGH_WATER {
             match rx.try_recv() {
                 Ok(cmd) => c.accept(cmd),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -587,71 +597,31 @@ async fn connection(
             }
         }
         // Send them.
-        let mut failed = None;
-        while c.wpos < c.wbuf.len() {
-            match stream.try_write(&c.wbuf[c.wpos..]) {
-                Ok(n) => c.wpos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    failed = Some(conn_err(&c.addr, format!("write failed: {e}")));
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failed {
-            break e;
-        }
-        if c.wpos == c.wbuf.len() {
-            c.wbuf.clear();
-            c.wpos = 0;
-            if c.wbuf.capacity() > KEEP_CAPACITY {
-                c.wbuf.shrink_to(KEEP_CAPACITY);
-            }
-            if closed {
-                break conn_err(&c.addr, "store client dropped");
-            }
-        }
-        // Read replies.
-        loop {
-            let want = wire::missing_bytes(&c.rbuf)
-                .unwrap_or(0)
-                .clamp(wire::LEN_PREFIX + wire::HEADER_LEN, READ_CHUNK);
-            c.rbuf.reserve(want);
-            match stream.try_read_buf(&mut c.rbuf) {
-                Ok(0) => {
-                    failed = Some(conn_err(&c.addr, "server closed the connection"));
-                    break;
-                }
-                Ok(_) => {
-                    if let Err(e) = c.dispatch() {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    failed = Some(conn_err(&c.addr, format!("read failed: {e}")));
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failed {
-            break e;
-        }
-        if c.rbuf.is_empty() && c.rbuf.capacity() > KEEP_CAPACITY {
-            c.rbuf.shrink_to(KEEP_CAPACITY);
+        match c.out.flush(&stream) {
+            Ok(true) if closed => break conn_err(&c.addr, "store client dropped"),
+            Ok(_) => {}
+            Err(e) => break conn_err(&c.addr, format!("write failed: {e}")),
         }
         let next = c.expire();
-        let room = !closed && c.wbuf.len() - c.wpos < OUT_HIGH_WATER;
-        let must_write = c.wpos < c.wbuf.len();
+        let room = !closed && c.out.pending() < OUT_HIGH_WATER;
+        let must_write = c.out.pending() > 0;
         tokio::select! {
             cmd = rx.recv(), if room => match cmd {
                 Some(cmd) => c.accept(cmd),
                 None => closed = true,
             },
-            r = stream.readable() => if let Err(e) = r {
-                break conn_err(&c.addr, format!("read failed: {e}"));
-            },
+            r = stream.readable() => {
+                if let Err(e) = r {
+                    break conn_err(&c.addr, format!("read failed: {e}"));
+                }
+                let pending = &mut c.pending;
+                match c.inbuf.read_ready(&stream, 16, |inb| dispatch(inb, pending).map_err(ReadErr::Store)) {
+                    Ok(false) => {}
+                    Ok(true) => break conn_err(&c.addr, "server closed the connection"),
+                    Err(ReadErr::Io(e)) => break conn_err(&c.addr, format!("read failed: {e}")),
+                    Err(ReadErr::Store(e)) => break e,
+                }
+            }
             r = stream.writable(), if must_write => if let Err(e) = r {
                 break conn_err(&c.addr, format!("write failed: {e}"));
             },

@@ -1,18 +1,36 @@
 //! Key-value store for rendezvous and id exchange.
 //!
-//! * [`Store`]: the trait every store implements.
-//! * `TcpStoreServer` / `TcpStore`: the TCP server and its client (tokio).
-//! * `PrefixStore`: namespaces a group's keys inside another store.
-//! * `InMemoryStore`: the same trait for single-process use.
+//! * [`Store`]: the trait every store implements; everyone holds an
+//!   `Arc<dyn Store>`.
+//! * [`TcpStoreServer`] / [`TcpStore`]: the TCP server (on rank 0's host)
+//!   and its client. Both run on chorus's background runtime
+//!   ([`crate::rt`]), so every operation can be awaited from any executor.
+//!   A client pipelines requests on one connection: concurrent operations
+//!   share round trips, and a waiting `get` holds up nothing else.
+//! * [`PrefixStore`]: namespaces a group's keys inside another store.
+//! * [`InMemoryStore`]: the same trait for single-process use.
 //!
-//! The server binds to the address it is given. It has no encryption and only
-//! optional shared-token authentication: never expose it beyond the cluster
-//! network.
+//! Waiting operations (`get`, `wait`, `multi_get`) are woken by the `set`
+//! that completes them, never by polling, and fail with
+//! [`StoreError::Timeout`] naming the keys still missing.
+//!
+//! Wire format: length-prefixed frames with a version byte; hard limits on
+//! keys ([`MAX_KEY_LEN`]), values ([`MAX_VALUE_LEN`]), key lists
+//! ([`MAX_KEYS_PER_OP`]) and frames ([`MAX_FRAME_LEN`]), checked before
+//! anything is allocated. A client that sends a bad frame gets an error
+//! frame and is disconnected; the others are not disturbed.
+//!
+//! **Security.** The server binds to the address it is given. It has no
+//! encryption and only optional shared-token authentication
+//! ([`ServerOptions::token`], [`ClientOptions::token`], or
+//! `CHORUS_STORE_TOKEN` through their `from_env()`): bind it to the
+//! cluster's private network only, never expose it beyond it.
 
 use std::fmt;
 use std::time::Duration;
 
 mod client;
+mod io;
 mod memory;
 mod prefix;
 mod server;
@@ -93,6 +111,21 @@ pub enum StoreError {
 /// Keys are UTF-8 strings, values are bytes. Operations that wait for keys
 /// (`get`, `wait`, `multi_get`) are woken when the key is set, never by
 /// polling, and give up after a timeout.
+///
+/// # Errors
+///
+/// Every operation fails with [`StoreError::TooLarge`] for a key, value,
+/// key list or frame over its limit, and (for a remote store) with
+/// [`StoreError::Connection`] once the connection is gone; waiting ones with
+/// [`StoreError::Timeout`] naming the keys still missing; `add` with
+/// [`StoreError::InvalidValue`] on a value that is not a decimal i64 or on
+/// overflow.
+///
+/// # Cancel safety
+///
+/// Dropping a waiting operation unregisters it. Dropping a remote
+/// operation does not recall its request: a dropped `set` may or may not
+/// have taken effect.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
     /// Sets `key` to `value`, waking every waiter on it.
@@ -107,7 +140,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Sets `key` to `desired` if its current value is `expected` (or if it
     /// is missing and `expected` is empty); returns the value stored after the
-    /// operation.
+    /// operation (empty if the key is still missing).
     async fn compare_set(
         &self,
         key: &str,

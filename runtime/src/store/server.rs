@@ -6,7 +6,6 @@
 //! any peer at all, without a token) can read and write every key.
 
 use std::future::Future;
-use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -16,6 +15,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::io::{InBuf, OutBuf};
 use super::memory::{take_all, take_present, Kv};
 use super::wire::{self, status, Encoder, FrameStatus, Request};
 use super::{InMemoryStore, StoreError, TOKEN_ENV};
@@ -27,10 +27,6 @@ const MAX_WAITS_PER_CONN: usize = 16_384;
 /// A connection's replies waiting to be sent, in bytes, above which the
 /// server stops reading its requests until the client reads.
 const OUT_HIGH_WATER: usize = 4 << 20;
-/// Bytes to read at a time.
-const READ_CHUNK: usize = 64 * 1024;
-/// Buffer capacity kept by an idle connection; more is given back.
-const KEEP_CAPACITY: usize = 64 * 1024;
 
 /// Options of [`TcpStoreServer::bind`].
 #[derive(Clone, Debug)]
@@ -44,6 +40,8 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Time a client has to finish a frame it started (default 30 s);
     /// one that stalls mid-frame longer gets an error and is disconnected.
+    /// When a token is set, also the time a new connection has to send its
+    /// hello.
     pub frame_timeout: Duration,
 }
 
@@ -96,7 +94,7 @@ pub struct TcpStoreServer {
     task: Option<JoinHandle<()>>,
 }
 
-fn io_err(addr: SocketAddr, e: &io::Error) -> StoreError {
+fn io_err(addr: SocketAddr, e: &std::io::Error) -> StoreError {
     StoreError::Connection {
         addr: addr.to_string(),
         cause: e.to_string(),
@@ -185,7 +183,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                 Ok((sock, peer)) => {
                     if conns.len() >= shared.opts.max_connections {
                         tracing::warn!(%peer, limit = shared.opts.max_connections, "store server: connection refused, at the limit");
-                        refuse(&sock, "too many connections");
+                        refuse(sock, "too many connections");
                         continue;
                     }
                     let _ = sock.set_nodelay(true);
@@ -203,11 +201,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
     conns.shutdown().await;
 }
 
-/// Sends an error frame if the socket takes it at once; the caller drops it.
-fn refuse(sock: &TcpStream, msg: &str) {
+/// Sends an error frame without waiting (a new socket's send buffer is
+/// empty), then closes the connection.
+fn refuse(sock: TcpStream, msg: &str) {
     let mut buf = Vec::new();
     wire::encode_error(&mut buf, 0, &StoreError::Protocol(msg.to_owned()));
-    let _ = sock.try_write(&buf);
+    // Tokio has not seen the socket writable yet: write through std.
+    if let Ok(std) = sock.into_std() {
+        let _ = std::io::Write::write(&mut &std, &buf);
+    }
 }
 
 /// Compares two byte strings in time that depends only on their lengths.
@@ -241,8 +243,8 @@ struct Conn {
     shared: Arc<Shared>,
     peer: SocketAddr,
     authed: bool,
-    rbuf: Vec<u8>,
-    wbuf: Vec<u8>,
+    inbuf: InBuf,
+    out: OutBuf,
     waits: FuturesUnordered<WaitFuture>,
 }
 
@@ -252,164 +254,181 @@ async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, stop: wat
         shared,
         peer,
         authed,
-        rbuf: Vec::new(),
-        wbuf: Vec::new(),
+        inbuf: InBuf::default(),
+        out: OutBuf::default(),
         waits: FuturesUnordered::new(),
     };
-    match conn.run(&sock, stop).await {
-        Ok(()) => {}
-        Err(End::Fatal(id, e)) => {
-            tracing::warn!(peer = %conn.peer, error = %e, "store server: dropping client");
-            wire::encode_error(&mut conn.wbuf, id, &e);
-            // Best effort, bounded: the client may not be reading.
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), flush_all(&sock, &conn.wbuf)).await;
-        }
+    if let Err(End::Fatal(id, e)) = conn.run(&sock, stop).await {
+        tracing::warn!(peer = %conn.peer, error = %e, "store server: dropping client");
+        wire::encode_error(conn.out.buf(), id, &e);
+        // Best effort, bounded: the client may not be reading.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match conn.out.flush(&sock) {
+                    Ok(true) | Err(_) => break,
+                    Ok(false) => {
+                        if sock.writable().await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
     }
-}
-
-async fn flush_all(sock: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        sock.writable().await?;
-        match sock.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 impl Conn {
     async fn run(&mut self, sock: &TcpStream, mut stop: watch::Receiver<()>) -> Result<(), End> {
+        let started = Instant::now();
         let mut partial_since: Option<Instant> = None;
-        let mut wpos = 0usize;
+        let mut progressed = false;
         loop {
-            // Read and answer what has arrived, unless replies pile up.
-            let mut eof = false;
-            while self.wbuf.len() - wpos < OUT_HIGH_WATER {
-                let want = wire::missing_bytes(&self.rbuf)
-                    .unwrap_or(0)
-                    .clamp(wire::LEN_PREFIX + wire::HEADER_LEN, READ_CHUNK);
-                self.rbuf.reserve(want);
-                match sock.try_read_buf(&mut self.rbuf) {
-                    Ok(0) => {
-                        eof = true;
-                        break;
+            // Send replies.
+            if self.out.pending() > 0 {
+                if let Err(e) = self.out.flush(sock) {
+                    tracing::debug!(peer = %self.peer, error = %e, "store server: write failed");
+                    return Ok(());
+                }
+            }
+            // A frame must complete within frame_timeout of the first of its
+            // bytes (of the connection, for the hello when a token is needed).
+            if self.inbuf.is_empty() || progressed {
+                partial_since = None;
+            }
+            if !self.inbuf.is_empty() && partial_since.is_none() {
+                partial_since = Some(Instant::now());
+            }
+            progressed = false;
+            let timeout = self.shared.opts.frame_timeout;
+            let frame_deadline = if self.authed {
+                partial_since.map(|t| t + timeout)
+            } else {
+                Some(started + timeout)
+            };
+            // Replies pile up: stop reading until the client reads.
+            let can_read = self.out.pending() < OUT_HIGH_WATER;
+            let must_write = self.out.pending() > 0;
+            tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                r = sock.readable(), if can_read => {
+                    if r.is_err() {
+                        return Ok(());
                     }
-                    Ok(_) => self.process()?,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        tracing::debug!(peer = %self.peer, error = %e, "store server: read failed");
+                    let shared = &self.shared;
+                    let authed = &mut self.authed;
+                    let out = &mut self.out;
+                    let waits = &mut self.waits;
+                    let progress = &mut progressed;
+                    let eof = match self.inbuf.read_ready(sock, 16, |inb| {
+                        process(inb, shared, authed, out, waits, progress)
+                    }) {
+                        Ok(eof) => eof,
+                        Err(ReadErr::Io(e)) => {
+                            tracing::debug!(peer = %self.peer, error = %e, "store server: read failed");
+                            return Ok(());
+                        }
+                        Err(ReadErr::End(end)) => return Err(end),
+                    };
+                    if eof {
+                        if !self.inbuf.is_empty() {
+                            tracing::warn!(peer = %self.peer, bytes = self.inbuf.data().len(), "store server: client disconnected mid-frame");
+                        }
+                        let _ = self.out.flush(sock);
                         return Ok(());
                     }
                 }
-            }
-            // Send replies.
-            while wpos < self.wbuf.len() {
-                match sock.try_write(&self.wbuf[wpos..]) {
-                    Ok(n) => wpos += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
+                r = sock.writable(), if must_write => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                    if let Err(e) = self.out.flush(sock) {
                         tracing::debug!(peer = %self.peer, error = %e, "store server: write failed");
                         return Ok(());
                     }
                 }
-            }
-            if wpos == self.wbuf.len() {
-                self.wbuf.clear();
-                wpos = 0;
-                if self.wbuf.capacity() > KEEP_CAPACITY {
-                    self.wbuf.shrink_to(KEEP_CAPACITY);
-                }
-            }
-            if eof {
-                if !self.rbuf.is_empty() {
-                    tracing::warn!(peer = %self.peer, bytes = self.rbuf.len(), "store server: client disconnected mid-frame");
-                }
-                return Ok(());
-            }
-            if self.rbuf.is_empty() {
-                partial_since = None;
-                if self.rbuf.capacity() > KEEP_CAPACITY {
-                    self.rbuf.shrink_to(KEEP_CAPACITY);
-                }
-            } else if partial_since.is_none() {
-                partial_since = Some(Instant::now());
-            }
-            let frame_deadline = partial_since.map(|t| t + self.shared.opts.frame_timeout);
-            let can_read = self.wbuf.len() - wpos < OUT_HIGH_WATER;
-            let must_write = wpos < self.wbuf.len();
-            tokio::select! {
-                _ = stop.changed() => return Ok(()),
-                r = sock.readable(), if can_read => if r.is_err() { return Ok(()) },
-                r = sock.writable(), if must_write => if r.is_err() { return Ok(()) },
                 Some((id, out)) = self.waits.next(), if !self.waits.is_empty() => {
-                    self.encode_outcome(id, out);
+                    encode_outcome(self.out.buf(), id, out);
                 }
                 _ = sleep_until_opt(frame_deadline), if frame_deadline.is_some() => {
+                    if !self.authed {
+                        return Err(End::Fatal(0, StoreError::Auth(format!(
+                            "no hello with the token within {timeout:?}"
+                        ))));
+                    }
                     return Err(End::Fatal(0, StoreError::Protocol(format!(
-                        "frame not completed within {:?} ({} bytes received)",
-                        self.shared.opts.frame_timeout,
-                        self.rbuf.len()
+                        "frame not completed within {timeout:?} ({} bytes received)",
+                        self.inbuf.data().len()
                     ))));
                 }
             }
         }
     }
+}
 
-    fn encode_outcome(&mut self, id: u64, out: Result<Outcome, StoreError>) {
-        match out {
-            Ok(Outcome::Ok) => {
-                Encoder::begin(&mut self.wbuf, status::OK, id).finish();
-            }
-            Ok(Outcome::Value(v)) => {
-                let mut e = Encoder::begin(&mut self.wbuf, status::VALUE, id);
-                e.bytes(&v);
-                e.finish();
-            }
-            Ok(Outcome::Values(vs)) => {
-                encode_values(&mut self.wbuf, id, vs.iter().map(Vec::as_slice))
-            }
-            Err(e) => wire::encode_error(&mut self.wbuf, id, &e),
+/// Errors of the read path.
+enum ReadErr {
+    Io(std::io::Error),
+    End(End),
+}
+
+impl From<std::io::Error> for ReadErr {
+    fn from(e: std::io::Error) -> Self {
+        ReadErr::Io(e)
+    }
+}
+
+fn encode_outcome(wbuf: &mut Vec<u8>, id: u64, out: Result<Outcome, StoreError>) {
+    match out {
+        Ok(Outcome::Ok) => ok(wbuf, id),
+        Ok(Outcome::Value(v)) => {
+            let mut e = Encoder::begin(wbuf, status::VALUE, id);
+            e.bytes(&v);
+            e.finish();
         }
+        Ok(Outcome::Values(vs)) => encode_values(wbuf, id, vs.iter().map(Vec::as_slice)),
+        Err(e) => wire::encode_error(wbuf, id, &e),
     }
+}
 
-    /// Answers every complete frame at the front of the read buffer.
-    fn process(&mut self) -> Result<(), End> {
-        let mut pos = 0;
-        let result = loop {
-            let max = if self.authed {
-                wire::MAX_FRAME_LEN
-            } else {
-                wire::MAX_HELLO_FRAME_LEN
-            };
-            match wire::check_frame(&self.rbuf[pos..], max) {
-                Err(e) => break Err(End::Fatal(0, e)),
-                Ok(FrameStatus::Partial) => break Ok(()),
-                Ok(FrameStatus::Complete { total }) => {
-                    let (kind, id, body) = wire::split_frame(&self.rbuf[pos..pos + total]);
-                    let req = match Request::decode(kind, body) {
-                        Ok(r) => r,
-                        Err(e) => break Err(End::Fatal(id, e)),
-                    };
-                    if let Err(e) = handle(
-                        &self.shared,
-                        &mut self.authed,
-                        &mut self.wbuf,
-                        &mut self.waits,
-                        id,
-                        req,
-                    ) {
-                        break Err(e);
-                    }
-                    pos += total;
-                }
-            }
+/// Answers every complete frame at the front of the read buffer.
+fn process(
+    inb: &mut InBuf,
+    shared: &Arc<Shared>,
+    authed: &mut bool,
+    out: &mut OutBuf,
+    waits: &mut FuturesUnordered<WaitFuture>,
+    progressed: &mut bool,
+) -> Result<(), ReadErr> {
+    let mut pos = 0;
+    let result = loop {
+        let max = if *authed {
+            wire::MAX_FRAME_LEN
+        } else {
+            wire::MAX_HELLO_FRAME_LEN
         };
-        self.rbuf.drain(..pos);
-        result
+        let data = &inb.data()[pos..];
+        match wire::check_frame(data, max) {
+            Err(e) => break Err(End::Fatal(0, e)),
+            Ok(FrameStatus::Partial) => break Ok(()),
+            Ok(FrameStatus::Complete { total }) => {
+                let (kind, id, body) = wire::split_frame(&data[..total]);
+                let req = match Request::decode(kind, body) {
+                    Ok(r) => r,
+                    Err(e) => break Err(End::Fatal(id, e)),
+                };
+                if let Err(e) = handle(shared, authed, out.buf(), waits, id, req) {
+                    break Err(e);
+                }
+                pos += total;
+            }
+        }
+    };
+    if pos > 0 {
+        *progressed = true;
+        inb.consume(pos);
     }
+    result.map_err(ReadErr::End)
 }
 
 async fn sleep_until_opt(t: Option<Instant>) {

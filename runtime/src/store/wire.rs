@@ -204,9 +204,7 @@ impl<'a> Encoder<'a> {
 
     /// Appends a timeout as whole milliseconds (rounded up, saturating).
     pub(crate) fn timeout(&mut self, d: Duration) -> &mut Self {
-        let ms = d
-            .as_millis()
-            .saturating_add(u128::from(d.subsec_nanos() % 1_000_000 != 0));
+        let ms = d.as_nanos().div_ceil(1_000_000);
         self.u64(u64::try_from(ms).unwrap_or(u64::MAX))
     }
 

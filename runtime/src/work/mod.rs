@@ -300,10 +300,12 @@ impl<T> Completer<T> {
                 Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
                 _ => None,
             };
-            drop(shared.slot.resolve(outcome));
+            // Abort (fail the others, dump the flight recorder) before this
+            // work is woken: its owner may exit as soon as it sees the error.
             if let Some(cause) = abort {
                 shared.registry.abort(&cause);
             }
+            drop(shared.slot.resolve(outcome));
         }
     }
 }
