@@ -305,6 +305,7 @@ impl ProcessGroup {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn connect(
         name: Arc<str>,
         rank: usize,

@@ -69,7 +69,7 @@ fn every_op<T>(
         ReduceOp::Max,
         ReduceOp::Avg,
     ] {
-        let want = reference_reduce(op, &[data.clone()]);
+        let want = reference_reduce(op, std::slice::from_ref(&data));
         let b = block_on(pg.all_reduce(upload(s, &data), op).unwrap()).unwrap();
         check(
             fails,

@@ -1036,12 +1036,12 @@ impl Communicator {
             NcclRedOp::Avg if self.nranks == 1 => NcclRedOp::Sum.raw(),
             r => r.raw(),
         };
+        let t_call = nccl_profile_on().then(Instant::now);
         // SAFETY: `comm` is live and we hold the enqueue lock; every pointer
         // is valid device memory of the stated count and type on the
         // communicator's device for as long as its `DeviceMem` value lives
         // (the `InFlight` keeps them until the end event completes); counts
         // and roots were checked against the communicator.
-        let t_call = nccl_profile_on().then(Instant::now);
         let (call, rc) = unsafe {
             match op {
                 CommOp::AllReduce(r) => (
