@@ -33,8 +33,8 @@ pub mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions};
 pub use backend::tcp::TcpOptions;
-pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
+pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
 pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
