@@ -63,9 +63,7 @@ pub enum WorkError {
         cause: String,
     },
     /// The connection to a peer broke while the op needed it.
-    #[error(
-        "{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log"
-    )]
+    #[error("{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log")]
     PeerLost {
         /// The op that was running.
         ctx: OpContext,

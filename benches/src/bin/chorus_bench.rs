@@ -957,7 +957,7 @@ fn nccl_section(r: &NcclResult, reps: usize, md: &mut String) {
     let _ = writeln!(md, "| figure | ours | PyTorch | ratio | target | met |");
     let _ = writeln!(md, "|---|---|---|---|---|---|");
     let num = |k: &'static str| move |v: &Value| v.get(k).and_then(Value::as_f64);
-    let rows: [(&str, &str, &str, f64, bool); 5] = [
+    let rows: [(&str, &str, &str, f64, bool); 6] = [
         (
             "enqueue (all_reduce call), median",
             "enqueue_median_us",
@@ -989,6 +989,13 @@ fn nccl_section(r: &NcclResult, reps: usize, md: &mut String) {
         (
             "awaited round trips per second",
             "round_trips_per_s",
+            "round_trips_per_s",
+            3.0,
+            false,
+        ),
+        (
+            "round trips per second, blocking `wait_timeout` (PyTorch: as above)",
+            "round_trips_wait_timeout_per_s",
             "round_trips_per_s",
             3.0,
             false,

@@ -69,9 +69,7 @@ pub enum StoreError {
         cause: String,
     },
     /// The server refused our token.
-    #[error(
-        "store server refused authentication: {0}; set the same CHORUS_STORE_TOKEN on every rank"
-    )]
+    #[error("store server refused authentication: {0}; set the same CHORUS_STORE_TOKEN on every rank")]
     Auth(String),
     /// A key, value or frame exceeds a hard limit.
     #[error("store {what} is {len} bytes, over the limit of {limit} bytes")]
@@ -182,8 +180,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 
     /// Gets several keys, waiting up to `timeout` for all of them.
-    async fn multi_get(&self, keys: &[&str], timeout: Duration)
-        -> Result<Vec<Vec<u8>>, StoreError>;
+    async fn multi_get(&self, keys: &[&str], timeout: Duration) -> Result<Vec<Vec<u8>>, StoreError>;
 
     /// Sets several keys at once.
     async fn multi_set(&self, entries: &[(&str, &[u8])]) -> Result<(), StoreError>;

@@ -43,10 +43,7 @@ impl<T> Slot<T> {
     /// Returns the outcome back if the slot was already resolved (the work
     /// failed early through abort or timeout): the caller then drops it, which
     /// is the moment its buffers are released, after the backend is done.
-    pub(crate) fn resolve(
-        &self,
-        outcome: Result<T, WorkError>,
-    ) -> Result<(), Result<T, WorkError>> {
+    pub(crate) fn resolve(&self, outcome: Result<T, WorkError>) -> Result<(), Result<T, WorkError>> {
         let waker = {
             let mut st = lock(&self.state);
             match &mut *st {

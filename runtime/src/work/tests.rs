@@ -51,11 +51,7 @@ fn dropped_work_keeps_buffer_until_completion() {
     drop(work);
     assert_eq!(drops.load(Ordering::SeqCst), 0);
     done.complete(Ok(buf));
-    assert_eq!(
-        drops.load(Ordering::SeqCst),
-        1,
-        "released exactly once, at completion"
-    );
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "released exactly once, at completion");
 }
 
 #[test]
@@ -91,11 +87,7 @@ fn abort_fails_pending_and_later_submissions() {
     let e1 = futures::executor::block_on(w1).unwrap_err();
     let e2 = futures::executor::block_on(w2).unwrap_err();
     assert_eq!(e1.context().seq, 1);
-    assert_eq!(
-        e2.context().seq,
-        2,
-        "each work gets the cause under its own seq"
-    );
+    assert_eq!(e2.context().seq, 2, "each work gets the cause under its own seq");
     // The backend completing later is harmless.
     c1.complete(Ok(1));
     match Work::<u8>::new(ctx(3), &reg, None) {

@@ -7,12 +7,18 @@ use chorus_runtime::{OpContext, WorkError};
 
 use super::conn::Frame;
 use super::wire::{
-    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_GATHER, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32,
+    NONE8,
 };
 use super::worker::{Op, Worker};
 use crate::backend::OpKind;
 use crate::dtype::{DType, HostBuffer, ReduceOp};
 use crate::reduce::{combine_into, finish_avg, Reducible};
+
+/// Largest all_reduce (bytes) that goes through rank 0 (gather, reduce,
+/// send back) in groups of more than two ranks: fewer frames, one more hop.
+/// (Capped at the chunk size, so that it is one frame.)
+const TINY: usize = 4 << 10;
 
 /// Elements `i` of `0..count` split into `n` blocks as evenly as possible
 /// (the first `count % n` blocks get one more).
@@ -259,6 +265,32 @@ impl Worker {
         }
         let es = dtype.size();
         let ce = self.ce(dtype);
+        if n > 2 && count * es <= TINY.min(self.inner.opts.chunk_bytes) {
+            // Gather to rank 0, which reduces in rank order, and send the
+            // result back: 2(n-1) frames instead of n(n-1).
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_GATHER),
+            );
+            let all = 0..count;
+            let me = self.me();
+            if me == 0 {
+                let mut frames = Vec::with_capacity(n - 1);
+                for p in 1..n {
+                    frames.push(self.recv(&o, p, count * es).await?);
+                }
+                self.reduce_rank_order(op, buf, &all, None, &frames);
+                finish_avg(op, buf, all, n);
+                for p in 1..n {
+                    self.send(&o, p, buf.as_bytes()).await?;
+                }
+            } else {
+                self.send(&o, 0, buf.as_bytes()).await?;
+                let f = self.recv(&o, 0, count * es).await?;
+                copy_in(buf, &all, f.payload.bytes());
+            }
+            return Ok(());
+        }
         if !self.large(count * es) {
             let o = Self::op(
                 ctx,
@@ -288,54 +320,74 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RING),
         );
-        let me = self.me();
-        let (left, right) = ((me + n - 1) % n, (me + 1) % n);
-        for s in 0..n - 1 {
-            let sb = block(count, n, (me + 2 * n - s - 1) % n);
-            let rb = block(count, n, (me + 2 * n - s - 2) % n);
-            let (ns, nr) = (nchunks(sb.len(), ce), nchunks(rb.len(), ce));
-            for k in 0..ns.max(nr) {
-                if k < ns {
-                    let c = chunk(&sb, ce, k);
-                    self.send(&o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
-                }
-                if k < nr {
-                    let c = chunk(&rb, ce, k);
-                    let f = self.recv(&o, left, c.len() * es).await?;
-                    combine_into(op, buf, c, f.payload.bytes());
-                }
-            }
-        }
-        finish_avg(op, buf, block(count, n, me), n);
-        self.ring_all_gather(&o, buf, |i| block(count, n, i), ce)
+        self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce)
             .await
     }
 
-    /// Ring all-gather in place on `buf`, whose block `me` is ready; block
-    /// `i` is `blk(i)`.
-    async fn ring_all_gather(
+    /// Pipelined ring on `buf`, whose block `i` is `blk(i)`. With `op`, a
+    /// reduce-scatter (`n - 1` steps, after which this rank's block is
+    /// reduced and, for `Avg`, divided) comes first; then an all-gather
+    /// (`n - 1` steps) spreads every rank's block.
+    ///
+    /// At step `s` this rank sends one block to the right and receives one
+    /// from the left; the block received at step `s` is the one sent at step
+    /// `s + 1`. Chunks are scheduled as a wavefront: at time `t` the rank
+    /// handles chunk `t - s` of every step `s`, so chunk `k` of step `s + 1`
+    /// goes out right after chunk `k` of step `s` came in (still in cache),
+    /// and all steps stream at once.
+    async fn ring_in_place(
         &mut self,
         o: &Op<'_>,
         buf: &mut HostBuffer,
+        op: Option<ReduceOp>,
         blk: impl Fn(usize) -> Range<usize>,
         ce: usize,
     ) -> Result<(), WorkError> {
         let (n, me) = (self.n(), self.me());
         let es = buf.dtype().size();
         let (left, right) = ((me + n - 1) % n, (me + 1) % n);
-        for s in 0..n - 1 {
-            let sb = blk((me + n - s) % n);
-            let rb = blk((me + 2 * n - s - 1) % n);
-            let (ns, nr) = (nchunks(sb.len(), ce), nchunks(rb.len(), ce));
-            for k in 0..ns.max(nr) {
-                if k < ns {
-                    let c = chunk(&sb, ce, k);
+        let rs = if op.is_some() { n - 1 } else { 0 };
+        let steps = rs + n - 1;
+        // Block sent / received at step s.
+        let sid = |s: usize| {
+            if s < rs {
+                (me + 2 * n - s - 1) % n
+            } else {
+                (me + 2 * n - (s - rs)) % n
+            }
+        };
+        let rid = |s: usize| {
+            if s < rs {
+                (me + 2 * n - s - 2) % n
+            } else {
+                (me + 2 * n - (s - rs) - 1) % n
+            }
+        };
+        let kmax = (0..n).map(|i| nchunks(blk(i).len(), ce)).max().unwrap_or(1);
+        for t in 0..kmax + steps - 1 {
+            let lo = t.saturating_sub(kmax - 1);
+            let hi = t.min(steps - 1);
+            for s in lo..=hi {
+                let (b, k) = (blk(sid(s)), t - s);
+                if k < nchunks(b.len(), ce) {
+                    let c = chunk(&b, ce, k);
                     self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
                 }
-                if k < nr {
-                    let c = chunk(&rb, ce, k);
+            }
+            for s in lo..=hi {
+                let (b, k) = (blk(rid(s)), t - s);
+                if k < nchunks(b.len(), ce) {
+                    let c = chunk(&b, ce, k);
                     let f = self.recv(o, left, c.len() * es).await?;
-                    copy_in(buf, &c, f.payload.bytes());
+                    match op {
+                        Some(op) if s < rs => {
+                            combine_into(op, buf, c.clone(), f.payload.bytes());
+                            if s + 1 == rs {
+                                finish_avg(op, buf, c, n);
+                            }
+                        }
+                        _ => copy_in(buf, &c, f.payload.bytes()),
+                    }
                 }
             }
         }
@@ -483,7 +535,7 @@ impl Worker {
         if self.large(n * k * es) {
             let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_RING));
             return self
-                .ring_all_gather(&o, output, |i| i * k..(i + 1) * k, ce)
+                .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce)
                 .await;
         }
         let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_DIRECT));
@@ -548,29 +600,42 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, k, ALGO_RING),
         );
+        // Wavefront schedule as in `ring_in_place`: chunk j of step s at
+        // time j + s; the partial received for chunk j at step s goes out at
+        // step s + 1.
         let (left, right) = ((me + n - 1) % n, (me + 1) % n);
         let nck = nchunks(k, ce);
+        let steps = n - 1;
         let mut partial: Vec<Option<Frame>> = (0..nck).map(|_| None).collect();
-        for s in 0..n - 1 {
-            let sbi = (me + 2 * n - s - 1) % n;
-            let rbi = (me + 2 * n - s - 2) % n;
-            for (j, slot) in partial.iter_mut().enumerate() {
+        for t in 0..nck + steps - 1 {
+            let lo = t.saturating_sub(nck - 1);
+            let hi = t.min(steps - 1);
+            for s in lo..=hi {
+                let j = t - s;
                 let c = chunk(&all, ce, j);
-                match slot.take() {
+                match partial[j].take() {
                     Some(p) => self.send(&o, right, p.payload.bytes()).await?,
-                    None => self.send(&o, right, inb(sbi, &c)).await?,
+                    None => {
+                        let sbi = (me + 2 * n - s - 1) % n;
+                        self.send(&o, right, inb(sbi, &c)).await?;
+                    }
                 }
+            }
+            for s in lo..=hi {
+                let j = t - s;
+                let c = chunk(&all, ce, j);
                 let mut f = self.recv(&o, left, c.len() * es).await?;
-                if s + 2 < n {
+                if s + 1 < steps {
+                    let rbi = (me + 2 * n - s - 2) % n;
                     combine_bytes(op, dtype, f.payload.bytes_mut(), inb(rbi, &c));
-                    *slot = Some(f);
+                    partial[j] = Some(f);
                 } else {
                     copy_in(output, &c, inb(me, &c));
-                    combine_into(op, output, c, f.payload.bytes());
+                    combine_into(op, output, c.clone(), f.payload.bytes());
+                    finish_avg(op, output, c, n);
                 }
             }
         }
-        finish_avg(op, output, all, n);
         Ok(())
     }
 
@@ -738,7 +803,7 @@ mod tests {
             .collect();
         assert_eq!(got, vec![2.0, 2.0, 2.25]);
         // Unaligned destination.
-        let mut u = vec![0u8; 1 + 12];
+        let mut u = [0u8; 1 + 12];
         u[1..].copy_from_slice(bytemuck::cast_slice(&a));
         combine_bytes(
             ReduceOp::Max,

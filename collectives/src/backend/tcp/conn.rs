@@ -4,8 +4,8 @@
 use std::io::{self, IoSlice};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::setup::{ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::wire::{Header, CLASS_BYE, CLASS_P2P, HEADER_LEN};
@@ -113,12 +113,14 @@ pub(super) enum PeerState {
 /// backend at once (even if no op is waiting on this peer).
 pub(super) async fn reader(
     peer: usize,
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     coll: UnboundedSender<Frame>,
     p2p: UnboundedSender<Frame>,
     inner: Arc<Inner>,
 ) {
-    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    // Small frames arrive whole in one read; for large ones at most this much
+    // is copied through the buffer before reads go straight to the payload.
+    let mut rd = BufReader::with_capacity(4 << 10, rd);
     let mut hb = [0u8; HEADER_LEN];
     let end = loop {
         match rd.read_exact(&mut hb).await {
@@ -159,10 +161,15 @@ pub(super) async fn reader(
 }
 
 /// The write side of one connection, used only by the worker.
-#[derive(Debug)]
 pub(super) struct Writer {
-    half: OwnedWriteHalf,
+    half: WriteHalf,
     small: Vec<u8>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Writer")
+    }
 }
 
 /// Frames up to this payload size are written with one copy into a scratch
@@ -170,7 +177,7 @@ pub(super) struct Writer {
 const SMALL_WRITE: usize = 16 << 10;
 
 impl Writer {
-    pub(super) fn new(half: OwnedWriteHalf) -> Writer {
+    pub(super) fn new(half: WriteHalf) -> Writer {
         Writer {
             half,
             small: Vec::with_capacity(HEADER_LEN + SMALL_WRITE),

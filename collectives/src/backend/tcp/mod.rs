@@ -53,31 +53,56 @@
 //!
 //! | op | below `crossover_bytes` | from `crossover_bytes` |
 //! |---|---|---|
-//! | all_reduce | direct: every rank sends its buffer to every other rank; each reduces in rank order | ring reduce-scatter + ring all-gather, chunked |
-//! | broadcast | direct from the root | pipelined chain from the root, chunked |
-//! | reduce | direct to the root; the root reduces in rank order | same, chunked |
-//! | all_gather | direct | ring, chunked |
-//! | reduce_scatter | direct; each rank reduces its block in rank order | ring, chunked |
-//! | all_to_all | direct pairwise, chunked | same |
-//! | send / recv | chunked | same |
+//! | all_reduce | up to 4 KiB with more than 2 ranks: gather to rank 0, which reduces in rank order and sends the result back; else direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
+//! | broadcast | direct from the root | pipelined chain from the root |
+//! | reduce | direct to the root; the root reduces in rank order | same |
+//! | all_gather | direct | pipelined ring |
+//! | reduce_scatter | direct; each rank reduces its block in rank order | pipelined ring |
+//! | all_to_all | direct pairwise | same |
+//! | send / recv | one frame per chunk | same |
 //! | barrier | an empty frame to and from every rank | same |
 //!
-//! The size that picks the algorithm is the op's buffer (all_reduce,
-//! broadcast, reduce) or the full `size × count` buffer (all_gather,
-//! reduce_scatter). Results are bit-identical on every rank: the direct
-//! path reduces in rank order on every rank (the same order as
-//! [`reference_reduce`](crate::reduce::reference_reduce)), and the ring
-//! reduces each block once, on its owner, and then copies it around.
+//! Everything larger than `chunk_bytes` goes in chunks. The size that picks
+//! the algorithm is the op's buffer (all_reduce, broadcast, reduce) or the
+//! full `size × count` buffer (all_gather, reduce_scatter). Results are
+//! bit-identical on every rank: the small paths reduce in rank order (the
+//! order of [`reference_reduce`](crate::reduce::reference_reduce)), and the
+//! ring reduces each block once, on its owner, and then copies it around.
 //! [`ReduceOp::Avg`](crate::ReduceOp::Avg) sums and divides once at the end.
+//! The rooted ops also send an empty frame the other way (broadcast: to the
+//! root; reduce: from the root), so ranks that disagree on the root get a
+//! mismatch rather than each completing on its own.
 //!
-//! ## Crossover
+//! The ring's chunks are scheduled as a wavefront: at time `t` a rank sends
+//! chunk `t - s` of step `s` for every step, so a chunk received at one step
+//! goes out at the next while it is still in cache, and all steps stream at
+//! once.
 //!
-//! The default crossover of 256 KiB and chunk of 512 KiB were chosen by
-//! measuring f32 all_reduce over loopback on a 2-core machine (all ranks in
-//! one process, see `/work/notes/tcp.md` and the ignored `bench_*` test):
-//! below a few hundred KiB the direct path's single round beats the ring's
-//! `2(n-1)` dependent steps; above, the ring moves `2(n-1)/n` of the buffer
-//! per rank instead of `n-1` times it.
+//! # Transports
+//!
+//! Peers on other hosts are reached through TCP (`TCP_NODELAY`, kernel
+//! buffer autotuning). Peers on the same host and network namespace are
+//! reached through abstract Unix domain sockets with 4 MiB buffers when
+//! [`TcpOptions::local_unix_sockets`] is on (the default, Linux only): on
+//! the 2-core development VM loopback TCP moves under 1 GB/s per stream,
+//! Unix sockets about 7 GB/s. Framing, checks and algorithms are the same on
+//! both.
+//!
+//! ## Crossover and chunk size
+//!
+//! Measured with f32 all_reduce, all ranks in one process, on the 2-core
+//! development VM (ignored tests `bench_crossover_sweep` and
+//! `bench_chunk_sweep`; figures in `/work/notes/tcp.md`). With 2 ranks the
+//! direct path and the ring cost the same from 64 KiB on (both move the
+//! buffer once each way). With 4 ranks the direct path (which sends `n - 1`
+//! copies of the buffer) is faster at 16 KiB (150 µs against 300 µs) but
+//! the ring wins from 64 KiB (260 µs against 500 µs, 230 µs against 680 µs
+//! at 128 KiB): the crossover is 64 KiB. Chunks of 256 KiB gave the best
+//! 16 MiB bandwidth for 2 and 4 ranks (64 KiB: more syscalls and wake-ups;
+//! 1 MiB: more cache misses).
+
+// Until the process group constructs the backend, only tests use it.
+#![cfg_attr(not(test), allow(dead_code))]
 
 mod algo;
 mod conn;
@@ -113,23 +138,29 @@ pub struct TcpOptions {
     pub advertise_ip: IpAddr,
     /// Messages of at least this many bytes use the bandwidth-optimal
     /// algorithms (ring, pipelined chain); smaller ones the low-latency
-    /// direct path. Default 256 KiB (measured; see the module docs).
+    /// direct path. Default 64 KiB (measured; see the module docs).
     pub crossover_bytes: usize,
     /// Largest payload of one frame, in bytes: large messages are cut into
-    /// chunks of this size and pipelined. At least 8. Default 512 KiB.
+    /// chunks of this size and pipelined. At least 8. Default 256 KiB.
     pub chunk_bytes: usize,
     /// How long setup waits for the other ranks' addresses and connections.
     /// Default 60 s.
     pub connect_timeout: Duration,
+    /// Reach peers on the same host (and network namespace) through Unix
+    /// domain sockets instead of loopback TCP, which is several times faster
+    /// (Linux only; elsewhere every peer uses TCP). Peers on other hosts, or
+    /// whose Unix socket cannot be reached, use TCP. Default true.
+    pub local_unix_sockets: bool,
 }
 
 impl Default for TcpOptions {
     fn default() -> Self {
         TcpOptions {
             advertise_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            crossover_bytes: 256 << 10,
-            chunk_bytes: 512 << 10,
+            crossover_bytes: 64 << 10,
+            chunk_bytes: 256 << 10,
             connect_timeout: Duration::from_secs(60),
+            local_unix_sockets: true,
         }
     }
 }
@@ -148,8 +179,13 @@ struct Inner {
     /// The first failure; later ops fail with it.
     failed: Mutex<Option<WorkError>>,
     has_failed: AtomicBool,
-    /// Set to true on failure or abort: stops the worker's current op.
+    /// Set to true on failure, abort or a lost peer: stops the worker's
+    /// current op.
     stop: watch::Sender<bool>,
+    /// The first peer whose connection broke, and why. The worker turns it
+    /// into the group's failure unless its own op failed first (so that a
+    /// mismatch it found is not reported as the peer's close that followed).
+    lost: Mutex<Option<(usize, String)>>,
     peers: Mutex<Vec<PeerState>>,
     readers: Mutex<Vec<AbortHandle>>,
 }
@@ -212,12 +248,38 @@ impl Inner {
             }
         }
         if let PeerState::Lost(cause) = end {
-            self.fail(&WorkError::PeerLost {
+            self.lost
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert((peer, cause));
+            self.stop.send_replace(true);
+        }
+    }
+
+    /// The group's failure once the worker was stopped: the recorded
+    /// failure, else the lost peer (which becomes the failure).
+    fn settle(&self) -> WorkError {
+        if let Some(f) = self.failure() {
+            return f;
+        }
+        let lost = self
+            .lost
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let e = match lost {
+            Some((peer, cause)) => WorkError::PeerLost {
                 ctx: self.base_ctx(),
                 peer,
                 cause,
-            });
-        }
+            },
+            None => WorkError::Aborted {
+                ctx: self.base_ctx(),
+                reason: "the TCP backend was stopped".into(),
+            },
+        };
+        self.fail(&e);
+        self.failure().unwrap_or(e)
     }
 
     fn peer_state(&self, peer: usize) -> PeerState {
@@ -316,16 +378,20 @@ impl TcpBackend {
         let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
+        // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring
+        // reads ahead; fewer means an allocation and page faults per chunk).
+        let pool_keep = (32 << 20) / opts.chunk_bytes + 8;
         let inner = Arc::new(Inner {
             rank,
             size,
             group_hash: wire::group_hash(&group),
             group,
             opts,
-            pool: Pool::new(32),
+            pool: Pool::new(pool_keep),
             failed: Mutex::new(None),
             has_failed: AtomicBool::new(false),
             stop,
+            lost: Mutex::new(None),
             peers: Mutex::new(vec![PeerState::Open; size]),
             readers: Mutex::new(Vec::new()),
         });
@@ -340,7 +406,7 @@ impl TcpBackend {
                 p2p.push(None);
                 continue;
             };
-            let (rd, wr) = s.into_split();
+            let (rd, wr) = s.split();
             let (ctx, crx) = mpsc::unbounded_channel();
             let (ptx, prx) = mpsc::unbounded_channel();
             let h = handle.spawn(conn::reader(peer, rd, ctx, ptx, inner.clone()));

@@ -17,7 +17,7 @@
 //! | 41     | op     | op code ([`op_code`])                               |
 //! | 42     | dtype  | dtype byte, or [`NONE8`]                            |
 //! | 43     | redop  | reduce-op byte, or [`NONE8`]                        |
-//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`] or [`ALGO_CHAIN`]    |
+//! | 44     | algo   | `ALGO_*`: direct, ring, chain or gather             |
 //! | 45..48 | -      | zero                                                |
 
 use crate::dtype::{DType, ReduceOp};
@@ -49,6 +49,8 @@ pub(super) const ALGO_DIRECT: u8 = 0;
 pub(super) const ALGO_RING: u8 = 1;
 /// Pipelined chain (broadcast).
 pub(super) const ALGO_CHAIN: u8 = 2;
+/// Gather to rank 0 and back (tiny all_reduce).
+pub(super) const ALGO_GATHER: u8 = 3;
 
 const OPS: [&str; 9] = [
     "all_reduce",

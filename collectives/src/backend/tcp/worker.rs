@@ -136,10 +136,7 @@ impl Worker {
                         Ok(r) => r,
                         Err(_) => Err(WorkError::OpTimeout { ctx: ctx.clone(), after: timeout }),
                     },
-                    () = stopped(&mut stop) => Err(match inner.failure() {
-                        Some(cause) => cause.for_op(ctx.clone()),
-                        None => WorkError::Aborted { ctx: ctx.clone(), reason: "the TCP backend was stopped".into() },
-                    }),
+                    () = stopped(&mut stop) => Err(inner.settle().for_op(ctx.clone())),
                 }
             }
             .instrument(span)
@@ -158,9 +155,10 @@ impl Worker {
         };
         // Fail what is queued, and refuse what comes later (`submit` sees the
         // closed queue or the failure).
+        let cause = if graceful { None } else { Some(inner.settle()) };
         rx.close();
         while let Some(req) = rx.recv().await {
-            let err = match inner.failure() {
+            let err = match &cause {
                 Some(cause) => cause.for_op(req.ctx.clone()),
                 None => WorkError::Backend {
                     ctx: req.ctx.clone(),
@@ -196,10 +194,14 @@ impl Worker {
             len: 0,
         }
         .encode();
-        for w in self.writers.iter_mut().flatten() {
-            // Best effort: a peer that is gone or stuck does not hold us up.
-            let _ = tokio::time::timeout(Duration::from_secs(1), w.write_frame(&hdr, &[])).await;
-        }
+        // Best effort: peers that are gone or stuck hold us up for one
+        // second at most, all together.
+        let all = async {
+            for w in self.writers.iter_mut().flatten() {
+                let _ = w.write_frame(&hdr, &[]).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), all).await;
     }
 
     pub(super) fn n(&self) -> usize {
