@@ -708,23 +708,21 @@ fn series(
         color,
         thin,
         points: pts
-            .filter(|&(x, y)| x > 0.0 && y > 0.0 && y.is_finite())
+            .filter(|&(x, y)| x.is_finite() && y > 0.0 && y.is_finite())
             .collect(),
     }
 }
 
+/// The label of x = log2(bytes): the size when x is a whole number.
 fn fmt_axis_bytes(v: f64) -> String {
-    let b = v.round() as usize;
-    if b >= 1 << 20 {
-        format!("{}M", b >> 20)
-    } else if b >= 1 << 10 {
-        format!("{}K", b >> 10)
-    } else {
-        format!("{b}")
+    let k = v.round();
+    if (v - k).abs() > 1e-6 || !(0.0..63.0).contains(&k) {
+        return String::new();
     }
+    fmt_bytes(1usize << k as u32)
 }
 
-/// A log-log plot of `series` against message size.
+/// A plot of `series` (x: log2 of the message size) with a log y axis.
 fn plot(path: &Path, title: &str, y_label: &str, all: &[Series]) -> Result<(), Error> {
     let pts = all.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
@@ -737,7 +735,7 @@ fn plot(path: &Path, title: &str, y_label: &str, all: &[Series]) -> Result<(), E
     if x0 > x1 {
         return Err(format!("nothing to plot in {}", path.display()).into());
     }
-    let (x0, x1) = (x0 / 1.5, x1 * 1.5);
+    let (x0, x1) = (x0 - 0.5, x1 + 0.5);
     let (y0, y1) = (y0 / 1.5, y1 * 1.5);
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -746,19 +744,23 @@ fn plot(path: &Path, title: &str, y_label: &str, all: &[Series]) -> Result<(), E
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
+        .build_cartesian_2d(x0..x1, (y0..y1).log_scale())?;
     chart
         .configure_mesh()
-        .x_desc("message size (bytes)")
+        .x_desc("message size")
         .y_desc(y_label)
+        .x_labels(14)
         .x_label_formatter(&|v| fmt_axis_bytes(*v))
         .y_label_formatter(&|v| {
             if *v >= 100.0 {
                 format!("{v:.0}")
             } else if *v >= 1.0 {
                 format!("{v:.1}")
+            } else if *v >= 0.001 {
+                let s = format!("{v:.3}");
+                s.trim_end_matches('0').to_string()
             } else {
-                format!("{v:.3}")
+                format!("{v:.0e}")
             }
         })
         .draw()?;
@@ -799,7 +801,7 @@ const ANCHOR: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 
 fn tcp_plots(t: &TcpRanks, dir: &Path) -> Result<(), Error> {
     let n = t.ranks;
-    let x = |p: &Point| p.bytes as f64;
+    let x = |p: &Point| (p.bytes as f64).log2();
     let lat = [
         series(
             "chorus median".into(),
