@@ -14,23 +14,28 @@
 //!   type-erased [`HostBuffer`]s.
 //! * [`reduce`]: reduction arithmetic and the serial reference.
 //! * [`error`]: [`Error`] and [`Rejected`] (a refused op, with its buffers).
-//! * `backend`: what runs the ops; `backend::tcp` is the TCP backend.
+//! * [`device`]: device buffers, the [`OpBuffer`] trait that routes a
+//!   buffer to its backend, and [`DeviceWork`] with its completion levels.
+//! * `backend`: what runs the ops; `backend::tcp` is the TCP backend,
+//!   `backend::nccl` the NCCL backend.
 #![warn(missing_docs)]
-// A refused op hands the caller's buffers back inside its error
-// (`Rejected`), so the error is as large as the buffers' handles; boxing it
-// would allocate on every refusal for no gain.
-#![allow(clippy::result_large_err)]
+// A refused op gives its buffers back inside the error (`Rejected<B>`), so
+// error variants are as large as the buffers' handles by design.
+#![allow(clippy::result_large_err, clippy::type_complexity)]
 
 pub(crate) mod backend;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod process_group;
 pub mod reduce;
 pub mod work;
 
+pub use backend::nccl::{NcclInitError, NcclOptions};
 pub use backend::tcp::TcpOptions;
 pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
+pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
-pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
-pub use work::{InOut, OpResult, Work};
+pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
+pub use work::{OpResult, Work};

@@ -11,11 +11,15 @@ use chorus_runtime::store::{PrefixStore, Store};
 use chorus_runtime::watchdog::{self, ErrorPolicy, WatchedGroup};
 use chorus_runtime::{OpContext, Registry, WorkError};
 
+use crate::backend::nccl::{self, NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::{Backend, OpKind, OpRequest};
+use crate::device::{DeviceResult, DeviceWork, OpBuffer};
 use crate::dtype::{Element, HostBuffer, ReduceOp};
 use crate::error::{Error, Rejected};
 use crate::work::{InOut, OpResult, Work};
+use chorus_runtime::comm_cache::CommKey;
+use chorus_runtime::cuda::nccl::{CommOp, DeviceBuffer, DeviceMem, NcclCommError, NcclElement};
 
 /// Default op timeout of a group (c10d's NCCL default is 10 minutes; chorus
 /// takes 5 so hangs surface sooner).
@@ -50,6 +54,9 @@ struct Group {
     root_store: Arc<dyn Store>,
     registry: Arc<Registry>,
     backend: Arc<dyn Backend>,
+    /// The NCCL side: device buffers go here.
+    nccl: Arc<NcclBackend>,
+    nccl_opts: NcclOptions,
     /// Submission lock and sequence counters: taking a sequence number and
     /// handing the op to the backend happen under one lock, so program order
     /// is submission order even when several threads submit.
@@ -93,9 +100,25 @@ pub struct GroupBuilder {
     timeout: Duration,
     tcp: TcpOptions,
     policy: ErrorPolicy,
+    device: Option<usize>,
+    nccl: NcclOptions,
 }
 
 impl GroupBuilder {
+    /// The CUDA device of this rank: the group's NCCL communicator is then
+    /// created eagerly by [`build`](Self::build) instead of at the first
+    /// device op.
+    pub fn device(mut self, ordinal: usize) -> Self {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// Options of the NCCL backend (stream priority).
+    pub fn nccl_options(mut self, opts: NcclOptions) -> Self {
+        self.nccl = opts;
+        self
+    }
+
     /// What the watchdog does when an op of this group (or of its subgroups)
     /// times out or its backend fails (default: abort the group).
     pub fn error_policy(mut self, policy: ErrorPolicy) -> Self {
@@ -195,7 +218,7 @@ impl GroupBuilder {
             ));
         }
         let members = (0..self.size).collect();
-        ProcessGroup::connect(
+        let pg = ProcessGroup::connect(
             self.name.into(),
             self.rank,
             members,
@@ -203,8 +226,13 @@ impl GroupBuilder {
             self.timeout,
             self.tcp,
             self.policy,
+            self.nccl,
         )
-        .await
+        .await?;
+        if let Some(dev) = self.device {
+            pg.init_device(dev).await?;
+        }
+        Ok(pg)
     }
 }
 
@@ -283,9 +311,12 @@ impl ProcessGroup {
             timeout: DEFAULT_TIMEOUT,
             tcp: TcpOptions::default(),
             policy: ErrorPolicy::default(),
+            device: None,
+            nccl: NcclOptions::default(),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn connect(
         name: Arc<str>,
         rank: usize,
@@ -294,6 +325,7 @@ impl ProcessGroup {
         timeout: Duration,
         tcp: TcpOptions,
         policy: ErrorPolicy,
+        nccl_opts: NcclOptions,
     ) -> Result<ProcessGroup, Error> {
         let size = members.len();
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
@@ -312,18 +344,33 @@ impl ProcessGroup {
                 msg: e,
             })??;
         let backend: Arc<dyn Backend> =
-            TcpBackend::connect(store, rank, size, name.clone(), tcp.clone()).await?;
+            TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
+        let nccl = Arc::new(NcclBackend::new(
+            name.clone(),
+            rank,
+            size,
+            store,
+            nccl_opts,
+            timeout,
+        ));
         let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
         let registry = Arc::new(Registry::with_recorder(recorder));
         let hook_backend = backend.clone();
-        registry.set_abort_hook(move |cause| hook_backend.abort(cause));
+        let hook_nccl = nccl.clone();
+        registry.set_abort_hook(move |cause| {
+            hook_backend.abort(cause);
+            hook_nccl.abort(&cause.to_string());
+        });
+        let check_nccl = Arc::downgrade(&nccl);
         watchdog::watch(WatchedGroup {
             name: name.clone(),
             rank,
             size,
             registry: Arc::downgrade(&registry),
             policy,
-            check: None,
+            check: Some(Arc::new(move || {
+                check_nccl.upgrade().and_then(|n| n.async_error())
+            })),
         });
         tracing::debug!(group = %name, rank, size, "group ready");
         Ok(ProcessGroup {
@@ -335,6 +382,8 @@ impl ProcessGroup {
                 root_store,
                 registry,
                 backend,
+                nccl,
+                nccl_opts,
                 submit: Mutex::new(Counters {
                     collective: 0,
                     sent: vec![0; size],
@@ -476,7 +525,24 @@ impl ProcessGroup {
         // subgroups the same way.
         let k = g.subgroups.fetch_add(1, Ordering::SeqCst) + 1;
         let me = g.members[g.rank];
-        let Some(sub_rank) = ranks.iter().position(|&r| r == me) else {
+        let sub_rank = ranks.iter().position(|&r| r == me);
+        // Split the parent's NCCL communicator where one exists: every rank
+        // of the parent takes part, those outside with no colour.
+        let split = match g.nccl.collective_comm() {
+            Some(parent) => {
+                let dev = parent.device().ordinal() as u32;
+                nccl::split(parent, sub_rank, ranks.len(), g.nccl_opts, g.timeout)
+                    .await
+                    .map_err(|e| Error::Setup {
+                        group: format!("{}/{k}", g.name),
+                        rank: g.rank,
+                        msg: format!("splitting the parent's NCCL communicator failed: {e}"),
+                    })?
+                    .map(|c| (dev, c))
+            }
+            None => None,
+        };
+        let Some(sub_rank) = sub_rank else {
             return Ok(None);
         };
         let name: Arc<str> = format!("{}/{k}", g.name).into();
@@ -488,8 +554,13 @@ impl ProcessGroup {
             g.timeout,
             g.tcp.clone(),
             g.policy,
+            g.nccl_opts,
         )
         .await?;
+        if let Some((dev, comm)) = split {
+            group.inner.nccl.preset(dev, comm);
+            group.init_device(dev as usize).await?;
+        }
         Ok(Some(group))
     }
 
@@ -602,7 +673,7 @@ fn two<T: Element>(kind: OpKind) -> (Vec<T>, Vec<T>) {
 /// [`WorkError`] if the op fails while running.
 impl ProcessGroup {
     /// Reduces `buf` across all ranks, in place: every rank gets the result.
-    pub fn all_reduce<T: Element>(
+    pub(crate) fn host_all_reduce<T: Element>(
         &self,
         buf: Vec<T>,
         op: ReduceOp,
@@ -619,7 +690,7 @@ impl ProcessGroup {
 
     /// Copies `root`'s `buf` into every rank's `buf` (same length on every
     /// rank).
-    pub fn broadcast<T: Element>(
+    pub(crate) fn host_broadcast<T: Element>(
         &self,
         buf: Vec<T>,
         root: usize,
@@ -642,7 +713,7 @@ impl ProcessGroup {
 
     /// Reduces `buf` across all ranks into `root`'s `buf`; the other ranks'
     /// buffers come back unchanged.
-    pub fn reduce<T: Element>(
+    pub(crate) fn host_reduce<T: Element>(
         &self,
         buf: Vec<T>,
         root: usize,
@@ -667,7 +738,7 @@ impl ProcessGroup {
 
     /// Gathers every rank's `input` into `output` (length `size × input.len()`),
     /// in rank order. Yields `(input, output)`.
-    pub fn all_gather<T: Element>(
+    pub(crate) fn host_all_gather<T: Element>(
         &self,
         input: Vec<T>,
         output: Vec<T>,
@@ -701,7 +772,7 @@ impl ProcessGroup {
 
     /// Reduces `input` (length `size × output.len()`) across ranks; rank r
     /// receives block r of the result in `output`. Yields `(input, output)`.
-    pub fn reduce_scatter<T: Element>(
+    pub(crate) fn host_reduce_scatter<T: Element>(
         &self,
         input: Vec<T>,
         output: Vec<T>,
@@ -738,7 +809,7 @@ impl ProcessGroup {
     /// Exchanges equal blocks: block j of this rank's `input` goes to rank j,
     /// and block i of `output` comes from rank i. Both have `size × k`
     /// elements. Yields `(input, output)`.
-    pub fn all_to_all<T: Element>(
+    pub(crate) fn host_all_to_all<T: Element>(
         &self,
         input: Vec<T>,
         output: Vec<T>,
@@ -771,7 +842,7 @@ impl ProcessGroup {
 
     /// Sends `buf` to rank `dst`, which must post a matching
     /// [`recv`](Self::recv) of the same length. Yields `buf` back.
-    pub fn send<T: Element>(
+    pub(crate) fn host_send<T: Element>(
         &self,
         buf: Vec<T>,
         dst: usize,
@@ -794,7 +865,7 @@ impl ProcessGroup {
 
     /// Receives from rank `src` into `buf`, whose length must equal the
     /// sender's. Yields `buf` filled.
-    pub fn recv<T: Element>(
+    pub(crate) fn host_recv<T: Element>(
         &self,
         buf: Vec<T>,
         src: usize,
@@ -828,4 +899,356 @@ impl ProcessGroup {
         }
         Ok(())
     }
+}
+
+/// The collectives. Each is submitted at once, in program order, and returns
+/// a work that gives the buffers back. The buffer type picks the backend:
+/// host `Vec<T>` runs on the TCP backend and returns a [`Work`]; device
+/// buffers ([`DeviceBuffer<T>`](crate::DeviceBuffer),
+/// [`RawDeviceBuffer`](crate::RawDeviceBuffer)) run on NCCL and return a
+/// [`DeviceWork`] with explicit completion levels.
+///
+/// The first device op of a group on a device creates its NCCL communicator
+/// (every rank must reach it) and blocks until it is ready, unless the
+/// device was given at creation ([`GroupBuilder::device`]) or to
+/// [`ProcessGroup::init_device`].
+///
+/// # Errors
+///
+/// Each returns [`Rejected`] (with the buffers, untouched) if the arguments
+/// are invalid, the group has already failed, or the NCCL communicator
+/// cannot be created; the work itself fails with a [`WorkError`] if the op
+/// fails while running.
+impl ProcessGroup {
+    /// Reduces `buf` across all ranks, in place: every rank gets the result.
+    pub fn all_reduce<B: OpBuffer>(&self, buf: B, op: ReduceOp) -> Result<B::Work, Rejected<B>> {
+        B::all_reduce(self, buf, op)
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf` (same length on every
+    /// rank).
+    pub fn broadcast<B: OpBuffer>(&self, buf: B, root: usize) -> Result<B::Work, Rejected<B>> {
+        B::broadcast(self, buf, root)
+    }
+
+    /// Reduces `buf` across all ranks into `root`'s `buf`; the other ranks'
+    /// buffers come back unchanged (TCP) or unspecified (NCCL).
+    pub fn reduce<B: OpBuffer>(
+        &self,
+        buf: B,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<B::Work, Rejected<B>> {
+        B::reduce(self, buf, root, op)
+    }
+
+    /// Gathers every rank's `input` into `output` (length `size × input.len()`),
+    /// in rank order. Yields `(input, output)`.
+    pub fn all_gather<B: OpBuffer>(
+        &self,
+        input: B,
+        output: B,
+    ) -> Result<B::PairWork, Rejected<(B, B)>> {
+        B::all_gather(self, input, output)
+    }
+
+    /// Reduces `input` (length `size × output.len()`) across ranks; rank r
+    /// receives block r of the result in `output`. Yields `(input, output)`.
+    pub fn reduce_scatter<B: OpBuffer>(
+        &self,
+        input: B,
+        output: B,
+        op: ReduceOp,
+    ) -> Result<B::PairWork, Rejected<(B, B)>> {
+        B::reduce_scatter(self, input, output, op)
+    }
+
+    /// Exchanges equal blocks: block j of this rank's `input` goes to rank j,
+    /// and block i of `output` comes from rank i. Both have `size × k`
+    /// elements. Yields `(input, output)`.
+    pub fn all_to_all<B: OpBuffer>(
+        &self,
+        input: B,
+        output: B,
+    ) -> Result<B::PairWork, Rejected<(B, B)>> {
+        B::all_to_all(self, input, output)
+    }
+
+    /// Sends `buf` to rank `dst`, which must post a matching
+    /// [`recv`](Self::recv) of the same length. Yields `buf` back.
+    pub fn send<B: OpBuffer>(&self, buf: B, dst: usize) -> Result<B::Work, Rejected<B>> {
+        B::send(self, buf, dst)
+    }
+
+    /// Receives from rank `src` into `buf`, whose length must equal the
+    /// sender's. Yields `buf` filled.
+    pub fn recv<B: OpBuffer>(&self, buf: B, src: usize) -> Result<B::Work, Rejected<B>> {
+        B::recv(self, buf, src)
+    }
+
+    /// Sends `send` to `peer` and receives `recv` from it, as one grouped
+    /// NCCL op on the pair's point-to-point communicator (`peer` may be this
+    /// rank). Yields `(send, recv)`.
+    pub fn send_recv<T: NcclElement>(
+        &self,
+        send: DeviceBuffer<T>,
+        recv: DeviceBuffer<T>,
+        peer: usize,
+    ) -> Result<
+        DeviceWork<(DeviceBuffer<T>, DeviceBuffer<T>)>,
+        Rejected<(DeviceBuffer<T>, DeviceBuffer<T>)>,
+    > {
+        self.device_submit(CommOp::SendRecv { peer }, vec![send, recv])
+            .map_err(|(error, bufs)| {
+                let mut it = bufs.into_iter();
+                match (it.next(), it.next()) {
+                    (Some(a), Some(b)) => Rejected {
+                        error,
+                        buffers: (a, b),
+                    },
+                    _ => unreachable!("a refused send_recv gives both buffers back"),
+                }
+            })
+    }
+
+    /// Creates the group's NCCL communicator on `device` now (eager init)
+    /// instead of at the first device op. Every rank of the group must call
+    /// it. A no-op if it exists.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Setup`] if NCCL or CUDA is unavailable or the communicator
+    /// cannot be created.
+    pub async fn init_device(&self, device: usize) -> Result<(), Error> {
+        let dev = u32::try_from(device)
+            .map_err(|_| Error::InvalidArgument(format!("device {device} is out of range")))?;
+        self.inner
+            .nccl
+            .comm_async(CommKey::devices([dev]), dev)
+            .await
+            .map_err(|e| Error::Setup {
+                group: self.inner.name.to_string(),
+                rank: self.inner.rank,
+                msg: e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    /// How many NCCL communicators this group has created (each creation
+    /// also emits a `tracing` event "creating NCCL communicator").
+    pub fn nccl_comms_created(&self) -> u64 {
+        self.inner.nccl.comms_created()
+    }
+
+    /// Registers and enqueues a device op in program order.
+    pub(crate) fn device_submit<R: DeviceResult>(
+        &self,
+        op: CommOp,
+        bufs: Vec<R::Buf>,
+    ) -> Result<DeviceWork<R>, (WorkError, Vec<R::Buf>)> {
+        let g = &self.inner;
+        let name = device_op_name(op);
+        let Some(first) = bufs.first() else {
+            return Err((self.invalid(0, name, "no buffer given".into()), bufs));
+        };
+        let dev = first.stream().device().ordinal() as u32;
+        let count = first.count();
+        let dtype = first.nccl_type().name();
+        // Key and the op in the communicator's ranks.
+        let (key, cop, peer) = match op {
+            CommOp::Send { peer } | CommOp::Recv { peer } | CommOp::SendRecv { peer } => {
+                if let Err(e) = self.check_rank(name, "peer", peer) {
+                    return Err((e, bufs));
+                }
+                if peer == g.rank && !matches!(op, CommOp::SendRecv { .. }) {
+                    return Err((
+                        self.invalid(0, name, format!("rank {peer} cannot {name} to itself")),
+                        bufs,
+                    ));
+                }
+                let p = usize::from(peer > g.rank);
+                let cop = match op {
+                    CommOp::Send { .. } => CommOp::Send { peer: p },
+                    CommOp::Recv { .. } => CommOp::Recv { peer: p },
+                    _ => CommOp::SendRecv { peer: p },
+                };
+                (Some(CommKey::pair(g.rank, peer)), cop, Some(peer))
+            }
+            CommOp::Broadcast { root } | CommOp::Reduce { root, .. } => {
+                if let Err(e) = self.check_rank(name, "root", root) {
+                    return Err((e, bufs));
+                }
+                (None, op, Some(root))
+            }
+            _ => (None, op, None),
+        };
+        let prof = profile::on();
+        let t0 = prof.then(Instant::now);
+        let found = match key {
+            Some(k) => g.nccl.comm(k, dev),
+            None => g.nccl.collective(dev),
+        };
+        let comm = match found {
+            Ok(c) => c,
+            Err(e) => {
+                let ctx = self.ctx(0, name);
+                let err = if e.is_aborted() {
+                    WorkError::Aborted {
+                        ctx,
+                        reason: e.to_string(),
+                    }
+                } else {
+                    WorkError::Backend {
+                        ctx,
+                        msg: e.to_string(),
+                    }
+                };
+                return Err((err, bufs));
+            }
+        };
+        let t1 = prof.then(Instant::now);
+        let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = match op {
+            CommOp::Send { peer } => counters.sent[peer] + 1,
+            CommOp::Recv { peer } => counters.received[peer] + 1,
+            CommOp::SendRecv { peer } => counters.sent[peer].max(counters.received[peer]) + 1,
+            _ => counters.collective + 1,
+        };
+        let ctx = self.ctx(seq, name);
+        let meta = chorus_runtime::flight_recorder::OpMeta {
+            dtype: Some(dtype.to_string()),
+            count: count as u64,
+            peer,
+        };
+        let collective = !matches!(
+            op,
+            CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
+        );
+        let deadline = Instant::now() + self.timeout;
+        let (work, completer) = match chorus_runtime::Work::<Option<Vec<R::Buf>>>::new_recorded(
+            ctx.clone(),
+            &g.registry,
+            Some(deadline),
+            collective,
+            meta,
+        ) {
+            Ok(pair) => pair,
+            Err(e) => return Err((e, bufs)),
+        };
+        let t2 = prof.then(Instant::now);
+        match comm.submit(cop, bufs) {
+            Ok(inflight) => {
+                let t3 = prof.then(Instant::now);
+                match op {
+                    CommOp::Send { peer } => counters.sent[peer] = seq,
+                    CommOp::Recv { peer } => counters.received[peer] = seq,
+                    CommOp::SendRecv { peer } => {
+                        counters.sent[peer] = seq;
+                        counters.received[peer] = seq;
+                    }
+                    _ => counters.collective = seq,
+                }
+                drop(counters);
+                completer.started();
+                let watched = inflight.watch(move |(res, bufs)| match res {
+                    Ok(()) => completer.complete(Ok(bufs)),
+                    Err(e) => {
+                        let msg = format!("CUDA error while the op ran: {e}");
+                        let ctx = completer.context().cloned();
+                        match ctx {
+                            Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
+                            None => drop(completer),
+                        }
+                    }
+                });
+                let work = DeviceWork::new(work, watched);
+                if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
+                    profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
+                }
+                Ok(work)
+            }
+            Err((e, bufs)) => {
+                drop(counters);
+                let err = match e {
+                    NcclCommError::InvalidArgument(msg) => WorkError::InvalidArgument {
+                        ctx: ctx.clone(),
+                        msg,
+                    },
+                    NcclCommError::Aborted(reason) => WorkError::Aborted {
+                        ctx: ctx.clone(),
+                        reason,
+                    },
+                    other => WorkError::Backend {
+                        ctx: ctx.clone(),
+                        msg: other.to_string(),
+                    },
+                };
+                completer.complete(Err(err.clone()));
+                drop(work);
+                Err((err, bufs))
+            }
+        }
+    }
+}
+
+fn device_op_name(op: CommOp) -> &'static str {
+    match op {
+        CommOp::AllReduce(_) => "all_reduce",
+        CommOp::Broadcast { .. } => "broadcast",
+        CommOp::Reduce { .. } => "reduce",
+        CommOp::AllGather => "all_gather",
+        CommOp::ReduceScatter(_) => "reduce_scatter",
+        CommOp::AllToAll => "all_to_all",
+        CommOp::Send { .. } => "send",
+        CommOp::Recv { .. } => "recv",
+        CommOp::SendRecv { .. } => "send_recv",
+    }
+}
+
+/// Optional timing of the device enqueue path (`CHORUS_NCCL_PROFILE=1`),
+/// for the benchmark's breakdown.
+pub(crate) mod profile {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    static SUMS: [AtomicU64; 5] = [
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ];
+
+    pub(crate) fn on() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
+    }
+
+    pub(crate) fn add(parts: [Duration; 4]) {
+        for (s, d) in SUMS.iter().zip(parts) {
+            s.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        }
+        SUMS[4].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Mean microseconds per op of: communicator lookup, work and registry
+    /// entry, enqueue on the communicator (events + NCCL call), hand-off to
+    /// the reactor; and the number of ops. Zeros unless profiling is on.
+    pub(crate) fn means() -> ([f64; 4], u64) {
+        let n = SUMS[4].load(Ordering::Relaxed);
+        let mut out = [0.0; 4];
+        for (o, s) in out.iter_mut().zip(&SUMS) {
+            *o = s.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64;
+        }
+        (out, n)
+    }
+}
+
+/// Mean microseconds per device op of its enqueue phases (communicator
+/// lookup, work + registry, events + NCCL call, reactor hand-off) and the
+/// number of ops measured, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
+#[doc(hidden)]
+pub fn nccl_enqueue_profile() -> ([f64; 4], u64) {
+    profile::means()
 }

@@ -23,6 +23,8 @@
 //!   events); typed errors where there is no GPU.
 //! * [`flight_recorder`]: the bounded ring of each group's last ops, its
 //!   JSON dumps, and the divergence analysis behind `chorus-trace`.
+//! * [`reactor`]: the completion reactor thread that completes GPU ops
+//!   when their end event completes.
 //! * [`watchdog`]: the per-process thread that times out ops, applies error
 //!   policies and dumps the flight recorder; the heartbeat monitor.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
@@ -33,6 +35,8 @@ pub mod cuda;
 pub mod error;
 pub mod flight_recorder;
 pub mod launcher;
+#[cfg(not(loom))]
+pub mod reactor;
 pub mod rendezvous;
 pub mod rt;
 pub mod store;

@@ -13,6 +13,7 @@ use chorus_runtime::{Completer, OpContext, WorkError};
 
 use crate::dtype::{HostBuffer, ReduceOp};
 
+pub(crate) mod nccl;
 pub(crate) mod tcp;
 
 /// What an op asks its backend to do. Buffers are moved in and come back, in

@@ -17,6 +17,8 @@
 //! work when called, so the TCP backend runs on machines without a GPU.
 
 mod hold;
+pub mod kernels;
+pub mod nccl;
 #[cfg(test)]
 mod tests;
 

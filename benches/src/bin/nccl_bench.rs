@@ -1,0 +1,324 @@
+//! Host-side costs of the NCCL backend on one GPU (a 1-rank group), to put
+//! beside PyTorch's ProcessGroupNCCL (`benches/compare/torch_nccl.py`, same
+//! machine, same call):
+//!
+//! * enqueue: host time of one `all_reduce` call on a small device buffer;
+//! * stream-ordered wait: host time of `DeviceWork::stream_ordered`;
+//! * wake latency: end event complete (seen by a thread spinning on
+//!   `cuEventQuery`) → the awaiting future's waker called, and → the awaiting
+//!   thread running again, after a spin kernel of a given length;
+//! * round trips per second of `block_on(all_reduce(..))` (GPU finished each
+//!   time).
+//!
+//! Needs a CUDA GPU and NCCL. `nccl_bench --help` for the knobs.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus_runtime::cuda::kernels::Kernels;
+use chorus_runtime::cuda::nccl::EndEvent;
+use chorus_runtime::cuda::{Device, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(about = "NCCL backend host-cost benchmark (1-rank group on device 0)")]
+struct Args {
+    /// Iterations of the enqueue / stream-ordered loop.
+    #[arg(long, default_value_t = 20000)]
+    iters: usize,
+    /// Elements (f32) of the small message.
+    #[arg(long, default_value_t = 256)]
+    count: usize,
+    /// Wake-latency samples per spin length.
+    #[arg(long, default_value_t = 400)]
+    wake_iters: usize,
+    /// Spin-kernel lengths for the wake latency, in microseconds.
+    #[arg(long, value_delimiter = ',', default_value = "100,3000")]
+    spin_us: Vec<u64>,
+    /// Seconds of the round-trip loop.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// CUDA device.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+struct Timed {
+    thread: Thread,
+    woke: Mutex<Option<Instant>>,
+}
+
+impl Wake for Timed {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut w = self.woke.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            *w = Some(Instant::now());
+        }
+        drop(w);
+        self.thread.unpark();
+    }
+}
+
+/// `block_on` that also returns when the waker was first called and when
+/// the future completed.
+fn block_on_timed<F: Future>(f: F) -> (F::Output, Option<Instant>, Instant) {
+    let timed = Arc::new(Timed {
+        thread: std::thread::current(),
+        woke: Mutex::new(None),
+    });
+    let waker = Waker::from(timed.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            let done = Instant::now();
+            let woke = *timed.woke.lock().unwrap_or_else(|p| p.into_inner());
+            return (out, woke, done);
+        }
+        std::thread::park();
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let dev = Device::get(args.device)?;
+    let kernels = Kernels::load(&dev)?;
+    let producer = dev.new_stream(StreamPriority::Normal)?;
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = futures::executor::block_on(
+        ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .name("bench")
+            .device(args.device)
+            .build(),
+    )?;
+    let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
+    // Warm-up.
+    for _ in 0..2000 {
+        buf = futures::executor::block_on(pg.all_reduce(buf, ReduceOp::Sum)?)?;
+    }
+
+    // 1. Enqueue and stream-ordered wait.
+    let mut enq = Vec::with_capacity(args.iters);
+    let mut so = Vec::with_capacity(args.iters);
+    for i in 0..args.iters {
+        let t0 = Instant::now();
+        let w = pg.all_reduce(buf, ReduceOp::Sum)?;
+        let t1 = Instant::now();
+        buf = w.stream_ordered()?;
+        let t2 = Instant::now();
+        enq.push((t1 - t0).as_secs_f64() * 1e6);
+        so.push((t2 - t1).as_secs_f64() * 1e6);
+        if i % 256 == 255 {
+            producer.synchronize()?;
+        }
+    }
+    producer.synchronize()?;
+    let enq_mean = mean(&enq);
+    let so_mean = mean(&so);
+    let (enq_med, enq_p99) = (pct(&mut enq, 0.5), pct(&mut enq, 0.99));
+    let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
+
+    let in_progress = chorus_runtime::cuda::nccl::in_progress_returns();
+
+    // Breakdown: the driver floor (one event record + one stream wait, and a
+    // bare record) and chorus's CPU bookkeeping per op (work, registry entry,
+    // flight record, completion).
+    let other = dev.new_stream(StreamPriority::Normal)?;
+    let ev = dev.new_event()?;
+    let k = 20000;
+    let t = Instant::now();
+    for i in 0..k {
+        ev.record(&producer)?;
+        other.wait_event(&ev)?;
+        if i % 256 == 255 {
+            other.synchronize()?;
+        }
+    }
+    let rec_wait_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+    let t = Instant::now();
+    for _ in 0..k {
+        ev.record(&producer)?;
+    }
+    let rec_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+    producer.synchronize()?;
+    other.synchronize()?;
+    let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
+        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    )));
+    let t = Instant::now();
+    for seq in 0..k as u64 {
+        let ctx = chorus_runtime::OpContext {
+            rank: 0,
+            group: "b".into(),
+            seq,
+            op: "all_reduce",
+        };
+        let (w, c) = chorus_runtime::Work::<u32>::new_recorded(
+            ctx,
+            &reg,
+            Some(Instant::now() + Duration::from_secs(60)),
+            true,
+            Default::default(),
+        )?;
+        c.started();
+        c.complete(Ok(1));
+        drop(w);
+    }
+    let book_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
+
+    // 2. Wake latency. A thread spins on cuEventQuery to timestamp the end
+    // event's completion.
+    // `pause` spin hints between the observer's queries: 0 is a tight loop
+    // (the most exact timestamp, but it competes with the reactor for the
+    // driver), 200 is about a microsecond between queries.
+    let (tx, rx) = mpsc::channel::<(Arc<EndEvent>, u32)>();
+    let (otx, orx) = mpsc::channel::<Instant>();
+    let obs_dev = dev.clone();
+    let observer = std::thread::spawn(move || {
+        let _ = obs_dev.bind_to_thread();
+        for (ev, pause) in rx {
+            loop {
+                match ev.event().query() {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        for _ in 0..=pause {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            if otx.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut wake_rows = Vec::new();
+    for (spin, pause) in args.spin_us.iter().flat_map(|&s| [(s, 0u32), (s, 200u32)]) {
+        let mut to_wake = Vec::with_capacity(args.wake_iters);
+        let mut to_resume = Vec::with_capacity(args.wake_iters);
+        for _ in 0..args.wake_iters {
+            kernels.spin(&producer, Duration::from_micros(spin))?;
+            let w = pg.all_reduce(buf, ReduceOp::Sum)?;
+            tx.send((w.end_event_handle(), pause))?;
+            let (out, woke, resumed) = block_on_timed(w);
+            buf = out?;
+            let seen = orx.recv()?;
+            let signed = |t: Instant| {
+                if t >= seen {
+                    (t - seen).as_secs_f64() * 1e6
+                } else {
+                    -((seen - t).as_secs_f64() * 1e6)
+                }
+            };
+            if let Some(wk) = woke {
+                to_wake.push(signed(wk));
+            }
+            to_resume.push(signed(resumed));
+        }
+        wake_rows.push((
+            spin,
+            pause,
+            pct(&mut to_wake, 0.5),
+            pct(&mut to_wake, 0.99),
+            pct(&mut to_resume, 0.5),
+            pct(&mut to_resume, 0.99),
+            to_wake.len(),
+        ));
+    }
+    drop(tx);
+    let _ = observer.join();
+
+    // 3. Awaited round trips.
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed().as_secs_f64() < args.seconds {
+        buf = futures::executor::block_on(pg.all_reduce(buf, ReduceOp::Sum)?)?;
+        n += 1;
+    }
+    let rt_per_s = n as f64 / t0.elapsed().as_secs_f64();
+    // Blocking wait variant.
+    let t0 = Instant::now();
+    let mut m = 0u64;
+    while t0.elapsed().as_secs_f64() < args.seconds / 2.0 {
+        buf = pg
+            .all_reduce(buf, ReduceOp::Sum)?
+            .wait_timeout(Duration::from_secs(10))?;
+        m += 1;
+    }
+    let rt_wait_per_s = m as f64 / t0.elapsed().as_secs_f64();
+    let (phases, profiled) = chorus::nccl_enqueue_profile();
+    let (call_us, calls) = chorus_runtime::cuda::nccl::nccl_call_profile();
+    let check = producer.clone_dtoh(buf.slice())?;
+    assert!(
+        check.iter().all(|&x| x == 1.0),
+        "sum over 1 rank keeps the data"
+    );
+
+    println!(
+        "chorus NCCL backend, device {} ({}), {} x f32",
+        args.device,
+        dev.name()?,
+        args.count
+    );
+    println!("enqueue (all_reduce call)     median {enq_med:.2} us  p99 {enq_p99:.2} us  mean {enq_mean:.2} us");
+    println!("stream_ordered()              median {so_med:.2} us  p99 {so_p99:.2} us  mean {so_mean:.2} us");
+    for (spin, pause, wm, wp, rm, rp, k) in &wake_rows {
+        println!("wake after {spin} us kernel (observer pause {pause}): waker called median {wm:.2} us p99 {wp:.2} us; thread resumed median {rm:.2} us p99 {rp:.2} us ({k} samples)");
+    }
+    println!("awaited round trips (block_on)  {rt_per_s:.0} /s");
+    println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
+    println!("breakdown: cuEventRecord+cuStreamWaitEvent {rec_wait_us:.2} us, cuEventRecord alone {rec_us:.2} us, work+registry+flight-record bookkeeping {book_us:.2} us, ncclInProgress returns {in_progress}");
+    if profiled > 0 {
+        println!(
+            "profile (CHORUS_NCCL_PROFILE=1, mean over {profiled} ops; timing adds ~0.1 us): comm lookup {:.2} us, work+registry {:.2} us, events+NCCL {:.2} us (NCCL call alone {call_us:.2} us over {calls}), reactor hand-off {:.2} us",
+            phases[0], phases[1], phases[2], phases[3]
+        );
+    }
+    println!("reactor: {:?}", chorus_runtime::reactor::global().stats());
+    if let Some(path) = args.json {
+        let wake: Vec<String> = wake_rows
+            .iter()
+            .map(|(s, pause, wm, wp, rm, rp, k)| format!(
+                "{{\"spin_us\":{s},\"observer_pause\":{pause},\"wake_median_us\":{wm:.3},\"wake_p99_us\":{wp:.3},\"resume_median_us\":{rm:.3},\"resume_p99_us\":{rp:.3},\"samples\":{k}}}"
+            ))
+            .collect();
+        let json = format!(
+            "{{\"count\":{},\"enqueue_median_us\":{enq_med:.3},\"enqueue_p99_us\":{enq_p99:.3},\"enqueue_mean_us\":{enq_mean:.3},\"stream_ordered_median_us\":{so_med:.3},\"stream_ordered_p99_us\":{so_p99:.3},\"stream_ordered_mean_us\":{so_mean:.3},\"wake\":[{}],\"round_trips_per_s\":{rt_per_s:.0},\"round_trips_wait_timeout_per_s\":{rt_wait_per_s:.0},\"record_wait_us\":{rec_wait_us:.3},\"record_us\":{rec_us:.3},\"bookkeeping_us\":{book_us:.3},\"in_progress_returns\":{in_progress}}}\n",
+            args.count,
+            wake.join(",")
+        );
+        std::fs::write(path, json)?;
+    }
+    Ok(())
+}

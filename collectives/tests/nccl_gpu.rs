@@ -1,0 +1,502 @@
+//! The NCCL backend on a GPU: 1-rank communicators exercise the whole path
+//! (cache, non-blocking init, streams, events, reactor, futures, abort).
+//!
+//! The `gpu_` tests are ignored by default and run on the GPU machine with
+//! `--include-ignored`; they FAIL when no GPU is found. Run them with
+//! `--test-threads=1` (they share device 0 and the process-wide reactor).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chorus::reduce::{reference_reduce, Reducible};
+use chorus::{DeviceBuffer, ProcessGroup, RawDeviceBuffer, ReduceOp, WorkError, WorkStatus};
+use chorus_runtime::cuda::kernels::Kernels;
+use chorus_runtime::cuda::nccl::{DeviceMem, NcclElement, NcclType};
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use futures::executor::block_on;
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+
+fn device0() -> Device {
+    Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"))
+}
+
+fn group(store: &Arc<dyn Store>, name: &str, device: Option<usize>) -> ProcessGroup {
+    let mut b = ProcessGroup::builder()
+        .rank(0)
+        .world_size(1)
+        .store(store.clone())
+        .name(name)
+        .timeout(Duration::from_secs(60));
+    if let Some(d) = device {
+        b = b.device(d);
+    }
+    block_on(b.build()).unwrap_or_else(|e| panic!("group {name}: {e}"))
+}
+
+fn store() -> Arc<dyn Store> {
+    Arc::new(InMemoryStore::new())
+}
+
+fn upload<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+    DeviceBuffer::new(s.clone_htod(v).unwrap()).unwrap()
+}
+
+fn download<T: NcclElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
+    b.producer().clone_dtoh(b.slice()).unwrap()
+}
+
+/// Every op on random data against the serial reference (1 rank: the
+/// reduction of one input), outputs poisoned first.
+fn every_op<T>(
+    pg: &ProcessGroup,
+    s: &Stream,
+    gen: &mut dyn FnMut() -> T,
+    n: usize,
+    fails: &mut Vec<String>,
+) where
+    T: NcclElement + Reducible + Copy + Default + PartialEq + std::fmt::Debug,
+{
+    let name = format!("{} n={n}", std::any::type_name::<T>());
+    let data: Vec<T> = (0..n).map(|_| gen()).collect();
+    let poison: Vec<T> = (0..n).map(|_| gen()).collect();
+    assert_ne!(data, poison, "{name}: poison must differ from data");
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ] {
+        let want = reference_reduce(op, std::slice::from_ref(&data));
+        let b = block_on(pg.all_reduce(upload(s, &data), op).unwrap()).unwrap();
+        check(
+            fails,
+            &download(&b),
+            &want,
+            format!("{name} all_reduce {op}"),
+        );
+        let b = block_on(pg.reduce(upload(s, &data), 0, op).unwrap()).unwrap();
+        check(fails, &download(&b), &want, format!("{name} reduce {op}"));
+        let (_, o) = block_on(
+            pg.reduce_scatter(upload(s, &data), upload(s, &poison), op)
+                .unwrap(),
+        )
+        .unwrap();
+        check(
+            fails,
+            &download(&o),
+            &want,
+            format!("{name} reduce_scatter {op}"),
+        );
+    }
+    let b = block_on(pg.broadcast(upload(s, &data), 0).unwrap()).unwrap();
+    check(fails, &download(&b), &data, format!("{name} broadcast"));
+    let (i, o) = block_on(pg.all_gather(upload(s, &data), upload(s, &poison)).unwrap()).unwrap();
+    check(fails, &download(&o), &data, format!("{name} all_gather"));
+    check(
+        fails,
+        &download(&i),
+        &data,
+        format!("{name} all_gather input untouched"),
+    );
+    let (_, o) = block_on(pg.all_to_all(upload(s, &data), upload(s, &poison)).unwrap()).unwrap();
+    check(fails, &download(&o), &data, format!("{name} all_to_all"));
+    let (_, o) = block_on(
+        pg.send_recv(upload(s, &data), upload(s, &poison), 0)
+            .unwrap(),
+    )
+    .unwrap();
+    check(
+        fails,
+        &download(&o),
+        &data,
+        format!("{name} send_recv to self"),
+    );
+}
+
+fn check<T: PartialEq + std::fmt::Debug>(
+    fails: &mut Vec<String>,
+    got: &[T],
+    want: &[T],
+    what: String,
+) {
+    if got.len() != want.len() {
+        fails.push(format!(
+            "{what}: {} elements, expected {}",
+            got.len(),
+            want.len()
+        ));
+        return;
+    }
+    let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+    if let Some(&i) = bad.first() {
+        fails.push(format!(
+            "{what}: {} of {} elements differ; first at {i}: got {:?}, expected {:?}",
+            bad.len(),
+            got.len(),
+            got[i],
+            want[i]
+        ));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_every_op_and_dtype_one_rank() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "ops", Some(0));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let n = 4099;
+    let mut fails = Vec::new();
+    every_op::<f32>(&pg, &s, &mut || rng.gen_range(-1e3f32..1e3), n, &mut fails);
+    every_op::<f64>(&pg, &s, &mut || rng.gen_range(-1e6f64..1e6), n, &mut fails);
+    every_op::<f16>(
+        &pg,
+        &s,
+        &mut || f16::from_f32(rng.gen_range(-60f32..60.0)),
+        n,
+        &mut fails,
+    );
+    every_op::<bf16>(
+        &pg,
+        &s,
+        &mut || bf16::from_f32(rng.gen_range(-1e3f32..1e3)),
+        n,
+        &mut fails,
+    );
+    every_op::<i8>(&pg, &s, &mut || rng.gen(), n, &mut fails);
+    every_op::<u8>(&pg, &s, &mut || rng.gen(), n, &mut fails);
+    every_op::<i32>(&pg, &s, &mut || rng.gen(), n, &mut fails);
+    every_op::<i64>(&pg, &s, &mut || rng.gen(), n, &mut fails);
+    // Even and odd counts of 8-byte floats.
+    every_op::<f64>(
+        &pg,
+        &s,
+        &mut || rng.gen_range(-1e6f64..1e6),
+        4096,
+        &mut fails,
+    );
+    every_op::<f64>(&pg, &s, &mut || rng.gen_range(-1e6f64..1e6), 7, &mut fails);
+    for f in &fails {
+        println!("MISMATCH {f}");
+    }
+    assert!(
+        fails.is_empty(),
+        "{} mismatches (listed above)",
+        fails.len()
+    );
+    // A large f32 all_reduce, bit for bit.
+    let big: Vec<f32> = (0..(1 << 20) + 3).map(|_| rng.gen()).collect();
+    let b = block_on(pg.all_reduce(upload(&s, &big), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(download(&b), big);
+    // The raw-pointer entry: memory owned elsewhere, described by pointer.
+    let data: Vec<i32> = (0..1000).map(|_| rng.gen()).collect();
+    let owner = upload(&s, &data);
+    // SAFETY: `owner` holds 1000 i32 on device 0 and outlives the awaited op.
+    let raw = unsafe {
+        RawDeviceBuffer::new(
+            owner.device_ptr(),
+            owner.len(),
+            NcclType::I32,
+            owner.producer().clone(),
+        )
+    };
+    let raw = block_on(pg.all_reduce(raw, ReduceOp::Max).unwrap()).unwrap();
+    assert_eq!(raw.count(), 1000);
+    assert_eq!(download(&owner), data);
+    // Invalid arguments come back with the buffers.
+    let short = pg
+        .all_gather(upload(&s, &data), upload(&s, &data[..10]))
+        .unwrap_err();
+    assert!(
+        matches!(short.error, WorkError::InvalidArgument { .. }),
+        "{}",
+        short.error
+    );
+    assert_eq!(download(&short.buffers.0), data);
+    let bad = pg.broadcast(upload(&s, &data), 3).unwrap_err();
+    assert!(
+        matches!(bad.error, WorkError::InvalidArgument { .. }),
+        "{}",
+        bad.error
+    );
+    assert_eq!(download(&bad.buffers), data);
+    println!(
+        "every op x 8 dtypes: ok; comms created: {}",
+        pg.nccl_comms_created()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_completion_semantics() {
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let producer = dev.new_stream(StreamPriority::Normal).unwrap();
+    let consumer = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "semantics", Some(0));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let data: Vec<f32> = (0..1 << 16).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let spin = Duration::from_millis(50);
+    let mut report = Vec::new();
+    for level in [
+        "a: no wait",
+        "b: stream-ordered",
+        "c: await",
+        "d: blocking wait",
+    ] {
+        let buf = upload(&producer, &data);
+        producer.synchronize().unwrap();
+        k.spin(&producer, spin).unwrap();
+        let t0 = Instant::now();
+        let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
+        let enq = t0.elapsed();
+        let ev = work.end_event_handle();
+        let t1 = Instant::now();
+        let mut waited_at = None;
+        let (done_after, kept) = match level {
+            "a: no wait" => {
+                let d = ev.event().query().unwrap();
+                (d, Some(work))
+            }
+            "b: stream-ordered" => {
+                let b = work.stream_ordered_on(&consumer).unwrap();
+                waited_at = Some(t1.elapsed());
+                let d = ev.event().query().unwrap();
+                // The consumer kernel, issued on the stream-ordered stream,
+                // reads the op's result.
+                let mut out = consumer.alloc_zeros::<f32>(data.len()).unwrap();
+                k.add_one(&consumer, b.slice(), &mut out).unwrap();
+                let got = consumer.clone_dtoh(&out).unwrap();
+                let want: Vec<f32> = data.iter().map(|x| x + 1.0).collect();
+                assert_eq!(got, want, "consumer kernel after stream_ordered");
+                drop(b);
+                (d, None)
+            }
+            "c: await" => {
+                let b = block_on(work).unwrap();
+                let d = ev.event().query().unwrap();
+                assert_eq!(download(&b), data);
+                (d, None)
+            }
+            _ => {
+                let b = work.wait_timeout(Duration::from_secs(10)).unwrap();
+                let d = ev.event().query().unwrap();
+                assert_eq!(download(&b), data);
+                (d, None)
+            }
+        };
+        let waited = waited_at.unwrap_or_else(|| t1.elapsed());
+        let line = format!(
+            "{level:<18} enqueue {:>8.1} us, wait {:>10.1} us, end event complete right after: {done_after}",
+            enq.as_secs_f64() * 1e6,
+            waited.as_secs_f64() * 1e6
+        );
+        println!("{line}");
+        report.push(line);
+        match level {
+            "a: no wait" | "b: stream-ordered" => {
+                assert!(!done_after, "{level}: returned before the GPU finished");
+                assert!(waited < spin / 2, "{level} must not wait for the GPU");
+            }
+            _ => {
+                assert!(done_after, "{level}: GPU finished when it returns");
+                assert!(waited >= spin / 2, "{level} waited for the spin kernel");
+            }
+        }
+        if let Some(w) = kept {
+            assert_eq!(
+                w.status(),
+                WorkStatus::Pending,
+                "done() is not true at enqueue"
+            );
+            let b = block_on(w).unwrap();
+            assert_eq!(download(&b), data);
+        }
+    }
+    if let Ok(dir) = std::env::var("CHORUS_REPORT_DIR") {
+        let _ = std::fs::write(
+            format!("{dir}/completion_semantics.txt"),
+            report.join("\n") + "\n",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "drop", Some(0));
+    // Warm up (pools, NCCL buffers) before the baseline.
+    let w = block_on(
+        pg.all_reduce(upload(&s, &[1f32; 1024]), ReduceOp::Sum)
+            .unwrap(),
+    )
+    .unwrap();
+    drop(w);
+    dev.synchronize().unwrap();
+    let (free0, _) = dev.memory_info().unwrap();
+    let n = 16 << 20; // 64 MiB of f32
+    let reactor = chorus_runtime::reactor::global();
+    for round in 0..8 {
+        let buf = DeviceBuffer::new(s.alloc_zeros::<f32>(n).unwrap()).unwrap();
+        k.spin(&s, Duration::from_millis(30)).unwrap();
+        let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
+        let ev = work.end_event_handle();
+        let before = reactor.pending();
+        drop(work);
+        assert!(
+            !ev.event().query().unwrap(),
+            "round {round}: op still running"
+        );
+        assert!(
+            reactor.pending() >= 1 && before >= 1,
+            "the reactor holds the op's buffer"
+        );
+        // Wait for the GPU, then for the reactor to let go.
+        ev.event().synchronize().unwrap();
+        let t0 = Instant::now();
+        while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert_eq!(reactor.pending(), 0, "released after the GPU finished");
+    }
+    dev.synchronize().unwrap();
+    s.synchronize().unwrap();
+    let (free1, _) = dev.memory_info().unwrap();
+    println!(
+        "free device memory before {} MiB, after 8 x 64 MiB dropped unfinished works {} MiB",
+        free0 >> 20,
+        free1 >> 20
+    );
+    assert!(
+        free1 + (32 << 20) >= free0,
+        "device memory must return to its starting level: {free0} -> {free1}"
+    );
+    // Forgetting a work is not UB either: the reactor keeps the buffer until
+    // the GPU is done, then parks it in the forgotten work's slot (leaked
+    // with the work, like any forgotten value).
+    let buf = DeviceBuffer::new(s.alloc_zeros::<f32>(n).unwrap()).unwrap();
+    let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
+    let ev = work.end_event_handle();
+    std::mem::forget(work);
+    ev.event().synchronize().unwrap();
+    let t0 = Instant::now();
+    while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
+    assert_eq!(reactor.pending(), 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_communicator_counting() {
+    device0();
+    let st = store();
+    let s = device0().new_stream(StreamPriority::Normal).unwrap();
+    let data: Vec<f32> = (0..256).map(|i| i as f32 * 0.5 - 3.0).collect();
+    // Lazy: nothing at creation.
+    let a = group(&st, "count-a", None);
+    let b = group(&st, "count-b", None);
+    assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (0, 0));
+    for pg in [&a, &b] {
+        for _ in 0..3 {
+            let r = block_on(pg.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap();
+            assert_eq!(download(&r), data);
+        }
+    }
+    // One cache per group, even with the same members: one device-keyed
+    // communicator each.
+    assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (1, 1));
+    // A point-to-point op uses the pair key: one more, in that group only.
+    let (_, r) = block_on(
+        a.send_recv(upload(&s, &data), upload(&s, &[0f32; 256]), 0)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(download(&r), data);
+    assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (2, 1));
+    // Later ops create none.
+    for _ in 0..3 {
+        drop(block_on(a.all_reduce(upload(&s, &data), ReduceOp::Max).unwrap()).unwrap());
+        drop(
+            block_on(
+                a.send_recv(upload(&s, &data), upload(&s, &data), 0)
+                    .unwrap(),
+            )
+            .unwrap(),
+        );
+        drop(block_on(b.broadcast(upload(&s, &data), 0).unwrap()).unwrap());
+    }
+    assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (2, 1));
+    // Eager: the device given at creation creates the communicator in build.
+    let e = group(&st, "count-eager", Some(0));
+    assert_eq!(e.nccl_comms_created(), 1);
+    drop(block_on(e.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap());
+    assert_eq!(e.nccl_comms_created(), 1);
+    // A subgroup is split from the parent's communicator (one creation in
+    // the subgroup, none in the parent).
+    let sub = block_on(e.new_group(&[0]))
+        .unwrap()
+        .expect("rank 0 is a member");
+    assert_eq!(sub.nccl_comms_created(), 1);
+    assert_eq!(e.nccl_comms_created(), 1);
+    let r = block_on(sub.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(download(&r), data);
+    assert_eq!(sub.nccl_comms_created(), 1);
+    println!(
+        "created: a={} b={} eager={} sub={}",
+        a.nccl_comms_created(),
+        b.nccl_comms_created(),
+        e.nccl_comms_created(),
+        sub.nccl_comms_created()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_blocking_wait_timeout_aborts_the_communicator() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "timeout", Some(0));
+    // Upload first: a pageable copy would wait for the held stream.
+    let buf = upload(&s, &[1f32, 2.0, 3.0]);
+    s.synchronize().unwrap();
+    let hold = s.hold(Duration::from_secs(3)).unwrap();
+    let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
+    let ev = work.end_event_handle();
+    let t0 = Instant::now();
+    let err = work.wait_timeout(Duration::from_millis(100)).unwrap_err();
+    println!("blocking wait gave up after {:?}: {err}", t0.elapsed());
+    assert!(matches!(err, WorkError::OpTimeout { .. }), "{err:?}");
+    assert!(pg.error().is_some(), "the group is failed");
+    // Later ops are refused with their buffers.
+    let r = pg
+        .all_reduce(upload(&s, &[5f32]), ReduceOp::Sum)
+        .unwrap_err();
+    println!("later op: {}", r.error);
+    hold.release();
+    ev.event().synchronize().unwrap();
+    dev.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_cuda_library_absent_paths_are_typed() {
+    // On the GPU machine: a device op on a device that does not exist is a
+    // typed error, not a panic.
+    let st = store();
+    let pg = group(&st, "nodev", None);
+    let e = block_on(pg.init_device(4096)).unwrap_err();
+    println!("{e}");
+    assert!(e.to_string().contains("4096"), "{e}");
+}

@@ -1,0 +1,1393 @@
+//! NCCL communicators and device buffers: the safe layer between `nccl-sys`
+//! and chorus's NCCL backend (DESIGN §2 rule 3, §3).
+//!
+//! * [`DeviceBuffer`] owns a cudarc device slice and names its producer
+//!   stream; [`RawDeviceBuffer`] describes memory of another tensor library
+//!   (its `unsafe` constructor is the raw-pointer entry).
+//! * [`Communicator`]: one NCCL communicator, created non-blocking
+//!   ([`PendingComm`], polled through `ncclCommGetAsyncError`), with its own
+//!   CUDA stream; [`Communicator::submit`] enqueues an op (input-ready event
+//!   on each producer stream, the comm stream waits on it, the NCCL call, the
+//!   end event on the comm stream), serialized by a mutex.
+//! * [`InFlight`]: the op's buffers and end event. Its buffers are never
+//!   released before the end event completes: dropping an unfinished
+//!   `InFlight` hands them to the completion [`reactor`](crate::reactor),
+//!   which drops them afterwards.
+
+use std::fmt;
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use nccl_sys::sys::{
+    cudaStream_t, ncclComm_t, ncclConfig_t, ncclDataType_t, ncclRedOp_t, ncclResult_t,
+    ncclUniqueId, NCCL_SPLIT_NOCOLOR,
+};
+use nccl_sys::Nccl;
+
+use super::{CudaError, Device, Event, Stream, StreamPriority};
+use crate::reactor::{self, Pending};
+
+/// Element types NCCL reduces and moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NcclType {
+    /// `ncclInt8`.
+    I8,
+    /// `ncclUint8`.
+    U8,
+    /// `ncclInt32`.
+    I32,
+    /// `ncclUint32`.
+    U32,
+    /// `ncclInt64`.
+    I64,
+    /// `ncclUint64`.
+    U64,
+    /// `ncclFloat16`.
+    F16,
+    /// `ncclBfloat16`.
+    BF16,
+    /// `ncclFloat32`.
+    F32,
+    /// `ncclFloat64`.
+    F64,
+}
+
+impl NcclType {
+    fn raw(self) -> ncclDataType_t {
+        match self {
+            NcclType::I8 => ncclDataType_t::ncclInt8,
+            NcclType::U8 => ncclDataType_t::ncclUint8,
+            NcclType::I32 => ncclDataType_t::ncclInt32,
+            NcclType::U32 => ncclDataType_t::ncclUint32,
+            NcclType::I64 => ncclDataType_t::ncclInt64,
+            NcclType::U64 => ncclDataType_t::ncclUint64,
+            NcclType::F16 => ncclDataType_t::ncclFloat16,
+            NcclType::BF16 => ncclDataType_t::ncclBfloat16,
+            NcclType::F32 => ncclDataType_t::ncclFloat32,
+            NcclType::F64 => ncclDataType_t::ncclFloat64,
+        }
+    }
+
+    /// Lower-case name, as in `f32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclType::I8 => "i8",
+            NcclType::U8 => "u8",
+            NcclType::I32 => "i32",
+            NcclType::U32 => "u32",
+            NcclType::I64 => "i64",
+            NcclType::U64 => "u64",
+            NcclType::F16 => "f16",
+            NcclType::BF16 => "bf16",
+            NcclType::F32 => "f32",
+            NcclType::F64 => "f64",
+        }
+    }
+
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            NcclType::I8 | NcclType::U8 => 1,
+            NcclType::F16 | NcclType::BF16 => 2,
+            NcclType::I32 | NcclType::U32 | NcclType::F32 => 4,
+            NcclType::I64 | NcclType::U64 | NcclType::F64 => 8,
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust element type NCCL supports. Sealed.
+pub trait NcclElement: cudarc::driver::DeviceRepr + Send + Sync + 'static + sealed::Sealed {
+    /// Its NCCL type.
+    const TYPE: NcclType;
+}
+
+macro_rules! elements {
+    ($($t:ty => $v:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl NcclElement for $t { const TYPE: NcclType = NcclType::$v; }
+    )*};
+}
+elements!(i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
+    half::f16 => F16, half::bf16 => BF16, f32 => F32, f64 => F64);
+
+/// A reduction NCCL applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NcclRedOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Average (sum divided by the number of ranks).
+    Avg,
+}
+
+impl NcclRedOp {
+    fn raw(self) -> ncclRedOp_t {
+        match self {
+            NcclRedOp::Sum => ncclRedOp_t::ncclSum,
+            NcclRedOp::Prod => ncclRedOp_t::ncclProd,
+            NcclRedOp::Max => ncclRedOp_t::ncclMax,
+            NcclRedOp::Min => ncclRedOp_t::ncclMin,
+            NcclRedOp::Avg => ncclRedOp_t::ncclAvg,
+        }
+    }
+}
+
+/// Device memory an NCCL op may read and write: valid for as long as the
+/// value lives. Implemented by [`DeviceBuffer`] and [`RawDeviceBuffer`].
+/// Sealed.
+pub trait DeviceMem: Send + 'static + sealed::Sealed {
+    /// Start address.
+    fn device_ptr(&self) -> u64;
+    /// Number of elements.
+    fn count(&self) -> usize;
+    /// Element type.
+    fn nccl_type(&self) -> NcclType;
+    /// The stream that produces (and later consumes) the data: the op waits
+    /// for the work issued to it before the op.
+    fn stream(&self) -> &Stream;
+}
+
+/// A device buffer for NCCL ops: a cudarc slice plus the stream that
+/// produces its data (by default the slice's own stream).
+///
+/// An op moves the buffer in and gives it back; while the op runs nothing
+/// else can touch it.
+pub struct DeviceBuffer<T> {
+    slice: CudaSlice<T>,
+    stream: Stream,
+    ptr: u64,
+}
+
+impl<T> fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("len", &self.slice.len())
+            .field("device", &self.stream.device().ordinal())
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .finish()
+    }
+}
+
+impl<T: NcclElement> DeviceBuffer<T> {
+    /// Wraps `slice`; its producer stream is the slice's own stream.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::from_cudarc`].
+    pub fn new(slice: CudaSlice<T>) -> Result<Self, CudaError> {
+        let stream = Stream::from_cudarc(slice.stream().clone())?;
+        Ok(Self::with_parts(slice, stream))
+    }
+
+    /// Wraps `slice` whose data is produced on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::DeviceMismatch`] if the stream is on another device.
+    pub fn on_stream(slice: CudaSlice<T>, stream: Stream) -> Result<Self, CudaError> {
+        let dev = slice.stream().context().ordinal();
+        if dev != stream.device().ordinal() {
+            return Err(CudaError::DeviceMismatch {
+                what: "DeviceBuffer::on_stream",
+                event_device: dev,
+                stream_device: stream.device().ordinal(),
+            });
+        }
+        Ok(Self::with_parts(slice, stream))
+    }
+
+    fn with_parts(slice: CudaSlice<T>, stream: Stream) -> Self {
+        let ptr = {
+            let (p, _sync) = slice.device_ptr(slice.stream());
+            p
+        };
+        DeviceBuffer { slice, stream, ptr }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// True if it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+
+    /// The slice.
+    pub fn slice(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+
+    /// The slice, mutably (e.g. to launch a kernel that writes it).
+    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
+    }
+
+    /// The producer stream.
+    pub fn producer(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The device the buffer lives on.
+    pub fn device(&self) -> &Device {
+        self.stream.device()
+    }
+
+    /// Gives the slice back.
+    pub fn into_slice(self) -> CudaSlice<T> {
+        self.slice
+    }
+}
+
+impl<T: NcclElement> sealed::Sealed for DeviceBuffer<T> {}
+impl<T: NcclElement> DeviceMem for DeviceBuffer<T> {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn count(&self) -> usize {
+        self.slice.len()
+    }
+    fn nccl_type(&self) -> NcclType {
+        T::TYPE
+    }
+    fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+/// Device memory owned by someone else (another tensor library), described
+/// by a raw pointer: the raw-pointer entry of the NCCL backend.
+#[derive(Debug)]
+pub struct RawDeviceBuffer {
+    ptr: u64,
+    count: usize,
+    dtype: NcclType,
+    stream: Stream,
+}
+
+impl RawDeviceBuffer {
+    /// Describes `count` elements of `dtype` at device address `ptr` on the
+    /// device of `stream`, produced on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// The memory must be a valid allocation of at least
+    /// `count × dtype.size()` bytes on `stream`'s device, and must stay
+    /// allocated, and untouched by other work not ordered after the op, until
+    /// the op's work has completed (awaited, or its end event observed
+    /// complete) — also if the work is dropped. chorus never frees it.
+    pub unsafe fn new(ptr: u64, count: usize, dtype: NcclType, stream: Stream) -> Self {
+        RawDeviceBuffer {
+            ptr,
+            count,
+            dtype,
+            stream,
+        }
+    }
+}
+
+impl sealed::Sealed for RawDeviceBuffer {}
+impl DeviceMem for RawDeviceBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn count(&self) -> usize {
+        self.count
+    }
+    fn nccl_type(&self) -> NcclType {
+        self.dtype
+    }
+    fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+/// What went wrong with an NCCL communicator or op.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NcclCommError {
+    /// No usable NCCL library (the text says what was searched).
+    #[error("NCCL unavailable: {0}")]
+    Unavailable(String),
+    /// A CUDA call failed (or there is no GPU).
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// An NCCL call failed.
+    #[error("{call} failed: {detail}")]
+    Nccl {
+        /// The NCCL function.
+        call: &'static str,
+        /// Its result code.
+        code: i32,
+        /// NCCL's description and last error.
+        detail: String,
+    },
+    /// The op's arguments do not fit the communicator.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The communicator was aborted; it is never used again.
+    #[error("the NCCL communicator was aborted ({0}); create a new group to continue")]
+    Aborted(String),
+    /// A non-blocking NCCL call did not finish in time.
+    #[error("{what} did not finish within {after:?}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        after: Duration,
+    },
+}
+
+fn lib() -> Result<&'static Nccl, NcclCommError> {
+    nccl_sys::nccl().map_err(|e| NcclCommError::Unavailable(e.to_string()))
+}
+
+fn nccl_err(nccl: &Nccl, call: &'static str, code: ncclResult_t) -> NcclCommError {
+    let detail = match nccl.check(code) {
+        Err(e) => e.to_string(),
+        Ok(()) => "success".into(),
+    };
+    NcclCommError::Nccl {
+        call,
+        code: code.0,
+        detail,
+    }
+}
+
+/// A fresh NCCL unique id (what rank 0 of a communicator publishes).
+///
+/// # Errors
+///
+/// [`NcclCommError::Unavailable`] without NCCL; the NCCL error otherwise.
+pub fn unique_id() -> Result<[u8; 128], NcclCommError> {
+    let nccl = lib()?;
+    let mut id = ncclUniqueId::zeroed();
+    // SAFETY: `id` is a valid, writable ncclUniqueId.
+    let rc = unsafe { (nccl.ncclGetUniqueId)(&mut id) };
+    if !rc.is_success() {
+        return Err(nccl_err(nccl, "ncclGetUniqueId", rc));
+    }
+    Ok(id.to_bytes())
+}
+
+/// Settings of new communicators.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommOptions {
+    /// Priority of the communicator's dedicated stream.
+    pub priority: StreamPriority,
+}
+
+/// A communicator being created (non-blocking init or split): poll it until
+/// it is ready. Dropping it unfinished aborts what was created.
+pub struct PendingComm {
+    nccl: &'static Nccl,
+    /// Heap cell NCCL writes the new handle into (at a fixed address, as a
+    /// non-blocking split writes it late).
+    out: Box<ncclComm_t>,
+    /// The parent of a split: its async error drives the split.
+    parent: Option<Arc<Communicator>>,
+    device: Device,
+    nranks: usize,
+    rank: usize,
+    opts: CommOptions,
+    started: Instant,
+    done: bool,
+}
+
+// SAFETY: the raw handle in `out` is only an address NCCL writes once; NCCL
+// communicators may be used from any thread (calls are serialized by the
+// owner).
+unsafe impl Send for PendingComm {}
+
+impl fmt::Debug for PendingComm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingComm")
+            .field("device", &self.device.ordinal())
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("split", &self.parent.is_some())
+            .finish()
+    }
+}
+
+fn config() -> ncclConfig_t {
+    let mut cfg = ncclConfig_t::initializer();
+    cfg.blocking = 0;
+    cfg
+}
+
+impl PendingComm {
+    /// Starts `ncclCommInitRankConfig` (blocking = 0) for `rank` of `nranks`
+    /// on `device` with the exchanged unique `id`.
+    ///
+    /// # Errors
+    ///
+    /// No NCCL or CUDA, bad ranks, or the NCCL error.
+    pub fn init(
+        device: &Device,
+        nranks: usize,
+        rank: usize,
+        id: &[u8; 128],
+        opts: CommOptions,
+    ) -> Result<PendingComm, NcclCommError> {
+        let nccl = lib()?;
+        if rank >= nranks || nranks > c_int::MAX as usize {
+            return Err(NcclCommError::InvalidArgument(format!(
+                "rank {rank} is not in a communicator of {nranks} ranks"
+            )));
+        }
+        let init = nccl.ncclCommInitRankConfig.ok_or_else(|| {
+            NcclCommError::Unavailable(format!(
+                "{} lacks ncclCommInitRankConfig (NCCL 2.14 or later is needed)",
+                nccl.path()
+            ))
+        })?;
+        device.bind_to_thread()?;
+        let mut out = Box::new(std::ptr::null_mut());
+        let mut cfg = config();
+        let uid = ncclUniqueId::from_bytes(id);
+        // SAFETY: `out` and `cfg` are valid for writes and outlive the call;
+        // NCCL copies the config; `out` stays at its heap address until the
+        // pending communicator is finished or dropped.
+        let rc = unsafe { init(&mut *out, nranks as c_int, uid, rank as c_int, &mut cfg) };
+        let mut p = PendingComm {
+            nccl,
+            out,
+            parent: None,
+            device: device.clone(),
+            nranks,
+            rank,
+            opts,
+            started: Instant::now(),
+            done: false,
+        };
+        if !rc.is_success() && !rc.is_in_progress() {
+            let e = nccl_err(nccl, "ncclCommInitRankConfig", rc);
+            p.done = true;
+            p.release();
+            return Err(e);
+        }
+        Ok(p)
+    }
+
+    /// Starts a non-blocking `ncclCommSplit` of `parent`: `color` `None`
+    /// takes part without joining (the result is then `None`).
+    ///
+    /// # Errors
+    ///
+    /// No split in this NCCL, an aborted parent, or the NCCL error.
+    pub fn split(
+        parent: &Arc<Communicator>,
+        color: Option<u32>,
+        key: usize,
+        nranks: usize,
+        rank: usize,
+        opts: CommOptions,
+    ) -> Result<PendingComm, NcclCommError> {
+        let nccl = parent.nccl;
+        let split = nccl.ncclCommSplit.ok_or_else(|| {
+            NcclCommError::Unavailable(format!("{} lacks ncclCommSplit", nccl.path()))
+        })?;
+        let _g = parent.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let comm = parent.live()?;
+        parent.device.bind_to_thread()?;
+        let mut out = Box::new(std::ptr::null_mut());
+        let mut cfg = config();
+        let color = color.map_or(NCCL_SPLIT_NOCOLOR, |c| (c & 0x7fff_ffff) as c_int);
+        // SAFETY: `comm` is a live communicator (we hold its enqueue lock);
+        // `out` stays at its heap address until the split finishes (it is
+        // written late, when polling the parent completes the job).
+        let rc = unsafe { split(comm, color, key as c_int, &mut *out, &mut cfg) };
+        if !rc.is_success() && !rc.is_in_progress() {
+            return Err(nccl_err(nccl, "ncclCommSplit", rc));
+        }
+        Ok(PendingComm {
+            nccl,
+            out,
+            parent: Some(parent.clone()),
+            device: parent.device.clone(),
+            nranks,
+            rank,
+            opts,
+            started: Instant::now(),
+            done: false,
+        })
+    }
+
+    /// How long since the init or split started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Polls once (`ncclCommGetAsyncError`). `Ok(None)` while in progress;
+    /// `Ok(Some(None))` for a split this rank did not join.
+    ///
+    /// # Errors
+    ///
+    /// The NCCL or CUDA error that ended the initialization.
+    pub fn poll(&mut self) -> Result<Option<Option<Communicator>>, NcclCommError> {
+        if self.done {
+            return Err(NcclCommError::InvalidArgument(
+                "the pending communicator was already finished".into(),
+            ));
+        }
+        if let Some(parent) = &self.parent {
+            // The split is a job of the parent.
+            match parent.async_state() {
+                Ok(true) => return Ok(None),
+                Ok(false) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+            if self.out.is_null() {
+                self.done = true;
+                return Ok(Some(None));
+            }
+        }
+        let comm = *self.out;
+        if comm.is_null() {
+            return Ok(None);
+        }
+        let mut state = ncclResult_t::ncclSuccess;
+        // SAFETY: `comm` is the handle NCCL wrote; polling its async error is
+        // allowed while its initialization runs.
+        let rc = unsafe { (self.nccl.ncclCommGetAsyncError)(comm, &mut state) };
+        if !rc.is_success() {
+            let e = nccl_err(self.nccl, "ncclCommGetAsyncError", rc);
+            self.release();
+            return Err(e);
+        }
+        if state.is_in_progress() {
+            return Ok(None);
+        }
+        if !state.is_success() {
+            let e = nccl_err(self.nccl, "ncclCommInitRankConfig", state);
+            self.release();
+            return Err(e);
+        }
+        self.done = true;
+        let stream = match self.device.new_stream(self.opts.priority) {
+            Ok(s) => s,
+            Err(e) => {
+                self.done = false;
+                self.release();
+                return Err(e.into());
+            }
+        };
+        let ready = [self.device.new_event()?, self.device.new_event()?];
+        tracing::debug!(
+            device = self.device.ordinal(),
+            rank = self.rank,
+            nranks = self.nranks,
+            split = self.parent.is_some(),
+            "NCCL communicator ready"
+        );
+        Ok(Some(Some(Communicator {
+            nccl: self.nccl,
+            comm: AtomicPtr::new(comm),
+            device: self.device.clone(),
+            stream,
+            rank: self.rank,
+            nranks: self.nranks,
+            enqueue: Mutex::new(EnqueueState { ready, ops: 0 }),
+            pool: Arc::new(Mutex::new(Vec::new())),
+            aborted: AtomicBool::new(false),
+            abort_reason: Mutex::new(None),
+        })))
+    }
+
+    /// Aborts whatever NCCL created and marks this finished.
+    fn release(&mut self) {
+        self.done = true;
+        let comm = std::mem::replace(&mut *self.out, std::ptr::null_mut());
+        if !comm.is_null() {
+            // SAFETY: `comm` is a handle NCCL created that nobody else owns.
+            unsafe { (self.nccl.ncclCommAbort)(comm) };
+        }
+    }
+}
+
+impl Drop for PendingComm {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if self.parent.is_some() {
+            // A split's handle may still be written by the parent's job:
+            // leak the cell rather than let NCCL write into freed memory.
+            let out = std::mem::replace(&mut self.out, Box::new(std::ptr::null_mut()));
+            std::mem::forget(out);
+            return;
+        }
+        self.release();
+    }
+}
+
+struct EnqueueState {
+    /// Input-ready events, re-recorded by every op (a stream wait captures
+    /// the event's state at the call, so reuse is safe).
+    ready: [Event; 2],
+    /// Ops enqueued so far (their end events complete in this order).
+    ops: u64,
+}
+
+type EventPool = Arc<Mutex<Vec<Event>>>;
+
+/// An end event borrowed from its communicator's pool; goes back on drop.
+pub struct EndEvent {
+    event: Option<Event>,
+    pool: Weak<Mutex<Vec<Event>>>,
+}
+
+impl fmt::Debug for EndEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("EndEvent").field(&self.event).finish()
+    }
+}
+
+impl EndEvent {
+    /// The event.
+    pub fn event(&self) -> &Event {
+        // Only `None` inside `drop`.
+        self.event.as_ref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for EndEvent {
+    fn drop(&mut self) {
+        if let (Some(ev), Some(pool)) = (self.event.take(), self.pool.upgrade()) {
+            let mut p = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if p.len() < 1024 {
+                p.push(ev);
+            }
+        }
+    }
+}
+
+/// One NCCL communicator with its dedicated stream.
+pub struct Communicator {
+    nccl: &'static Nccl,
+    comm: AtomicPtr<nccl_sys::sys::ncclComm>,
+    device: Device,
+    stream: Stream,
+    rank: usize,
+    nranks: usize,
+    /// Held while an op (or a split) is enqueued: NCCL communicators are not
+    /// safe for concurrent calls.
+    enqueue: Mutex<EnqueueState>,
+    pool: EventPool,
+    aborted: AtomicBool,
+    abort_reason: Mutex<Option<String>>,
+}
+
+// SAFETY: the raw handle is used under `enqueue` for ops, and otherwise only
+// with the calls NCCL documents as callable concurrently
+// (ncclCommGetAsyncError, ncclCommAbort).
+unsafe impl Send for Communicator {}
+// SAFETY: as above.
+unsafe impl Sync for Communicator {}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("device", &self.device.ordinal())
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("aborted", &self.is_aborted())
+            .finish()
+    }
+}
+
+/// The op a [`Communicator::submit`] enqueues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommOp {
+    /// In place on buffer 0.
+    AllReduce(NcclRedOp),
+    /// In place on buffer 0, from `root`.
+    Broadcast {
+        /// The root rank.
+        root: usize,
+    },
+    /// In place on buffer 0; the result lands on `root`.
+    Reduce {
+        /// The root rank.
+        root: usize,
+        /// The reduction.
+        op: NcclRedOp,
+    },
+    /// Buffer 0 (count c) into buffer 1 (count nranks × c).
+    AllGather,
+    /// Buffer 0 (count nranks × c) into buffer 1 (count c).
+    ReduceScatter(NcclRedOp),
+    /// Buffer 0 block j to rank j; block i of buffer 1 from rank i (grouped
+    /// send/recv).
+    AllToAll,
+    /// Sends buffer 0 to `peer`.
+    Send {
+        /// The peer's rank in this communicator.
+        peer: usize,
+    },
+    /// Receives into buffer 0 from `peer`.
+    Recv {
+        /// The peer's rank in this communicator.
+        peer: usize,
+    },
+    /// Sends buffer 0 to and receives buffer 1 from `peer`, grouped (the
+    /// peer may be this rank).
+    SendRecv {
+        /// The peer's rank in this communicator.
+        peer: usize,
+    },
+}
+
+impl CommOp {
+    fn buffers(self) -> usize {
+        match self {
+            CommOp::AllReduce(_)
+            | CommOp::Broadcast { .. }
+            | CommOp::Reduce { .. }
+            | CommOp::Send { .. }
+            | CommOp::Recv { .. } => 1,
+            CommOp::AllGather
+            | CommOp::ReduceScatter(_)
+            | CommOp::AllToAll
+            | CommOp::SendRecv { .. } => 2,
+        }
+    }
+}
+
+/// A refused submission: the error and the untouched buffers.
+pub type Refused<B> = (NcclCommError, Vec<B>);
+
+impl Communicator {
+    /// This rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dedicated stream ops run on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// True once aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    fn live(&self) -> Result<ncclComm_t, NcclCommError> {
+        if self.is_aborted() {
+            let why = self
+                .abort_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_default();
+            return Err(NcclCommError::Aborted(why));
+        }
+        Ok(self.comm.load(Ordering::Acquire))
+    }
+
+    /// `ncclCommGetAsyncError`: `Ok(true)` while a non-blocking call is in
+    /// progress, `Ok(false)` when idle and healthy.
+    ///
+    /// # Errors
+    ///
+    /// The communicator's asynchronous error (a failed peer, a network
+    /// error), or [`NcclCommError::Aborted`].
+    pub fn async_state(&self) -> Result<bool, NcclCommError> {
+        let comm = self.live()?;
+        let mut state = ncclResult_t::ncclSuccess;
+        // SAFETY: `comm` is live (not aborted); this call is allowed
+        // concurrently with others on the communicator.
+        let rc = unsafe { (self.nccl.ncclCommGetAsyncError)(comm, &mut state) };
+        if !rc.is_success() {
+            return Err(nccl_err(self.nccl, "ncclCommGetAsyncError", rc));
+        }
+        if state.is_in_progress() {
+            return Ok(true);
+        }
+        if !state.is_success() {
+            return Err(nccl_err(
+                self.nccl,
+                "NCCL communicator (async error)",
+                state,
+            ));
+        }
+        Ok(false)
+    }
+
+    /// Aborts the communicator (`ncclCommAbort`): its ops in flight stop, and
+    /// every later use fails with [`NcclCommError::Aborted`]. Idempotent.
+    pub fn abort(&self, reason: &str) {
+        if self.aborted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *self.abort_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !comm.is_null() {
+            tracing::warn!(
+                device = self.device.ordinal(),
+                reason,
+                "aborting NCCL communicator"
+            );
+            // ncclCommAbort can block until the communicator's stream drains
+            // (e.g. behind a producer stream that never completes): run it
+            // on its own thread so the caller (a timed-out blocking wait, the
+            // watchdog) returns at once. The communicator is already unusable.
+            struct Raw(ncclComm_t, &'static Nccl);
+            // SAFETY: the handle is owned by this value alone from here on.
+            unsafe impl Send for Raw {}
+            let raw = Raw(comm, self.nccl);
+            let run = move || {
+                let raw = raw;
+                // SAFETY: `raw.0` is live and no longer reachable through
+                // the communicator; ncclCommAbort may be called while other
+                // threads are inside NCCL calls on it.
+                unsafe { (raw.1.ncclCommAbort)(raw.0) };
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("chorus-nccl-abort".into())
+                .spawn(run)
+            {
+                tracing::error!(error = %e, "cannot start the NCCL abort thread; the communicator is leaked");
+            }
+        }
+    }
+
+    fn end_event(&self) -> Result<EndEvent, CudaError> {
+        let ev = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let ev = match ev {
+            Some(e) => e,
+            None => self.device.new_event()?,
+        };
+        Ok(EndEvent {
+            event: Some(ev),
+            pool: Arc::downgrade(&self.pool),
+        })
+    }
+
+    fn check(&self, op: CommOp, bufs: &[impl DeviceMem]) -> Result<(), NcclCommError> {
+        let bad = |m: String| Err(NcclCommError::InvalidArgument(m));
+        if bufs.len() != op.buffers() {
+            return bad(format!(
+                "{op:?} takes {} buffer(s), got {}",
+                op.buffers(),
+                bufs.len()
+            ));
+        }
+        let dev = self.device.ordinal();
+        for b in bufs {
+            if b.stream().device().ordinal() != dev {
+                return bad(format!(
+                    "a buffer is on device {} but the communicator on device {dev}",
+                    b.stream().device().ordinal()
+                ));
+            }
+            if b.nccl_type() != bufs[0].nccl_type() {
+                return bad(format!(
+                    "buffers of different types ({:?} and {:?})",
+                    bufs[0].nccl_type(),
+                    b.nccl_type()
+                ));
+            }
+        }
+        let n = self.nranks;
+        let in_range = |r: usize, what: &str| {
+            if r >= n {
+                Err(NcclCommError::InvalidArgument(format!(
+                    "{what} {r} is not a rank of a communicator of {n}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match op {
+            CommOp::Broadcast { root } | CommOp::Reduce { root, .. } => in_range(root, "root")?,
+            CommOp::Send { peer } | CommOp::Recv { peer } => in_range(peer, "peer")?,
+            CommOp::SendRecv { peer } => {
+                in_range(peer, "peer")?;
+                if bufs[0].count() != bufs[1].count() {
+                    return bad(format!(
+                        "send_recv buffers have {} and {} elements; they must match",
+                        bufs[0].count(),
+                        bufs[1].count()
+                    ));
+                }
+            }
+            CommOp::AllGather if bufs[1].count() != bufs[0].count() * n => {
+                return bad(format!(
+                    "all_gather output has {} elements; expected {n} × {}",
+                    bufs[1].count(),
+                    bufs[0].count()
+                ))
+            }
+            CommOp::ReduceScatter(_) if bufs[0].count() != bufs[1].count() * n => {
+                return bad(format!(
+                    "reduce_scatter input has {} elements; expected {n} × {}",
+                    bufs[0].count(),
+                    bufs[1].count()
+                ))
+            }
+            CommOp::AllToAll if bufs[0].count() != bufs[1].count() || bufs[0].count() % n != 0 => {
+                return bad(format!(
+                    "all_to_all buffers have {} and {} elements; both must be the same multiple of {n}",
+                    bufs[0].count(),
+                    bufs[1].count()
+                ))
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Enqueues `op` on `bufs` (DESIGN §2 rule 3): records an input-ready
+    /// event on each buffer's producer stream, makes the communicator's
+    /// stream wait on it, calls NCCL, records the end event. Calls on one
+    /// communicator are serialized. Returns at once; the op runs on the GPU.
+    ///
+    /// # Errors
+    ///
+    /// The buffers come back untouched with the error when the arguments do
+    /// not fit, the communicator is aborted, or a CUDA or NCCL call fails.
+    pub fn submit<B: DeviceMem>(
+        &self,
+        op: CommOp,
+        bufs: Vec<B>,
+    ) -> Result<InFlight<B>, Refused<B>> {
+        if let Err(e) = self.check(op, &bufs) {
+            return Err((e, bufs));
+        }
+        let end = match self.end_event() {
+            Ok(e) => e,
+            Err(e) => return Err((e.into(), bufs)),
+        };
+        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        match self.enqueue_locked(&guard, op, &bufs, &end) {
+            Ok(()) => {
+                guard.ops += 1;
+                let pos = guard.ops;
+                drop(guard);
+                Ok(InFlight {
+                    device: self.device.clone(),
+                    order: (self.stream.as_raw() as u64, pos),
+                    end: Arc::new(end),
+                    bufs: Some(bufs),
+                })
+            }
+            Err(e) => Err((e, bufs)),
+        }
+    }
+
+    fn enqueue_locked<B: DeviceMem>(
+        &self,
+        st: &EnqueueState,
+        op: CommOp,
+        bufs: &[B],
+        end: &EndEvent,
+    ) -> Result<(), NcclCommError> {
+        let comm = self.live()?;
+        // Input-ready: the comm stream waits for the producers.
+        st.ready[0].record(bufs[0].stream())?;
+        self.stream.wait_event(&st.ready[0])?;
+        if bufs.len() > 1 && bufs[1].stream().as_raw() != bufs[0].stream().as_raw() {
+            st.ready[1].record(bufs[1].stream())?;
+            self.stream.wait_event(&st.ready[1])?;
+        }
+        let s = self.stream.as_raw() as cudaStream_t;
+        let ty = bufs[0].nccl_type().raw();
+        let p0 = bufs[0].device_ptr() as *mut std::ffi::c_void;
+        let c0 = bufs[0].count();
+        let p1 = bufs.get(1).map_or(std::ptr::null_mut(), |b| {
+            b.device_ptr() as *mut std::ffi::c_void
+        });
+        let c1 = bufs.get(1).map_or(0, |b| b.count());
+        let n = self.nccl;
+        // On one rank the average is the sum; NCCL 2.28.3's one-rank
+        // average path (a scaling kernel) was seen to leave the last element
+        // of an odd-length f64 reduce_scatter unwritten on an H200.
+        let red = |r: NcclRedOp| match r {
+            NcclRedOp::Avg if self.nranks == 1 => NcclRedOp::Sum.raw(),
+            r => r.raw(),
+        };
+        let t_call = nccl_profile_on().then(Instant::now);
+        // SAFETY: `comm` is live and we hold the enqueue lock; every pointer
+        // is valid device memory of the stated count and type on the
+        // communicator's device for as long as its `DeviceMem` value lives
+        // (the `InFlight` keeps them until the end event completes); counts
+        // and roots were checked against the communicator.
+        let (call, rc) = unsafe {
+            match op {
+                CommOp::AllReduce(r) => (
+                    "ncclAllReduce",
+                    (n.ncclAllReduce)(p0, p0, c0, ty, red(r), comm, s),
+                ),
+                CommOp::Broadcast { root } => (
+                    "ncclBroadcast",
+                    (n.ncclBroadcast)(p0, p0, c0, ty, root as c_int, comm, s),
+                ),
+                CommOp::Reduce { root, op } => (
+                    "ncclReduce",
+                    (n.ncclReduce)(p0, p0, c0, ty, red(op), root as c_int, comm, s),
+                ),
+                CommOp::AllGather => ("ncclAllGather", (n.ncclAllGather)(p0, p1, c0, ty, comm, s)),
+                CommOp::ReduceScatter(r) => (
+                    "ncclReduceScatter",
+                    (n.ncclReduceScatter)(p0, p1, c1, ty, red(r), comm, s),
+                ),
+                CommOp::Send { peer } => {
+                    ("ncclSend", (n.ncclSend)(p0, c0, ty, peer as c_int, comm, s))
+                }
+                CommOp::Recv { peer } => {
+                    ("ncclRecv", (n.ncclRecv)(p0, c0, ty, peer as c_int, comm, s))
+                }
+                CommOp::SendRecv { peer } => {
+                    let mut rc = (n.ncclGroupStart)();
+                    if rc.is_success() {
+                        rc = (n.ncclSend)(p0, c0, ty, peer as c_int, comm, s);
+                    }
+                    if rc.is_success() || rc.is_in_progress() {
+                        rc = (n.ncclRecv)(p1, c1, ty, peer as c_int, comm, s);
+                    }
+                    let end_rc = (n.ncclGroupEnd)();
+                    (
+                        "ncclSend/ncclRecv",
+                        if rc.is_success() { end_rc } else { rc },
+                    )
+                }
+                CommOp::AllToAll => {
+                    let k = c0 / self.nranks;
+                    let bytes = k * bufs[0].nccl_type().size();
+                    let mut rc = (n.ncclGroupStart)();
+                    for r in 0..self.nranks {
+                        if !(rc.is_success() || rc.is_in_progress()) {
+                            break;
+                        }
+                        rc = (n.ncclSend)(p0.byte_add(r * bytes), k, ty, r as c_int, comm, s);
+                        if rc.is_success() || rc.is_in_progress() {
+                            rc = (n.ncclRecv)(p1.byte_add(r * bytes), k, ty, r as c_int, comm, s);
+                        }
+                    }
+                    let end_rc = (n.ncclGroupEnd)();
+                    (
+                        "all_to_all (grouped ncclSend/ncclRecv)",
+                        if rc.is_success() { end_rc } else { rc },
+                    )
+                }
+            }
+        };
+        if let Some(t) = t_call {
+            NCCL_CALL_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
+        if rc.is_in_progress() {
+            IN_PROGRESS.fetch_add(1, Ordering::Relaxed);
+            // Non-blocking communicator: the op is still being enqueued
+            // (e.g. connections set up on first use). It must be on the
+            // stream before the end event is recorded.
+            self.wait_idle(call, Duration::from_secs(300))?;
+        } else if !rc.is_success() {
+            return Err(nccl_err(n, call, rc));
+        }
+        end.event().record(&self.stream)?;
+        Ok(())
+    }
+
+    /// Polls `ncclCommGetAsyncError` until no call is in progress.
+    fn wait_idle(&self, what: &'static str, limit: Duration) -> Result<(), NcclCommError> {
+        let t0 = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        while self.async_state()? {
+            if t0.elapsed() > limit {
+                return Err(NcclCommError::Timeout { what, after: limit });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+}
+
+/// How many NCCL op calls returned `ncclInProgress` (process-wide): each
+/// then costs `ncclCommGetAsyncError` polls before the end event is
+/// recorded.
+pub fn in_progress_returns() -> u64 {
+    IN_PROGRESS.load(Ordering::Relaxed)
+}
+
+static IN_PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static NCCL_CALL_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static NCCL_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn nccl_profile_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
+}
+
+/// Mean microseconds of the NCCL op call itself (ncclAllReduce & co.) and
+/// the number of calls, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
+pub fn nccl_call_profile() -> (f64, u64) {
+    let n = NCCL_CALLS.load(Ordering::Relaxed);
+    (
+        NCCL_CALL_NS.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64,
+        n,
+    )
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if comm.is_null() {
+            return;
+        }
+        // Let the GPU finish what was enqueued, then finalize and destroy.
+        let _ = self.stream.synchronize();
+        let clean = match self.nccl.ncclCommFinalize {
+            Some(fin) => {
+                // SAFETY: `comm` is live and exclusively ours (we are being
+                // dropped).
+                let rc = unsafe { fin(comm) };
+                let mut ok = rc.is_success() || rc.is_in_progress();
+                let t0 = Instant::now();
+                while ok {
+                    let mut st = ncclResult_t::ncclSuccess;
+                    // SAFETY: as above.
+                    let rc = unsafe { (self.nccl.ncclCommGetAsyncError)(comm, &mut st) };
+                    if !rc.is_success() || !(st.is_success() || st.is_in_progress()) {
+                        ok = false;
+                    } else if st.is_success() {
+                        break;
+                    } else if t0.elapsed() > Duration::from_secs(10) {
+                        ok = false;
+                    } else {
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                ok
+            }
+            None => true,
+        };
+        // SAFETY: `comm` is exclusively ours; after either call it is gone.
+        unsafe {
+            if clean {
+                (self.nccl.ncclCommDestroy)(comm);
+            } else {
+                (self.nccl.ncclCommAbort)(comm);
+            }
+        }
+    }
+}
+
+/// An enqueued op: its end event and buffers.
+///
+/// The buffers are released only after the end event completes: through
+/// [`watch`](Self::watch), [`wait`](Self::wait), or — when dropped
+/// unfinished — by the completion reactor.
+pub struct InFlight<B: DeviceMem> {
+    device: Device,
+    /// (comm stream, op number on it): end events complete in this order.
+    order: (u64, u64),
+    end: Arc<EndEvent>,
+    bufs: Option<Vec<B>>,
+}
+
+impl<B: DeviceMem> fmt::Debug for InFlight<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight").field("end", &self.end).finish()
+    }
+}
+
+/// What a watched op's callback receives: the buffers (unless they were
+/// taken early by a stream-ordered wait), or the CUDA error that ended it
+/// with the buffers to release.
+pub type Finished<B> = (Result<(), CudaError>, Option<Vec<B>>);
+
+impl<B: DeviceMem> InFlight<B> {
+    /// The end event.
+    pub fn end_event(&self) -> &Event {
+        self.end.event()
+    }
+
+    /// Blocks until the end event completes and returns the buffers. For
+    /// tests and sync code.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the op; the buffers are then leaked only if the
+    /// device is unusable (never freed while the GPU may use them).
+    pub fn wait(mut self) -> Result<Vec<B>, CudaError> {
+        self.end.event().synchronize()?;
+        Ok(self.bufs.take().unwrap_or_default())
+    }
+
+    /// Hands the op to the completion reactor: `done` runs on the reactor
+    /// thread once the end event completed (or failed). The returned handle
+    /// can take the buffers early with a stream-ordered wait.
+    pub fn watch<F>(mut self, done: F) -> Watched<B>
+    where
+        F: FnOnce(Finished<B>) + Send + 'static,
+    {
+        let cell = Arc::new(Cell {
+            end: self.end.clone(),
+            bufs: Mutex::new(self.bufs.take()),
+        });
+        let entry = Entry {
+            order: self.order,
+            device: self.device.clone(),
+            cell: cell.clone(),
+            done: Some(done),
+        };
+        if let Err((e, mut entry)) = reactor::global().register(Box::new(entry)) {
+            // No reactor thread: complete synchronously (the GPU wait happens
+            // here instead of in the background).
+            tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+            let _ = cell.end.event().synchronize();
+            while !entry.poll_complete() {
+                std::thread::yield_now();
+            }
+        }
+        Watched { cell }
+    }
+}
+
+impl<B: DeviceMem> Drop for InFlight<B> {
+    fn drop(&mut self) {
+        if let Some(bufs) = self.bufs.take() {
+            if matches!(self.end.event().query(), Ok(true)) {
+                return;
+            }
+            // Unfinished: the reactor keeps the buffers until the GPU is done.
+            let f = InFlight {
+                device: self.device.clone(),
+                order: self.order,
+                end: self.end.clone(),
+                bufs: Some(bufs),
+            };
+            drop(f.watch(|_| {}));
+        }
+    }
+}
+
+struct Cell<B> {
+    end: Arc<EndEvent>,
+    bufs: Mutex<Option<Vec<B>>>,
+}
+
+struct Entry<B: DeviceMem, F> {
+    order: (u64, u64),
+    device: Device,
+    cell: Arc<Cell<B>>,
+    done: Option<F>,
+}
+
+impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B, F> {
+    fn order(&self) -> Option<(u64, u64)> {
+        Some(self.order)
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        // The reactor thread queries events of any device: make the event's
+        // context current (cheap when it already is).
+        let _ = self.device.bind_to_thread();
+        let outcome = match self.cell.end.event().query() {
+            Ok(false) => return false,
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        };
+        let bufs = self
+            .cell
+            .bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(done) = self.done.take() {
+            done((outcome, bufs));
+        }
+        true
+    }
+}
+
+/// A watched op (see [`InFlight::watch`]).
+pub struct Watched<B: DeviceMem> {
+    cell: Arc<Cell<B>>,
+}
+
+impl<B: DeviceMem> fmt::Debug for Watched<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watched")
+            .field("end", &self.cell.end)
+            .finish()
+    }
+}
+
+impl<B: DeviceMem> Watched<B> {
+    /// The end event.
+    pub fn end_event(&self) -> &Event {
+        self.cell.end.event()
+    }
+
+    /// A shared handle on the end event (e.g. for another thread to watch).
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.cell.end.clone()
+    }
+
+    /// Stream-ordered completion: makes `stream` (default: each buffer's own
+    /// producer stream) wait on the end event and takes the buffers at once,
+    /// without a host wait. When `stream` is another stream, each buffer's
+    /// producer stream waits too, so freeing a buffer on its own stream is
+    /// ordered after the op. `Ok(None)` if the buffers are gone already
+    /// (taken before, or handed to the completion callback).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of a stream wait; the buffers stay with the op.
+    pub fn take_stream_ordered(
+        &self,
+        stream: Option<&Stream>,
+    ) -> Result<Option<Vec<B>>, CudaError> {
+        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(bufs) = g.as_ref() else {
+            return Ok(None);
+        };
+        let ev = self.cell.end.event();
+        let mut waited: Vec<super::sys::CUstream> = Vec::with_capacity(2);
+        if let Some(s) = stream {
+            s.wait_event(ev)?;
+            waited.push(s.as_raw());
+        }
+        for b in bufs {
+            let raw = b.stream().as_raw();
+            if !waited.contains(&raw) {
+                b.stream().wait_event(ev)?;
+                waited.push(raw);
+            }
+        }
+        Ok(g.take())
+    }
+}

@@ -1,0 +1,567 @@
+//! The completion reactor: one thread per process that watches in-flight GPU
+//! ops and completes them when they finish (DESIGN §2 rule 2).
+//!
+//! A backend hands the reactor one [`Pending`] entry per op: typically the
+//! op's end event together with its completer and buffers. The reactor
+//! thread calls [`Pending::poll_complete`] on every entry in turn; an entry
+//! that finds its event complete (or failed) completes its work, which wakes
+//! the future awaiting it, and leaves the reactor.
+//!
+//! # Backoff
+//!
+//! While entries are pending the thread spins (`spin`, default 200 µs since
+//! the last progress), then yields its core between rounds (until
+//! `yield_for`, default 20 ms), then sleeps between rounds for growing
+//! intervals (10 µs doubling up to `max_sleep`, default 30 µs, with the
+//! thread's timer slack at 1 µs). Up to one core is thus spent while ops are
+//! in flight, which is what keeps wake-ups at a few microseconds. Any
+//! progress (a completion, a new registration, a [`Reactor::nudge`] from a
+//! future being polled) starts the spin phase again. With nothing to watch
+//! it spins the same way and yields for at most 1 ms (so a stream of ops
+//! finds it awake and needs no unpark system call), then parks and uses no
+//! CPU until the next registration unparks it.
+//!
+//! The settings come from `CHORUS_REACTOR_SPIN_US`,
+//! `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+//!
+//! # Safety of buffers
+//!
+//! An entry owns the op's buffers until it completes; the reactor never drops
+//! an entry before `poll_complete` returned true. An entry whose
+//! `poll_complete` panics is leaked (never dropped), so memory the GPU may
+//! still touch is never freed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// One watched op.
+pub trait Pending: Send + 'static {
+    /// Checks the op once, without blocking. When the op has finished (or
+    /// failed) it completes its work and returns true; the reactor then drops
+    /// the entry. Returns false to be checked again.
+    fn poll_complete(&mut self) -> bool;
+
+    /// Where the entry sits in an ordered queue: `(queue, position)`.
+    /// Entries of one queue complete in position order (end events recorded
+    /// on one stream), so while one is pending the reactor skips those with
+    /// a later position in that round: one event query per stream instead
+    /// of one per op. `None` (the default): always checked.
+    fn order(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+/// Keeps a value on its own cache line (no false sharing between the
+/// registering threads and the reactor thread).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+struct Done;
+impl Pending for Done {
+    fn poll_complete(&mut self) -> bool {
+        true
+    }
+}
+
+/// How the reactor thread backs off while entries are pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReactorConfig {
+    /// Spin (no yield, no sleep) for this long after the last progress.
+    pub spin: Duration,
+    /// Then yield the core between rounds until this long after the last
+    /// progress.
+    pub yield_for: Duration,
+    /// Then sleep between rounds, 10 µs doubling up to this.
+    pub max_sleep: Duration,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            spin: Duration::from_micros(200),
+            yield_for: Duration::from_millis(20),
+            max_sleep: Duration::from_micros(30),
+        }
+    }
+}
+
+impl ReactorConfig {
+    /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
+    /// `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+    pub fn from_env() -> ReactorConfig {
+        let us = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_micros)
+        };
+        let d = ReactorConfig::default();
+        ReactorConfig {
+            spin: us("CHORUS_REACTOR_SPIN_US").unwrap_or(d.spin),
+            yield_for: us("CHORUS_REACTOR_YIELD_US").unwrap_or(d.yield_for),
+            max_sleep: us("CHORUS_REACTOR_MAX_SLEEP_US")
+                .unwrap_or(d.max_sleep)
+                .max(Duration::from_micros(1)),
+        }
+    }
+}
+
+/// Counters of a reactor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReactorStats {
+    /// Entries registered so far.
+    pub registered: u64,
+    /// Entries that completed.
+    pub completed: u64,
+    /// Times the thread parked with nothing to watch.
+    pub parks: u64,
+}
+
+/// The reactor could not start its thread.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start the chorus completion reactor thread: {reason}")]
+pub struct ReactorError {
+    /// The OS error text.
+    pub reason: String,
+}
+
+struct Shared {
+    incoming: Padded<Mutex<Vec<Box<dyn Pending>>>>,
+    /// Set when `incoming` is non-empty or a nudge asks to spin again.
+    wake: Padded<AtomicBool>,
+    /// Set while the thread is parked or sleeping.
+    sleeping: Padded<AtomicBool>,
+    registered: Padded<AtomicU64>,
+    completed: Padded<AtomicU64>,
+    parks: AtomicU64,
+    config: ReactorConfig,
+}
+
+/// A completion reactor: a thread that completes registered [`Pending`]
+/// entries. Most code uses the process-wide one, [`global`].
+pub struct Reactor {
+    shared: Arc<Shared>,
+    thread: OnceLock<Result<Thread, String>>,
+}
+
+impl std::fmt::Debug for Reactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reactor")
+            .field("config", &self.shared.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// The process-wide reactor, with [`ReactorConfig::from_env`]. Its thread
+/// starts on the first registration.
+pub fn global() -> &'static Reactor {
+    static GLOBAL: OnceLock<Reactor> = OnceLock::new();
+    GLOBAL.get_or_init(|| Reactor::new(ReactorConfig::from_env()))
+}
+
+impl Reactor {
+    /// A reactor whose thread starts on the first registration. The thread
+    /// lives as long as the process (it parks when idle).
+    pub fn new(config: ReactorConfig) -> Reactor {
+        Reactor {
+            shared: Arc::new(Shared {
+                incoming: Padded(Mutex::new(Vec::new())),
+                wake: Padded(AtomicBool::new(false)),
+                sleeping: Padded(AtomicBool::new(false)),
+                registered: Padded(AtomicU64::new(0)),
+                completed: Padded(AtomicU64::new(0)),
+                parks: AtomicU64::new(0),
+                config,
+            }),
+            thread: OnceLock::new(),
+        }
+    }
+
+    /// The reactor's settings.
+    pub fn config(&self) -> ReactorConfig {
+        self.shared.config
+    }
+
+    fn thread(&self) -> Result<&Thread, ReactorError> {
+        self.thread
+            .get_or_init(|| {
+                let shared = self.shared.clone();
+                std::thread::Builder::new()
+                    .name("chorus-reactor".into())
+                    .spawn(move || run(shared))
+                    .map(|h| h.thread().clone())
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|reason| ReactorError {
+                reason: reason.clone(),
+            })
+    }
+
+    /// Hands `entry` to the reactor thread, which polls it until it
+    /// completes.
+    ///
+    /// # Errors
+    ///
+    /// If the thread cannot be started, the entry comes back with the error
+    /// (the caller must then complete it another way, e.g. by a blocking
+    /// wait).
+    pub fn register(
+        &self,
+        entry: Box<dyn Pending>,
+    ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        let thread = match self.thread() {
+            Ok(t) => t,
+            Err(e) => return Err((e, entry)),
+        };
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .incoming
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry);
+        self.shared.wake.store(true, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            thread.unpark();
+        }
+        Ok(())
+    }
+
+    /// Asks the thread to spin again (a future is being awaited and wants a
+    /// fast wake-up). Cheap when the thread is already spinning.
+    pub fn nudge(&self) {
+        if !self.shared.wake.load(Ordering::Relaxed) {
+            self.shared.wake.store(true, Ordering::SeqCst);
+        }
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            if let Some(Ok(t)) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The reactor's counters.
+    pub fn stats(&self) -> ReactorStats {
+        ReactorStats {
+            registered: self.shared.registered.load(Ordering::Relaxed),
+            completed: self.shared.completed.load(Ordering::Relaxed),
+            parks: self.shared.parks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Entries registered and not yet completed.
+    pub fn pending(&self) -> u64 {
+        let s = self.stats();
+        s.registered.saturating_sub(s.completed)
+    }
+}
+
+/// Polls one entry, leaking it if it panics (its buffers may still be in use
+/// by the GPU, so dropping it would be unsound for raw-pointer users).
+fn poll_one(entry: &mut Box<dyn Pending>) -> Option<bool> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| entry.poll_complete())).ok()
+}
+
+/// With nothing to watch, yield at most this long before parking.
+const IDLE_YIELD: Duration = Duration::from_millis(1);
+
+fn run(shared: Arc<Shared>) {
+    let cfg = shared.config;
+    // Short sleeps must be short: the default timer slack (50 µs) would
+    // stretch every one of them.
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_timerslack(1_000);
+    let mut local: Vec<Box<dyn Pending>> = Vec::new();
+    let mut blocked: Vec<(u64, u64)> = Vec::new();
+    let mut last_progress = Instant::now();
+    let mut sleep = Duration::from_micros(10);
+    loop {
+        // Read before writing: a swap on every round would steal the cache
+        // line from registering threads.
+        if shared.wake.load(Ordering::Relaxed) && shared.wake.swap(false, Ordering::SeqCst) {
+            let mut inc = shared.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            local.append(&mut inc);
+            drop(inc);
+            last_progress = Instant::now();
+            sleep = Duration::from_micros(10);
+        }
+        if local.is_empty() {
+            // Stay responsive for a moment (ops often come in a stream, and
+            // a registration that finds the thread awake needs no unpark
+            // system call); then park until the next registration.
+            let idle = last_progress.elapsed();
+            if idle < cfg.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < cfg.yield_for.min(IDLE_YIELD) {
+                std::thread::yield_now();
+                continue;
+            }
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if !shared.wake.load(Ordering::SeqCst) {
+                shared.parks.fetch_add(1, Ordering::Relaxed);
+                std::thread::park();
+            }
+            shared.sleeping.store(false, Ordering::SeqCst);
+            continue;
+        }
+        let before = local.len();
+        blocked.clear();
+        local.retain_mut(|e| {
+            let order = e.order();
+            if let Some((q, pos)) = order {
+                if blocked.iter().any(|&(bq, bpos)| bq == q && pos > bpos) {
+                    return true;
+                }
+            }
+            match poll_one(e) {
+                Some(false) => {
+                    if let Some((q, pos)) = order {
+                        match blocked.iter_mut().find(|(bq, _)| *bq == q) {
+                            Some(b) => b.1 = b.1.min(pos),
+                            None => blocked.push((q, pos)),
+                        }
+                    }
+                    true
+                }
+                Some(true) => {
+                    shared.completed.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+                None => {
+                    tracing::error!("a completion entry panicked; its buffers are leaked");
+                    std::mem::forget(std::mem::replace(e, Box::new(Done)));
+                    shared.completed.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+            }
+        });
+        let now = Instant::now();
+        if local.len() != before {
+            last_progress = now;
+            sleep = Duration::from_micros(10);
+            continue;
+        }
+        let idle = now.saturating_duration_since(last_progress);
+        if idle < cfg.spin {
+            // A short pause between rounds of driver queries, so that the
+            // threads enqueueing work do not contend with a tight loop.
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        } else if idle < cfg.yield_for {
+            std::thread::yield_now();
+        } else {
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if !shared.wake.load(Ordering::SeqCst) {
+                std::thread::park_timeout(sleep);
+            }
+            shared.sleeping.store(false, Ordering::SeqCst);
+            sleep = (sleep * 2).min(cfg.max_sleep);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    struct Flag {
+        done: Arc<AtomicBool>,
+        tx: mpsc::Sender<u32>,
+        id: u32,
+        polls: Arc<AtomicU64>,
+    }
+
+    impl Pending for Flag {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            if self.done.load(Ordering::Acquire) {
+                let _ = self.tx.send(self.id);
+                true
+            } else {
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn completes_entries_in_any_order_and_parks_when_idle() {
+        let r = Reactor::new(ReactorConfig {
+            spin: Duration::from_micros(50),
+            yield_for: Duration::from_micros(100),
+            max_sleep: Duration::from_micros(200),
+        });
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        let flags: Vec<Arc<AtomicBool>> =
+            (0..8).map(|_| Arc::new(AtomicBool::new(false))).collect();
+        for (i, f) in flags.iter().enumerate() {
+            r.register(Box::new(Flag {
+                done: f.clone(),
+                tx: tx.clone(),
+                id: i as u32,
+                polls: polls.clone(),
+            }))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        }
+        // Complete them in a scrambled order; each must come out exactly once.
+        let order = [5u32, 0, 7, 2, 1, 6, 3, 4];
+        for &i in &order {
+            flags[i as usize].store(true, Ordering::Release);
+            let got = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("entry completed");
+            assert_eq!(got, i);
+        }
+        assert_eq!(r.stats().registered, 8);
+        // The completed counter moves right after the entry returns true.
+        let t0 = Instant::now();
+        while r.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert_eq!(r.pending(), 0);
+        // Idle: the thread parks and stops polling.
+        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(r.stats().parks >= 1, "idle reactor must park");
+        let p = polls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            p,
+            "a parked reactor polls nothing"
+        );
+        // A new registration unparks it.
+        let f = Arc::new(AtomicBool::new(true));
+        r.register(Box::new(Flag {
+            done: f,
+            tx,
+            id: 99,
+            polls,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 99);
+    }
+
+    struct Ordered {
+        pos: u64,
+        done: Arc<AtomicBool>,
+        polls: Arc<AtomicU64>,
+        tx: mpsc::Sender<u64>,
+    }
+
+    impl Pending for Ordered {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            let d = self.done.load(Ordering::Acquire);
+            if d {
+                let _ = self.tx.send(self.pos);
+            }
+            d
+        }
+        fn order(&self) -> Option<(u64, u64)> {
+            Some((7, self.pos))
+        }
+    }
+
+    #[test]
+    fn ordered_queue_checks_the_oldest_only_and_never_loses_one() {
+        let r = Reactor::new(ReactorConfig::default());
+        let (tx, rx) = mpsc::channel();
+        let mk = |pos: u64| {
+            let done = Arc::new(AtomicBool::new(false));
+            let polls = Arc::new(AtomicU64::new(0));
+            (
+                Ordered {
+                    pos,
+                    done: done.clone(),
+                    polls: polls.clone(),
+                    tx: tx.clone(),
+                },
+                done,
+                polls,
+            )
+        };
+        // Registered out of order: 2 first, then 1 (e.g. two submitting
+        // threads); 3 last.
+        let (e2, d2, p2) = mk(2);
+        let (e1, d1, _p1) = mk(1);
+        let (e3, d3, p3) = mk(3);
+        for e in [e2, e1, e3] {
+            r.register(Box::new(e)).map_err(|(e, _)| e).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        // 1 is pending, so 3 (after it) is never queried; 2, registered
+        // ahead of 1, is still checked (never skipped on a later position).
+        assert_eq!(
+            p3.load(Ordering::Relaxed),
+            0,
+            "entries after a pending one are skipped"
+        );
+        assert!(p2.load(Ordering::Relaxed) >= 1);
+        // Completing 1 lets the others be checked; none is lost.
+        d1.store(true, Ordering::Release);
+        d2.store(true, Ordering::Release);
+        d3.store(true, Ordering::Release);
+        let mut got: Vec<u64> = (0..3)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![1, 2, 3]);
+    }
+
+    struct Panicky(Arc<AtomicU64>);
+    impl Pending for Panicky {
+        fn poll_complete(&mut self) -> bool {
+            panic!("entry bug")
+        }
+    }
+    impl Drop for Panicky {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_panicking_entry_is_leaked_and_the_reactor_keeps_going() {
+        let r = Reactor::new(ReactorConfig::default());
+        let drops = Arc::new(AtomicU64::new(0));
+        r.register(Box::new(Panicky(drops.clone())))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        r.register(Box::new(Flag {
+            done: Arc::new(AtomicBool::new(true)),
+            tx,
+            id: 1,
+            polls: Arc::new(AtomicU64::new(0)),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "never dropped");
+    }
+
+    #[test]
+    fn config_from_env_defaults() {
+        let d = ReactorConfig::default();
+        assert!(d.spin < d.yield_for);
+        assert!(d.max_sleep >= Duration::from_micros(1));
+    }
+}
