@@ -1,0 +1,568 @@
+//! A rank program for chorus's multi-GPU checks of the NCCL backend: started
+//! by `chorus-run`, one process per GPU (device = `LOCAL_RANK`), it runs one
+//! scenario and reports on stdout. Not an example to copy.
+//!
+//! Scenarios (first argument):
+//! * `matrix`: every op (all_reduce / reduce / reduce_scatter × sum prod min
+//!   max avg, broadcast, all_gather, all_to_all, send/recv both ways,
+//!   send_recv) × dtype (f32 f64 f16 bf16 i8 u8 i32 i64) on device buffers
+//!   with random data and poisoned outputs, checked against the serial
+//!   reference; then subgroups made by `new_group` (a split of the world
+//!   communicator) doing an all_reduce. Prints `OK rank=R checks=N` or one
+//!   `MISMATCH` line per failed check and `FAIL rank=R ...`.
+//! * `kill`: rank `FAULT_RANK` (default 1) SIGKILLs itself in the middle of a
+//!   large device all_reduce; the survivors' work must fail within the op
+//!   timeout (`FAULT_TIMEOUT_MS`, default 3000). Prints `RESULT rank=R
+//!   kind=K elapsed_ms=MS msg=...`.
+//! * `busbw`: all_reduce f32 from 8 B to 1 GiB; prints one JSON line per size
+//!   (`bytes`, `median_us` of submit-to-await round trips, `submit_us` the
+//!   median host time of the `all_reduce` call alone, `in_progress` how many
+//!   of the timed calls returned `ncclInProgress`, `loop_us` per op of 20
+//!   back-to-back ops, `busbw_gbps` from each).
+
+use std::time::{Duration, Instant};
+
+use chorus::reduce::Reducible;
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus_examples::testkit::{data, poison, reference, TestElem, OPS};
+use chorus_runtime::cuda::nccl::{in_progress_returns, NcclElement};
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use half::{bf16, f16};
+
+fn env_num(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+type Res<T> = Result<T, String>;
+
+fn up<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> Res<DeviceBuffer<T>> {
+    let slice = s.clone_htod(v).map_err(|e| format!("upload: {e}"))?;
+    DeviceBuffer::new(slice).map_err(|e| format!("device buffer: {e}"))
+}
+
+fn down<T: NcclElement + Copy>(b: &DeviceBuffer<T>) -> Res<Vec<T>> {
+    b.producer()
+        .clone_dtoh(b.slice())
+        .map_err(|e| format!("download: {e}"))
+}
+
+/// Counts checks and records mismatches (all of them, not only the first).
+struct Checker {
+    checks: usize,
+    fails: Vec<String>,
+}
+
+impl Checker {
+    fn check<T: PartialEq + std::fmt::Debug>(&mut self, what: String, got: &[T], want: &[T]) {
+        self.checks += 1;
+        if got.len() != want.len() {
+            self.fails.push(format!(
+                "{what}: {} elements, expected {}",
+                got.len(),
+                want.len()
+            ));
+            return;
+        }
+        let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+        if let Some(&i) = bad.first() {
+            self.fails.push(format!(
+                "{what}: {} of {} elements differ; first at {i}: got {:?}, expected {:?}",
+                bad.len(),
+                got.len(),
+                got[i],
+                want[i]
+            ));
+        }
+    }
+}
+
+fn werr(what: &str) -> impl Fn(WorkError) -> String + '_ {
+    move |e| format!("{what}: work failed: {e}")
+}
+
+fn rej<B>(what: &str) -> impl Fn(chorus::Rejected<B>) -> String + '_ {
+    move |e| format!("{what}: rejected: {}", e.error)
+}
+
+/// Every op for element type `T` at `len` elements per rank.
+async fn ops<T>(pg: &ProcessGroup, s: &Stream, salt: u64, len: usize, ck: &mut Checker) -> Res<()>
+where
+    T: TestElem + Reducible + NcclElement,
+{
+    let (rank, size) = (pg.rank(), pg.size());
+    let dt = T::DTYPE;
+    let case = |k: u64| salt * 1_000 + k;
+    for (oi, &op) in OPS.iter().enumerate() {
+        let c = case(oi as u64);
+        let w = format!("all_reduce {op} {dt} len {len}");
+        let b = pg
+            .all_reduce(up(s, &data::<T>(c, rank, len, op))?, op)
+            .map_err(rej(&w))?
+            .await
+            .map_err(werr(&w))?;
+        ck.check(w, &down(&b)?, &reference::<T>(c, size, len, op));
+
+        let c = case(20 + oi as u64);
+        let root = (c as usize + 1) % size;
+        let w = format!("reduce {op} {dt} len {len} root {root}");
+        let b = pg
+            .reduce(up(s, &data::<T>(c, rank, len, op))?, root, op)
+            .map_err(rej(&w))?
+            .await
+            .map_err(werr(&w))?;
+        if rank == root {
+            ck.check(w, &down(&b)?, &reference::<T>(c, size, len, op));
+        }
+
+        let c = case(40 + oi as u64);
+        let w = format!("reduce_scatter {op} {dt} len {len}");
+        let (_, o) = pg
+            .reduce_scatter(
+                up(s, &data::<T>(c, rank, size * len, op))?,
+                up(s, &poison::<T>(len))?,
+                op,
+            )
+            .map_err(rej(&w))?
+            .await
+            .map_err(werr(&w))?;
+        let full = reference::<T>(c, size, size * len, op);
+        ck.check(w, &down(&o)?, &full[rank * len..(rank + 1) * len]);
+    }
+
+    let c = case(10);
+    let root = (c as usize) % size;
+    let w = format!("broadcast {dt} len {len} root {root}");
+    let mine = if rank == root {
+        data::<T>(c, rank, len, ReduceOp::Sum)
+    } else {
+        poison(len)
+    };
+    let b = pg
+        .broadcast(up(s, &mine)?, root)
+        .map_err(rej(&w))?
+        .await
+        .map_err(werr(&w))?;
+    ck.check(w, &down(&b)?, &data::<T>(c, root, len, ReduceOp::Sum));
+
+    let c = case(30);
+    let w = format!("all_gather {dt} len {len}");
+    let (i, o) = pg
+        .all_gather(
+            up(s, &data::<T>(c, rank, len, ReduceOp::Sum))?,
+            up(s, &poison::<T>(size * len))?,
+        )
+        .map_err(rej(&w))?
+        .await
+        .map_err(werr(&w))?;
+    let expect: Vec<T> = (0..size)
+        .flat_map(|r| data::<T>(c, r, len, ReduceOp::Sum))
+        .collect();
+    ck.check(w.clone(), &down(&o)?, &expect);
+    ck.check(
+        format!("{w} input kept"),
+        &down(&i)?,
+        &data::<T>(c, rank, len, ReduceOp::Sum),
+    );
+
+    let c = case(50);
+    let w = format!("all_to_all {dt} len {len}");
+    let (_, o) = pg
+        .all_to_all(
+            up(s, &data::<T>(c, rank, size * len, ReduceOp::Sum))?,
+            up(s, &poison::<T>(size * len))?,
+        )
+        .map_err(rej(&w))?
+        .await
+        .map_err(werr(&w))?;
+    let expect: Vec<T> = (0..size)
+        .flat_map(|i| {
+            data::<T>(c, i, size * len, ReduceOp::Sum)[rank * len..(rank + 1) * len].to_vec()
+        })
+        .collect();
+    ck.check(w, &down(&o)?, &expect);
+
+    // send/recv: rank a sends to rank b, for every ordered pair in turn, so
+    // that no rank posts a send and a recv on the same stream at once.
+    for a in 0..size {
+        for b in 0..size {
+            if a == b {
+                continue;
+            }
+            let c = case(60 + (a * size + b) as u64);
+            let w = format!("send/recv {dt} len {len} {a}->{b}");
+            if rank == a {
+                pg.send(up(s, &data::<T>(c, a, len, ReduceOp::Sum))?, b)
+                    .map_err(rej(&w))?
+                    .await
+                    .map_err(werr(&w))?;
+            } else if rank == b {
+                let got = pg
+                    .recv(up(s, &poison::<T>(len))?, a)
+                    .map_err(rej(&w))?
+                    .await
+                    .map_err(werr(&w))?;
+                ck.check(w, &down(&got)?, &data::<T>(c, a, len, ReduceOp::Sum));
+            }
+        }
+    }
+
+    // send_recv: a ring exchange as one grouped op per rank.
+    if size > 1 {
+        let c = case(90);
+        let next = (rank + 1) % size;
+        let prev = (rank + size - 1) % size;
+        if size == 2 {
+            let w = format!("send_recv {dt} len {len} with {next}");
+            let (_, got) = pg
+                .send_recv(
+                    up(s, &data::<T>(c, rank, len, ReduceOp::Sum))?,
+                    up(s, &poison::<T>(len))?,
+                    next,
+                )
+                .map_err(rej(&w))?
+                .await
+                .map_err(werr(&w))?;
+            ck.check(w, &down(&got)?, &data::<T>(c, prev, len, ReduceOp::Sum));
+        }
+    }
+    Ok(())
+}
+
+async fn all_dtypes(pg: &ProcessGroup, s: &Stream, len: usize, ck: &mut Checker) -> Res<()> {
+    let salt = len as u64 * 10;
+    ops::<f32>(pg, s, salt + 1, len, ck).await?;
+    ops::<f64>(pg, s, salt + 2, len, ck).await?;
+    ops::<f16>(pg, s, salt + 3, len, ck).await?;
+    ops::<bf16>(pg, s, salt + 4, len, ck).await?;
+    ops::<i8>(pg, s, salt + 5, len, ck).await?;
+    ops::<u8>(pg, s, salt + 6, len, ck).await?;
+    ops::<i32>(pg, s, salt + 7, len, ck).await?;
+    ops::<i64>(pg, s, salt + 8, len, ck).await?;
+    Ok(())
+}
+
+async fn matrix(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
+    let rank = pg.rank();
+    let mut ck = Checker {
+        checks: 0,
+        fails: Vec::new(),
+    };
+    for len in [1usize, 13, 4099, 70_001] {
+        all_dtypes(pg, s, len, &mut ck).await?;
+    }
+    // A large f32 all_reduce (4 Mi + 3 elements).
+    ops_big(pg, s, &mut ck).await?;
+    let world_comms = pg.nccl_comms_created();
+
+    // Subgroups: the whole world (a split with every rank), then only the
+    // last rank (the others take part in the split with NOCOLOR).
+    let size = pg.size();
+    let all: Vec<usize> = (0..size).collect();
+    let sub = pg
+        .new_group(&all)
+        .await
+        .map_err(|e| format!("new_group(all): {e}"))?
+        .ok_or("new_group(all) gave no group to a member")?;
+    let last = pg
+        .new_group(&[size - 1])
+        .await
+        .map_err(|e| format!("new_group([last]): {e}"))?;
+    for (name, g) in [("sub(all)", Some(&sub)), ("sub(last)", last.as_ref())] {
+        let Some(g) = g else { continue };
+        let c = 777 + g.size() as u64;
+        let w = format!("{name} all_reduce sum f32 len 5003");
+        let b = g
+            .all_reduce(
+                up(s, &data::<f32>(c, g.rank(), 5003, ReduceOp::Sum))?,
+                ReduceOp::Sum,
+            )
+            .map_err(rej(&w))?
+            .await
+            .map_err(werr(&w))?;
+        ck.check(
+            w,
+            &down(&b)?,
+            &reference::<f32>(c, g.size(), 5003, ReduceOp::Sum),
+        );
+        println!(
+            "SUBGROUP rank={rank} {name} size={} sub_rank={} comms_created={}",
+            g.size(),
+            g.rank(),
+            g.nccl_comms_created()
+        );
+    }
+    println!(
+        "COMMS rank={rank} world={world_comms} after_subgroups={}",
+        pg.nccl_comms_created()
+    );
+    pg.barrier()
+        .map_err(rej("barrier"))?
+        .await
+        .map_err(werr("barrier"))?;
+    Ok(ck)
+}
+
+async fn ops_big(pg: &ProcessGroup, s: &Stream, ck: &mut Checker) -> Res<()> {
+    let (rank, size) = (pg.rank(), pg.size());
+    let len = (4 << 20) + 3;
+    let w = format!("all_reduce sum f32 len {len}");
+    let b = pg
+        .all_reduce(
+            up(s, &data::<f32>(4242, rank, len, ReduceOp::Sum))?,
+            ReduceOp::Sum,
+        )
+        .map_err(rej(&w))?
+        .await
+        .map_err(werr(&w))?;
+    ck.check(
+        w,
+        &down(&b)?,
+        &reference::<f32>(4242, size, len, ReduceOp::Sum),
+    );
+    Ok(())
+}
+
+fn kind(e: &WorkError) -> &'static str {
+    match e {
+        WorkError::OpTimeout { .. } => "OpTimeout",
+        WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
+        WorkError::PeerLost { .. } => "PeerLost",
+        WorkError::Aborted { .. } => "Aborted",
+        WorkError::GroupErrored { .. } => "GroupErrored",
+        WorkError::Remote { .. } => "Remote",
+        _ => "Other",
+    }
+}
+
+async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
+    let rank = pg.rank();
+    let victim = env_num("FAULT_RANK", 1) as usize;
+    let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 3000));
+    let pg = pg.with_timeout(timeout);
+    // Warm up (communicator ready, one op done on both ranks).
+    pg.all_reduce(up(s, &[1.0f32; 1024])?, ReduceOp::Sum)
+        .map_err(rej("warm-up"))?
+        .await
+        .map_err(werr("warm-up"))?;
+    let n = 64 << 20; // 256 MiB of f32
+    let bufs: Vec<DeviceBuffer<f32>> = (0..8)
+        .map(|_| up(s, &vec![1.0f32; n]))
+        .collect::<Res<_>>()?;
+    s.synchronize().map_err(|e| format!("sync: {e}"))?;
+    pg.barrier()
+        .map_err(rej("barrier"))?
+        .await
+        .map_err(werr("barrier"))?;
+    let start = Instant::now();
+    let mut works = Vec::new();
+    for b in bufs {
+        works.push(pg.all_reduce(b, ReduceOp::Sum).map_err(rej("big"))?);
+        if rank == victim {
+            // The victim submits one op, lets it start, and dies.
+            std::thread::sleep(Duration::from_millis(1));
+            println!(
+                "VICTIM rank={rank} pid={} killing itself after {:?}",
+                std::process::id(),
+                start.elapsed()
+            );
+            // SAFETY: getpid and kill have no memory-safety preconditions.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+    }
+    let submitted = start.elapsed();
+    let mut done = 0;
+    for w in works {
+        match w.await {
+            Ok(_) => done += 1,
+            Err(e) => {
+                println!(
+                    "RESULT rank={rank} kind={} elapsed_ms={} submitted_us={} ops_done_before={done} timeout_ms={} msg={}",
+                    kind(&e),
+                    start.elapsed().as_millis(),
+                    submitted.as_micros(),
+                    timeout.as_millis(),
+                    e.to_string().replace('\n', " ")
+                );
+                return Ok(0);
+            }
+        }
+    }
+    println!(
+        "RESULT rank={rank} kind=none elapsed_ms={} msg=every op succeeded",
+        start.elapsed().as_millis()
+    );
+    Ok(3)
+}
+
+fn median_of(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+async fn busbw(pg: &ProcessGroup, s: &Stream) -> Res<()> {
+    let (rank, size) = (pg.rank(), pg.size());
+    let iters = env_num("BUSBW_ITERS", 20) as usize;
+    let max = 1usize << 30;
+    let mut sizes: Vec<usize> = (0..14).map(|k| 8usize << (2 * k)).collect();
+    sizes.push(max);
+    let factor = 2.0 * (size as f64 - 1.0) / size as f64;
+    for bytes in sizes {
+        let n = bytes / 4;
+        let mut part = up(s, &vec![1.0f32; n])?;
+        s.synchronize().map_err(|e| format!("sync: {e}"))?;
+        let run = |b: DeviceBuffer<f32>| pg.all_reduce(b, ReduceOp::Sum).map_err(rej("busbw"));
+        for _ in 0..5 {
+            part = run(part)?.await.map_err(werr("busbw"))?;
+        }
+        pg.barrier()
+            .map_err(rej("barrier"))?
+            .await
+            .map_err(werr("barrier"))?;
+        let mut times = Vec::with_capacity(iters);
+        let mut submits = Vec::with_capacity(iters);
+        let in_progress_before = in_progress_returns();
+        for _ in 0..iters {
+            let t = Instant::now();
+            let w = run(part)?;
+            submits.push(t.elapsed().as_secs_f64() * 1e6);
+            part = w.await.map_err(werr("busbw"))?;
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let in_progress = in_progress_returns() - in_progress_before;
+        let median = median_of(&mut times);
+        let submit = median_of(&mut submits);
+        pg.barrier()
+            .map_err(rej("barrier"))?
+            .await
+            .map_err(werr("barrier"))?;
+        // Pipelined: `iters` ops back to back, each taking the previous
+        // one's buffer stream-ordered (no host wait), then await the last.
+        let t = Instant::now();
+        let mut b = part;
+        for i in 0..iters {
+            let w = run(b)?;
+            b = if i + 1 == iters {
+                w.await.map_err(werr("busbw"))?
+            } else {
+                w.stream_ordered().map_err(werr("busbw"))?
+            };
+        }
+        let pipelined = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        drop(b);
+        let bw = |us: f64| bytes as f64 * factor / (us * 1e-6) / 1e9;
+        if rank == 0 {
+            println!(
+                "{{\"bytes\":{bytes},\"median_us\":{median:.2},\"submit_us\":{submit:.2},\"in_progress\":{in_progress},\"busbw_gbps\":{:.2},\"loop_us\":{pipelined:.2},\"loop_busbw_gbps\":{:.2},\"iters\":{iters},\"ranks\":{size}}}",
+                bw(median),
+                bw(pipelined)
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn main_async(scenario: &str) -> Result<i32, String> {
+    let local: usize = env_num("LOCAL_RANK", 0) as usize;
+    let dev = Device::get(local).map_err(|e| format!("device {local}: {e}"))?;
+    let s = dev
+        .new_stream(StreamPriority::Normal)
+        .map_err(|e| format!("stream: {e}"))?;
+    let t = Instant::now();
+    let pg = ProcessGroup::builder()
+        .timeout(Duration::from_secs(60))
+        .device(local)
+        .init_from_env()
+        .await
+        .map_err(|e| format!("group: {e}"))?;
+    let rank = pg.rank();
+    println!(
+        "START rank={rank} size={} device={local} pid={} init_ms={}",
+        pg.size(),
+        std::process::id(),
+        t.elapsed().as_millis()
+    );
+    let code = match scenario {
+        "matrix" => match matrix(&pg, &s).await {
+            Ok(ck) if ck.fails.is_empty() => {
+                println!(
+                    "OK rank={rank} checks={} comms={}",
+                    ck.checks,
+                    pg.nccl_comms_created()
+                );
+                0
+            }
+            Ok(ck) => {
+                for f in &ck.fails {
+                    println!("MISMATCH rank={rank} {f}");
+                }
+                println!(
+                    "FAIL rank={rank} {} of {} checks failed",
+                    ck.fails.len(),
+                    ck.checks
+                );
+                1
+            }
+            Err(e) => {
+                println!("FAIL rank={rank} {e}");
+                1
+            }
+        },
+        "kill" => {
+            let code = kill(&pg, &s).await?;
+            // The peer is gone: leave without the rendezvous' goodbye or the
+            // communicators' teardown (timed separately below).
+            let t = Instant::now();
+            drop(pg);
+            println!("TEARDOWN rank={rank} drop_ms={}", t.elapsed().as_millis());
+            return Ok(code);
+        }
+        "busbw" => match busbw(&pg, &s).await {
+            Ok(()) => 0,
+            Err(e) => {
+                println!("FAIL rank={rank} {e}");
+                1
+            }
+        },
+        other => {
+            eprintln!("unknown scenario '{other}' (matrix, kill, busbw)");
+            2
+        }
+    };
+    let t = Instant::now();
+    pg.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+    println!("SHUTDOWN rank={rank} ms={}", t.elapsed().as_millis());
+    Ok(code)
+}
+
+fn main() -> std::process::ExitCode {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start tokio: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let code = match rt.block_on(main_async(&scenario)) {
+        Ok(code) => code,
+        Err(e) => {
+            println!(
+                "ERROR rank={} {e}",
+                std::env::var("RANK").unwrap_or_default()
+            );
+            4
+        }
+    };
+    // Exit without running the runtime's or the communicators' destructors
+    // a second time in a failed job.
+    std::process::ExitCode::from(code as u8)
+}
