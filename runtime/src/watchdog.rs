@@ -11,7 +11,10 @@
 //! from the environment: `CHORUS_WATCHDOG_INTERVAL_MS` (default 10),
 //! `CHORUS_HEARTBEAT_TIMEOUT_S` (default 60), `CHORUS_TRACE_DIR` (where
 //! dumps go; default the system temp folder), `CHORUS_DUMP_ON_SIGUSR1`
-//! (default 1).
+//! (default 1), `CHORUS_WATCHDOG` (default 1; `0` switches the watchdog off:
+//! [`watch`] then registers nothing and no thread is started, so ops time
+//! out only through blocking waits such as `wait_timeout`. Meant for
+//! measuring the watchdog's overhead, not for production).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,6 +53,9 @@ pub struct WatchdogConfig {
     pub dump_dir: PathBuf,
     /// Dump every group's recorder when the process receives SIGUSR1.
     pub dump_on_sigusr1: bool,
+    /// Whether the watchdog runs at all (`CHORUS_WATCHDOG=0` turns it off:
+    /// no thread, no group watched, no timeout or async-error detection).
+    pub enabled: bool,
 }
 
 impl WatchdogConfig {
@@ -68,6 +74,7 @@ impl WatchdogConfig {
                 .map(PathBuf::from)
                 .unwrap_or_else(std::env::temp_dir),
             dump_on_sigusr1: std::env::var("CHORUS_DUMP_ON_SIGUSR1").map_or(true, |v| v != "0"),
+            enabled: std::env::var("CHORUS_WATCHDOG").map_or(true, |v| v.trim() != "0"),
         }
     }
 }
@@ -141,7 +148,11 @@ fn state() -> &'static Arc<State> {
             timeouts: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         });
-        start_threads(&st);
+        if st.config.enabled {
+            start_threads(&st);
+        } else {
+            tracing::warn!("CHORUS_WATCHDOG=0: the chorus watchdog is off; ops time out only in blocking waits");
+        }
         st
     })
 }
@@ -189,9 +200,14 @@ fn install_sigusr1() {
 #[cfg(not(unix))]
 fn install_sigusr1() {}
 
-/// Starts watching `group` (starting the watchdog on first use).
+/// Starts watching `group` (starting the watchdog on first use). Does
+/// nothing when the watchdog is switched off (`CHORUS_WATCHDOG=0` or
+/// [`WatchdogConfig::enabled`] false).
 pub fn watch(group: WatchedGroup) {
     let st = state();
+    if !st.config.enabled {
+        return;
+    }
     // The world group names the process's dump; otherwise the first group.
     if &*group.name == "world" || st.process_rank.load(Ordering::Relaxed) == u64::MAX {
         st.process_rank.store(group.rank as u64, Ordering::Relaxed);
@@ -211,6 +227,12 @@ pub struct WatchdogStats {
     pub timeouts: u64,
     /// Backend errors acted on.
     pub errors: u64,
+}
+
+/// Whether the watchdog runs (false when switched off by `CHORUS_WATCHDOG=0`
+/// or [`WatchdogConfig::enabled`]). Starts it if it has not started yet.
+pub fn enabled() -> bool {
+    state().config.enabled
 }
 
 /// What the watchdog has done so far (zeros if it never started).

@@ -1,0 +1,157 @@
+//! The watchdog on a GPU (issue 5, "On the H200"): a spin kernel holds the
+//! stream an all_reduce waits on for longer than the op timeout; the
+//! watchdog (not a blocking wait) must fail the awaited work with
+//! `OpTimeout` within timeout + 100 ms, abort the group's NCCL communicator,
+//! and leave the process able to create a new group and run ops on it.
+//!
+//! Ignored by default; run on the GPU machine with `--include-ignored
+//! --test-threads=1`. Fails when no GPU is found.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus::reduce::reference_reduce;
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus_runtime::cuda::kernels::Kernels;
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use chorus_runtime::watchdog;
+use futures::executor::block_on;
+use rand::{Rng, SeedableRng};
+
+/// Everything the tracing subscriber writes, to find the abort event.
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&LOG.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
+
+fn device_group(store: &Arc<dyn Store>, name: &str) -> ProcessGroup {
+    block_on(
+        ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store.clone())
+            .name(name)
+            .timeout(Duration::from_secs(60))
+            .device(0)
+            .build(),
+    )
+    .unwrap_or_else(|e| panic!("group {name}: {e}"))
+}
+
+fn upload(s: &Stream, v: &[f32]) -> DeviceBuffer<f32> {
+    DeviceBuffer::new(s.clone_htod(v).unwrap()).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_watchdog_times_out_a_spinning_stream_then_a_new_group_works() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(|| LogWriter)
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
+    let dev = Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"));
+    assert!(
+        watchdog::enabled(),
+        "run with the watchdog on (CHORUS_WATCHDOG unset)"
+    );
+    let kernels = Kernels::load(&dev).unwrap();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = device_group(&st, "wd-a");
+    let timeout = Duration::from_millis(300);
+    let spin = Duration::from_secs(2);
+    let short = pg.with_timeout(timeout);
+    // Upload before the spin: a pageable copy would wait behind it.
+    let buf = upload(&s, &[1.0, 2.0, 3.0]);
+    s.synchronize().unwrap();
+    let before = watchdog::stats();
+    kernels.spin(&s, spin).unwrap();
+    let t0 = Instant::now();
+    let work = short.all_reduce(buf, ReduceOp::Sum).unwrap();
+    let ev = work.end_event_handle();
+    let res = block_on(work);
+    let took = t0.elapsed();
+    let err = res.expect_err("the op must time out behind a 2 s kernel");
+    println!(
+        "awaited work failed after {took:?} (timeout {timeout:?}, detection {:?} after the deadline): {err}",
+        took.saturating_sub(timeout)
+    );
+    assert!(matches!(err, WorkError::OpTimeout { .. }), "{err:?}");
+    assert!(took >= timeout, "failed before its deadline: {took:?}");
+    assert!(
+        took <= timeout + Duration::from_millis(100),
+        "the watchdog took {took:?} (> timeout + 100 ms)"
+    );
+    let after = watchdog::stats();
+    assert!(
+        after.timeouts > before.timeouts,
+        "the watchdog counted no timeout: {before:?} -> {after:?}"
+    );
+    assert!(
+        matches!(pg.error(), Some(WorkError::OpTimeout { .. })),
+        "the group is failed with the timeout: {:?}",
+        pg.error()
+    );
+    let log = log_text();
+    assert!(
+        log.contains("aborting NCCL communicator"),
+        "the communicator was not aborted; log:\n{log}"
+    );
+    // A later op on the failed group is refused with its buffer.
+    let refused = pg
+        .all_reduce(upload(&s, &[5.0]), ReduceOp::Sum)
+        .unwrap_err();
+    println!("later op on the failed group: {}", refused.error);
+
+    // A new group in the same process (same store, new name) works while
+    // the old stream is still spinning.
+    let t1 = Instant::now();
+    let s2 = dev.new_stream(StreamPriority::Normal).unwrap();
+    let pg2 = device_group(&st, "wd-b");
+    let built = t1.elapsed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let data: Vec<f32> = (0..4099).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let poison: Vec<f32> = (0..4099).map(|_| rng.gen_range(5.0..6.0)).collect();
+    let want = reference_reduce(ReduceOp::Sum, std::slice::from_ref(&data));
+    let out = block_on(pg2.all_reduce(upload(&s2, &data), ReduceOp::Sum).unwrap()).unwrap();
+    let got = s2.clone_dtoh(out.slice()).unwrap();
+    assert_eq!(got, want, "all_reduce on the new group");
+    // Data moved by the new communicator: send_recv to self into a
+    // poisoned buffer.
+    let (_, o) = block_on(
+        pg2.send_recv(upload(&s2, &data), upload(&s2, &poison), 0)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        s2.clone_dtoh(o.slice()).unwrap(),
+        data,
+        "send_recv on the new group"
+    );
+    println!(
+        "new group wd-b: built in {built:?}; all_reduce + send_recv correct, {:?} after the failure (old spin still running: {})",
+        t1.elapsed(),
+        t0.elapsed() < spin
+    );
+    assert!(pg2.error().is_none());
+    ev.event().synchronize().unwrap();
+    dev.synchronize().unwrap();
+}
