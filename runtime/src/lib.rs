@@ -29,18 +29,27 @@
 //!   policies and dumps the flight recorder; the heartbeat monitor.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![warn(missing_docs)]
+// Under `cfg(loom)` (the loom suite) only the I/O-free state machines are
+// compiled: with the flag set for every crate, tokio drops its networking,
+// process and signal APIs, which the I/O layers need.
 
 pub mod comm_cache;
+#[cfg(not(loom))]
 pub mod cuda;
 pub mod error;
 pub mod flight_recorder;
+#[cfg(not(loom))]
 pub mod launcher;
 #[cfg(not(loom))]
 pub mod reactor;
+#[cfg(not(loom))]
 pub mod rendezvous;
+#[cfg(not(loom))]
 pub mod rt;
+#[cfg(not(loom))]
 pub mod store;
 pub(crate) mod sync;
+#[cfg(not(loom))]
 pub mod watchdog;
 pub mod work;
 
