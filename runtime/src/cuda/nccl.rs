@@ -11,7 +11,7 @@
 //!   end event on the comm stream), serialized by a mutex.
 //! * [`InFlight`]: the op's buffers and end event. Its buffers are never
 //!   released before the end event completes: dropping an unfinished
-//!   `InFlight` hands them to the completion [`reactor`](crate::reactor),
+//!   `InFlight` hands them to the completion [`reactor`](crate::reactor::Reactor),
 //!   which drops them afterwards.
 
 use std::fmt;
