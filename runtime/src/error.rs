@@ -128,6 +128,23 @@ pub enum WorkError {
 }
 
 impl WorkError {
+    /// The variant's name (`"OpTimeout"`, `"PeerLost"`, ...), for logs and
+    /// reports that classify errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkError::OpTimeout { .. } => "OpTimeout",
+            WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
+            WorkError::Store { .. } => "Store",
+            WorkError::PeerLost { .. } => "PeerLost",
+            WorkError::Mismatch { .. } => "Mismatch",
+            WorkError::Aborted { .. } => "Aborted",
+            WorkError::GroupErrored { .. } => "GroupErrored",
+            WorkError::Remote { .. } => "Remote",
+            WorkError::InvalidArgument { .. } => "InvalidArgument",
+            WorkError::Backend { .. } => "Backend",
+        }
+    }
+
     /// The op the error belongs to.
     pub fn context(&self) -> &OpContext {
         match self {

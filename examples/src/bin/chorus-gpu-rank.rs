@@ -325,18 +325,6 @@ async fn ops_big(pg: &ProcessGroup, s: &Stream, ck: &mut Checker) -> Res<()> {
     Ok(())
 }
 
-fn kind(e: &WorkError) -> &'static str {
-    match e {
-        WorkError::OpTimeout { .. } => "OpTimeout",
-        WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
-        WorkError::PeerLost { .. } => "PeerLost",
-        WorkError::Aborted { .. } => "Aborted",
-        WorkError::GroupErrored { .. } => "GroupErrored",
-        WorkError::Remote { .. } => "Remote",
-        _ => "Other",
-    }
-}
-
 async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
     let rank = pg.rank();
     let victim = env_num("FAULT_RANK", 1) as usize;
@@ -382,7 +370,7 @@ async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
             Err(e) => {
                 println!(
                     "RESULT rank={rank} kind={} elapsed_ms={} submitted_us={} ops_done_before={done} timeout_ms={} msg={}",
-                    kind(&e),
+                    e.kind(),
                     start.elapsed().as_millis(),
                     submitted.as_micros(),
                     timeout.as_millis(),

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use chorus::{ProcessGroup, ReduceOp, WorkError};
+use chorus::{ProcessGroup, ReduceOp};
 use chorus_examples::testkit::{check_all_dtypes, SIZES};
 
 fn env_num(key: &str, default: u64) -> u64 {
@@ -25,21 +25,6 @@ fn env_num(key: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn kind(e: &WorkError) -> &'static str {
-    match e {
-        WorkError::OpTimeout { .. } => "OpTimeout",
-        WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
-        WorkError::PeerLost { .. } => "PeerLost",
-        WorkError::Mismatch { .. } => "Mismatch",
-        WorkError::Aborted { .. } => "Aborted",
-        WorkError::GroupErrored { .. } => "GroupErrored",
-        WorkError::Remote { .. } => "Remote",
-        WorkError::Store { .. } => "Store",
-        WorkError::InvalidArgument { .. } => "InvalidArgument",
-        _ => "Backend",
-    }
 }
 
 fn report(rank: usize, start: Instant, kind: &str, msg: &str) {
@@ -100,7 +85,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     Ok(3)
                 }
                 Err(e) => {
-                    report(rank, start, kind(&e), &e.to_string());
+                    report(rank, start, e.kind(), &e.to_string());
                     Ok(0)
                 }
             }
@@ -122,7 +107,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     Ok(3)
                 }
                 Err(e) => {
-                    report(rank, start, kind(&e), &e.to_string());
+                    report(rank, start, e.kind(), &e.to_string());
                     Ok(0)
                 }
             }
@@ -144,7 +129,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     Ok(3)
                 }
                 Err(e) => {
-                    report(rank, start, kind(&e), &e.to_string());
+                    report(rank, start, e.kind(), &e.to_string());
                     Ok(0)
                 }
             }
