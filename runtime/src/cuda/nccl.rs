@@ -1121,14 +1121,27 @@ impl Communicator {
 
     /// Polls `ncclCommGetAsyncError` until no call is in progress.
     fn wait_idle(&self, what: &'static str, limit: Duration) -> Result<(), NcclCommError> {
+        // Spin first: an op call that returned ncclInProgress is usually
+        // done within microseconds, and a sleep costs ~50 µs of timer slack
+        // (measured on 2 GPUs: 80-190 µs per op with sleeps alone). Then
+        // yield, then sleep with backoff for long waits (init, split).
+        const SPIN: Duration = Duration::from_micros(200);
+        const YIELD: Duration = Duration::from_millis(2);
         let t0 = Instant::now();
-        let mut pause = Duration::from_micros(1);
+        let mut pause = Duration::from_micros(10);
         while self.async_state()? {
-            if t0.elapsed() > limit {
+            let waited = t0.elapsed();
+            if waited > limit {
                 return Err(NcclCommError::Timeout { what, after: limit });
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            if waited < SPIN {
+                std::hint::spin_loop();
+            } else if waited < YIELD {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
         }
         Ok(())
     }
