@@ -15,7 +15,7 @@ use crate::backend::nccl::{self, NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::{Backend, OpKind, OpRequest};
 use crate::device::{DeviceResult, DeviceWork, OpBuffer};
-use crate::dtype::{Element, HostBuffer, ReduceOp};
+use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Rejected};
 use crate::work::{InOut, OpResult, Work};
 use chorus_runtime::comm_cache::CommKey;
@@ -636,17 +636,7 @@ impl ProcessGroup {
 
 /// Unwraps the buffers of a refused op.
 fn give_back<T: Element>(kind: OpKind) -> Vec<Vec<T>> {
-    let bufs: Vec<HostBuffer> = match kind {
-        OpKind::AllReduce { buf, .. }
-        | OpKind::Broadcast { buf, .. }
-        | OpKind::Reduce { buf, .. }
-        | OpKind::Send { buf, .. }
-        | OpKind::Recv { buf, .. } => vec![buf],
-        OpKind::AllGather { input, output }
-        | OpKind::ReduceScatter { input, output, .. }
-        | OpKind::AllToAll { input, output } => vec![input, output],
-        OpKind::Barrier => vec![],
-    };
+    let bufs = kind.into_buffers();
     bufs.into_iter()
         .filter_map(|b| T::from_host(b).ok())
         .collect()

@@ -96,6 +96,22 @@ impl OpKind {
         }
     }
 
+    /// The op's buffers, in the order they came in (what a finished op
+    /// hands back, and what a refused op gives back).
+    pub(crate) fn into_buffers(self) -> OpOutput {
+        match self {
+            OpKind::AllReduce { buf, .. }
+            | OpKind::Broadcast { buf, .. }
+            | OpKind::Reduce { buf, .. }
+            | OpKind::Send { buf, .. }
+            | OpKind::Recv { buf, .. } => vec![buf],
+            OpKind::AllGather { input, output }
+            | OpKind::ReduceScatter { input, output, .. }
+            | OpKind::AllToAll { input, output } => vec![input, output],
+            OpKind::Barrier => Vec::new(),
+        }
+    }
+
     /// True for ops every rank of the group takes part in.
     pub(crate) fn is_collective(&self) -> bool {
         !matches!(self, OpKind::Send { .. } | OpKind::Recv { .. })

@@ -12,12 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::io::{InBuf, OutBuf};
 use super::wire::{self, op, Encoder, FrameStatus, Reply};
-use super::{Store, StoreError, DEFAULT_TIMEOUT, TOKEN_ENV};
+use super::{Store, StoreError, DEFAULT_TIMEOUT};
 use crate::sync::{lock, Arc, Mutex};
-
-/// Requests waiting to be sent, in bytes, above which the connection task
-/// stops taking new ones until the socket drains.
-const OUT_HIGH_WATER: usize = 4 << 20;
 
 /// Options of [`TcpStore::connect`].
 #[derive(Clone, Debug)]
@@ -49,7 +45,7 @@ impl ClientOptions {
     /// empty: no token).
     pub fn from_env() -> Self {
         ClientOptions {
-            token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            token: super::io::token_from_env(),
             ..Self::default()
         }
     }
@@ -589,7 +585,7 @@ async fn connection(
     let mut closed = false;
     let end: StoreError = loop {
         // Take queued requests.
-        while !closed && c.out.pending() < OUT_HIGH_WATER {
+        while !closed && c.out.pending() < super::io::OUT_HIGH_WATER {
             match rx.try_recv() {
                 Ok(cmd) => c.accept(cmd),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -603,7 +599,7 @@ async fn connection(
             Err(e) => break conn_err(&c.addr, format!("write failed: {e}")),
         }
         let next = c.expire();
-        let room = !closed && c.out.pending() < OUT_HIGH_WATER;
+        let room = !closed && c.out.pending() < super::io::OUT_HIGH_WATER;
         let must_write = c.out.pending() > 0;
         tokio::select! {
             cmd = rx.recv(), if room => match cmd {

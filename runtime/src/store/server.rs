@@ -18,16 +18,12 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::io::{InBuf, OutBuf};
 use super::memory::{take_all, take_present, Kv};
 use super::wire::{self, status, Encoder, FrameStatus, Request};
-use super::{InMemoryStore, StoreError, TOKEN_ENV};
+use super::{InMemoryStore, StoreError};
 use crate::sync::Arc;
 
 /// Most waiting operations (get, wait, multi_get whose keys are missing)
 /// one connection may have in flight; more get an error reply.
 const MAX_WAITS_PER_CONN: usize = 16_384;
-/// A connection's replies waiting to be sent, in bytes, above which the
-/// server stops reading its requests until the client reads.
-const OUT_HIGH_WATER: usize = 4 << 20;
-
 /// Options of [`TcpStoreServer::bind`].
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -60,7 +56,7 @@ impl ServerOptions {
     /// empty: no token).
     pub fn from_env() -> Self {
         ServerOptions {
-            token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            token: super::io::token_from_env(),
             ..Self::default()
         }
     }
@@ -307,7 +303,7 @@ impl Conn {
                 Some(started + timeout)
             };
             // Replies pile up: stop reading until the client reads.
-            let can_read = self.out.pending() < OUT_HIGH_WATER;
+            let can_read = self.out.pending() < super::io::OUT_HIGH_WATER;
             let must_write = self.out.pending() > 0;
             tokio::select! {
                 _ = stop.changed() => return Ok(()),

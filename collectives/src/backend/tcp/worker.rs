@@ -12,7 +12,7 @@ use tracing::Instrument;
 use super::conn::{Frame, PeerState, Writer};
 use super::wire::{op_name, Header, Sig, CLASS_BYE, CLASS_P2P, NONE32, NONE8};
 use super::Inner;
-use crate::backend::{OpKind, OpOutput, OpRequest};
+use crate::backend::{OpKind, OpRequest};
 
 /// One running op, as the frame helpers see it.
 #[derive(Debug)]
@@ -50,21 +50,6 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The sender lives in `Inner`, which the worker holds: `wait_for` only
     // returns once the flag is set.
     let _ = stop.wait_for(|s| *s).await;
-}
-
-/// The buffers of a finished op, in the order they came in.
-fn into_output(kind: OpKind) -> OpOutput {
-    match kind {
-        OpKind::AllReduce { buf, .. }
-        | OpKind::Broadcast { buf, .. }
-        | OpKind::Reduce { buf, .. }
-        | OpKind::Send { buf, .. }
-        | OpKind::Recv { buf, .. } => vec![buf],
-        OpKind::AllGather { input, output }
-        | OpKind::ReduceScatter { input, output, .. }
-        | OpKind::AllToAll { input, output } => vec![input, output],
-        OpKind::Barrier => Vec::new(),
-    }
 }
 
 /// Bytes an op moves from this rank's point of view (for traces).
@@ -157,7 +142,7 @@ impl Worker {
             .instrument(span)
             .await;
             match res {
-                Ok(()) => completer.complete(Ok(into_output(kind))),
+                Ok(()) => completer.complete(Ok(kind.into_buffers())),
                 Err(e) => {
                     tracing::debug!(op = %ctx, error = %e, "op failed");
                     inner.fail(&e);
