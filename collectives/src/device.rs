@@ -20,6 +20,7 @@ pub use chorus_runtime::cuda::nccl::{DeviceBuffer, NcclType, RawDeviceBuffer};
 
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Rejected;
+use crate::process_group::group::{Group, Grouped};
 use crate::process_group::ProcessGroup;
 use crate::work::{OpResult, Work};
 
@@ -260,49 +261,116 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
     }
 }
 
+/// A one-buffer op, as the [`ProcessGroup`] and [`Group`] methods hand it
+/// to [`OpBuffer`] (internal).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op1 {
+    /// In place.
+    AllReduce(ReduceOp),
+    /// In place, from `root`.
+    Broadcast {
+        /// The root rank.
+        root: usize,
+    },
+    /// In place, onto `root`.
+    Reduce {
+        /// The root rank.
+        root: usize,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// To `peer`.
+    Send {
+        /// The peer rank.
+        peer: usize,
+    },
+    /// From `peer`.
+    Recv {
+        /// The peer rank.
+        peer: usize,
+    },
+}
+
+/// A two-buffer op (input, output) (internal).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op2 {
+    /// All-gather.
+    AllGather,
+    /// Reduce-scatter.
+    ReduceScatter(ReduceOp),
+    /// All-to-all.
+    AllToAll,
+}
+
+impl Op1 {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op1::AllReduce(_) => "all_reduce",
+            Op1::Broadcast { .. } => "broadcast",
+            Op1::Reduce { .. } => "reduce",
+            Op1::Send { .. } => "send",
+            Op1::Recv { .. } => "recv",
+        }
+    }
+
+    pub(crate) fn comm_op(self) -> CommOp {
+        match self {
+            Op1::AllReduce(op) => CommOp::AllReduce(red(op)),
+            Op1::Broadcast { root } => CommOp::Broadcast { root },
+            Op1::Reduce { root, op } => CommOp::Reduce { root, op: red(op) },
+            Op1::Send { peer } => CommOp::Send { peer },
+            Op1::Recv { peer } => CommOp::Recv { peer },
+        }
+    }
+}
+
+impl Op2 {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op2::AllGather => "all_gather",
+            Op2::ReduceScatter(_) => "reduce_scatter",
+            Op2::AllToAll => "all_to_all",
+        }
+    }
+
+    pub(crate) fn comm_op(self) -> CommOp {
+        match self {
+            Op2::AllGather => CommOp::AllGather,
+            Op2::ReduceScatter(op) => CommOp::ReduceScatter(red(op)),
+            Op2::AllToAll => CommOp::AllToAll,
+        }
+    }
+}
+
 /// A buffer an op can take: `Vec<T>` (host, TCP backend),
 /// [`DeviceBuffer<T>`] and [`RawDeviceBuffer`] (GPU, NCCL backend). The
 /// buffer type picks the backend and the work type. Sealed.
-pub trait OpBuffer: Sized + sealed::Sealed {
+pub trait OpBuffer: Sized + Send + 'static + sealed::Sealed {
     /// The work of a one-buffer op (all_reduce, broadcast, reduce, send,
     /// recv).
-    type Work;
+    type Work: Send + 'static;
     /// The work of a two-buffer op (all_gather, reduce_scatter, all_to_all).
-    type PairWork;
+    type PairWork: Send + 'static;
     #[doc(hidden)]
-    fn all_reduce(pg: &ProcessGroup, b: Self, op: ReduceOp) -> Result<Self::Work, Rejected<Self>>;
+    fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>>;
     #[doc(hidden)]
-    fn broadcast(pg: &ProcessGroup, b: Self, root: usize) -> Result<Self::Work, Rejected<Self>>;
-    #[doc(hidden)]
-    fn reduce(
-        pg: &ProcessGroup,
-        b: Self,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<Self::Work, Rejected<Self>>;
-    #[doc(hidden)]
-    fn send(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>>;
-    #[doc(hidden)]
-    fn recv(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>>;
-    #[doc(hidden)]
-    fn all_gather(
+    fn submit2(
         pg: &ProcessGroup,
         i: Self,
         o: Self,
+        op: Op2,
     ) -> Result<Self::PairWork, Rejected<(Self, Self)>>;
     #[doc(hidden)]
-    fn reduce_scatter(
-        pg: &ProcessGroup,
-        i: Self,
-        o: Self,
-        op: ReduceOp,
-    ) -> Result<Self::PairWork, Rejected<(Self, Self)>>;
+    fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>>;
     #[doc(hidden)]
-    fn all_to_all(
-        pg: &ProcessGroup,
+    fn stage2(
+        g: &mut Group<'_>,
         i: Self,
         o: Self,
-    ) -> Result<Self::PairWork, Rejected<(Self, Self)>>;
+        op: Op2,
+    ) -> Result<Grouped<Self::PairWork>, Rejected<(Self, Self)>>;
 }
 
 impl<T: Element> sealed::Sealed for Vec<T> {}
@@ -313,54 +381,44 @@ where
 {
     type Work = Work<Vec<T>>;
     type PairWork = Work<(Vec<T>, Vec<T>)>;
-    fn all_reduce(pg: &ProcessGroup, b: Self, op: ReduceOp) -> Result<Self::Work, Rejected<Self>> {
-        pg.host_all_reduce(b, op)
+    fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>> {
+        let kind = pg.host_one(b, op)?;
+        pg.host_submit(kind, one_host::<T>)
     }
-    fn broadcast(pg: &ProcessGroup, b: Self, root: usize) -> Result<Self::Work, Rejected<Self>> {
-        pg.host_broadcast(b, root)
-    }
-    fn reduce(
-        pg: &ProcessGroup,
-        b: Self,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<Self::Work, Rejected<Self>> {
-        pg.host_reduce(b, root, op)
-    }
-    fn send(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>> {
-        pg.host_send(b, peer)
-    }
-    fn recv(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>> {
-        pg.host_recv(b, peer)
-    }
-    fn all_gather(
+    fn submit2(
         pg: &ProcessGroup,
         i: Self,
         o: Self,
+        op: Op2,
     ) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-        pg.host_all_gather(i, o)
+        let kind = pg.host_two(i, o, op)?;
+        pg.host_submit(kind, two_host::<T>)
     }
-    fn reduce_scatter(
-        pg: &ProcessGroup,
+    fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>> {
+        let kind = g.process_group().host_one(b, op)?;
+        g.stage_host(kind, one_host::<T>)
+    }
+    fn stage2(
+        g: &mut Group<'_>,
         i: Self,
         o: Self,
-        op: ReduceOp,
-    ) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-        pg.host_reduce_scatter(i, o, op)
-    }
-    fn all_to_all(
-        pg: &ProcessGroup,
-        i: Self,
-        o: Self,
-    ) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-        pg.host_all_to_all(i, o)
+        op: Op2,
+    ) -> Result<Grouped<Self::PairWork>, Rejected<(Self, Self)>> {
+        let kind = g.process_group().host_two(i, o, op)?;
+        g.stage_host(kind, two_host::<T>)
     }
 }
 
-fn one<B>(r: Result<DeviceWorkOf<B>, (WorkError, Vec<B>)>) -> Result<DeviceWorkOf<B>, Rejected<B>>
-where
-    B: DeviceMem + DeviceResult<Buf = B>,
-{
+fn one_host<T: Element>(kind: crate::backend::OpKind) -> Vec<T> {
+    crate::process_group::one(kind)
+}
+
+fn two_host<T: Element>(kind: crate::backend::OpKind) -> (Vec<T>, Vec<T>) {
+    crate::process_group::two(kind)
+}
+
+/// The buffer of a refused one-buffer device op.
+pub(crate) fn one<B, W>(r: Result<W, (WorkError, Vec<B>)>) -> Result<W, Rejected<B>> {
     r.map_err(|(error, bufs)| {
         let mut it = bufs.into_iter();
         match it.next() {
@@ -370,15 +428,8 @@ where
     })
 }
 
-type DeviceWorkOf<B> = DeviceWork<B>;
-
-fn two<B>(
-    r: Result<DeviceWork<(B, B)>, (WorkError, Vec<B>)>,
-) -> Result<DeviceWork<(B, B)>, Rejected<(B, B)>>
-where
-    B: DeviceMem,
-    (B, B): DeviceResult<Buf = B>,
-{
+/// The buffers of a refused two-buffer device op.
+pub(crate) fn two<B, W>(r: Result<W, (WorkError, Vec<B>)>) -> Result<W, Rejected<(B, B)>> {
     r.map_err(|(error, bufs)| {
         let mut it = bufs.into_iter();
         match (it.next(), it.next()) {
@@ -396,29 +447,17 @@ macro_rules! device_op_buffer {
         impl<$($g)*> OpBuffer for $t {
             type Work = DeviceWork<$t>;
             type PairWork = DeviceWork<($t, $t)>;
-            fn all_reduce(pg: &ProcessGroup, b: Self, op: ReduceOp) -> Result<Self::Work, Rejected<Self>> {
-                one(pg.device_submit(CommOp::AllReduce(red(op)), vec![b]))
+            fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>> {
+                one(pg.device_submit(op.comm_op(), vec![b]))
             }
-            fn broadcast(pg: &ProcessGroup, b: Self, root: usize) -> Result<Self::Work, Rejected<Self>> {
-                one(pg.device_submit(CommOp::Broadcast { root }, vec![b]))
+            fn submit2(pg: &ProcessGroup, i: Self, o: Self, op: Op2) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
+                two(pg.device_submit(op.comm_op(), vec![i, o]))
             }
-            fn reduce(pg: &ProcessGroup, b: Self, root: usize, op: ReduceOp) -> Result<Self::Work, Rejected<Self>> {
-                one(pg.device_submit(CommOp::Reduce { root, op: red(op) }, vec![b]))
+            fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>> {
+                one(g.stage_device(op.comm_op(), vec![b]))
             }
-            fn send(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>> {
-                one(pg.device_submit(CommOp::Send { peer }, vec![b]))
-            }
-            fn recv(pg: &ProcessGroup, b: Self, peer: usize) -> Result<Self::Work, Rejected<Self>> {
-                one(pg.device_submit(CommOp::Recv { peer }, vec![b]))
-            }
-            fn all_gather(pg: &ProcessGroup, i: Self, o: Self) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-                two(pg.device_submit(CommOp::AllGather, vec![i, o]))
-            }
-            fn reduce_scatter(pg: &ProcessGroup, i: Self, o: Self, op: ReduceOp) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-                two(pg.device_submit(CommOp::ReduceScatter(red(op)), vec![i, o]))
-            }
-            fn all_to_all(pg: &ProcessGroup, i: Self, o: Self) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
-                two(pg.device_submit(CommOp::AllToAll, vec![i, o]))
+            fn stage2(g: &mut Group<'_>, i: Self, o: Self, op: Op2) -> Result<Grouped<Self::PairWork>, Rejected<(Self, Self)>> {
+                two(g.stage_device(op.comm_op(), vec![i, o]))
             }
         }
     )*};

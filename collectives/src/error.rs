@@ -57,3 +57,12 @@ impl<B> From<Rejected<B>> for Error {
         Error::Work(r.error)
     }
 }
+
+/// The refusal's error, without the buffers (for `?` in code that returns
+/// [`WorkError`], e.g. a [`ProcessGroup::grouped`](crate::ProcessGroup::grouped)
+/// closure).
+impl<B> From<Rejected<B>> for WorkError {
+    fn from(r: Rejected<B>) -> Self {
+        r.error
+    }
+}

@@ -8,7 +8,9 @@
 //!
 //! A map of the crate:
 //!
-//! * [`process_group`]: [`ProcessGroup`], its builder and subgroups.
+//! * [`process_group`]: [`ProcessGroup`], its builder and subgroups;
+//!   [`process_group::group`]: grouped ops ([`Group`], [`Grouped`]);
+//!   [`process_group::capture`]: CUDA graph capture of NCCL ops.
 //! * [`work`]: the typed [`Work`] future.
 //! * [`dtype`]: element types ([`Element`], [`DType`]), [`ReduceOp`] and
 //!   type-erased [`HostBuffer`]s.
@@ -37,5 +39,6 @@ pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
 pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
+pub use process_group::group::{Group, Grouped};
 pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
 pub use work::{OpResult, Work};

@@ -13,8 +13,8 @@ use chorus_runtime::{OpContext, Registry, WorkError};
 
 use crate::backend::nccl::{self, NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
-use crate::backend::{Backend, OpKind, OpRequest};
-use crate::device::{DeviceResult, DeviceWork, OpBuffer};
+use crate::backend::{Backend, OpKind, OpOutput, OpRequest};
+use crate::device::{DeviceResult, DeviceWork, Op1, Op2, OpBuffer};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Rejected};
 use crate::work::{InOut, OpResult, Work};
@@ -27,6 +27,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Store prefix under which every group keeps its keys.
 const GROUP_PREFIX: &str = "chorus/group";
+
+pub mod capture;
+pub mod group;
 
 /// A group of ranks that run collectives together.
 ///
@@ -70,6 +73,7 @@ struct Group {
     rendezvous: Mutex<Option<chorus_runtime::rendezvous::Rendezvous>>,
 }
 
+#[derive(Clone)]
 struct Counters {
     /// Collective sequence number, equal on every rank for the same call.
     collective: u64,
@@ -583,8 +587,23 @@ impl ProcessGroup {
     /// Validates nothing; registers and submits `kind` in program order.
     fn submit<R: OpResult>(&self, kind: OpKind) -> Result<Work<R>, (WorkError, OpKind)> {
         let g = &self.inner;
-        let op = kind.name();
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
+        let (work, req) = self.register(&mut counters, kind)?;
+        g.backend.submit(req);
+        drop(counters);
+        Ok(Work::new(work))
+    }
+
+    /// Takes the next sequence number of `kind`, registers its work and
+    /// builds its request (the caller holds the submission lock and hands
+    /// the request to the backend before releasing it).
+    fn register(
+        &self,
+        counters: &mut Counters,
+        kind: OpKind,
+    ) -> Result<(chorus_runtime::Work<OpOutput>, OpRequest), (WorkError, OpKind)> {
+        let g = &self.inner;
+        let op = kind.name();
         let seq = match &kind {
             OpKind::Send { peer, .. } => counters.sent[*peer] + 1,
             OpKind::Recv { peer, .. } => counters.received[*peer] + 1,
@@ -608,14 +627,13 @@ impl ProcessGroup {
             _ => counters.collective = seq,
         }
         tracing::trace!(group = %g.name, seq, op, "submit");
-        g.backend.submit(OpRequest {
+        let req = OpRequest {
             ctx,
             kind,
             timeout: self.timeout,
             completer,
-        });
-        drop(counters);
-        Ok(Work::new(work))
+        };
+        Ok((work, req))
     }
 
     /// Checks a root or peer rank.
@@ -642,237 +660,97 @@ fn give_back<T: Element>(kind: OpKind) -> Vec<Vec<T>> {
         .collect()
 }
 
-fn one<T: Element>(kind: OpKind) -> Vec<T> {
+pub(crate) fn one<T: Element>(kind: OpKind) -> Vec<T> {
     give_back::<T>(kind).into_iter().next().unwrap_or_default()
 }
 
-fn two<T: Element>(kind: OpKind) -> (Vec<T>, Vec<T>) {
+pub(crate) fn two<T: Element>(kind: OpKind) -> (Vec<T>, Vec<T>) {
     let mut it = give_back::<T>(kind).into_iter();
     let a = it.next().unwrap_or_default();
     let b = it.next().unwrap_or_default();
     (a, b)
 }
 
-/// The collectives. Each is submitted at once; the returned [`Work`] yields
-/// the buffers back.
-///
-/// # Errors
-///
-/// Each returns [`Rejected`] (with the buffers, untouched) if the arguments
-/// are invalid or the group has already failed; the work itself fails with a
-/// [`WorkError`] if the op fails while running.
+/// Validation of host ops: the checks that need no backend, then the op.
 impl ProcessGroup {
-    /// Reduces `buf` across all ranks, in place: every rank gets the result.
-    pub(crate) fn host_all_reduce<T: Element>(
+    /// Checks a one-buffer host op and builds it; the buffer comes back on
+    /// refusal.
+    pub(crate) fn host_one<T: Element>(
         &self,
         buf: Vec<T>,
-        op: ReduceOp,
-    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
-        let kind = OpKind::AllReduce {
-            buf: T::into_host(buf),
-            op,
+        op: Op1,
+    ) -> Result<OpKind, Rejected<Vec<T>>> {
+        let checked = match op {
+            Op1::AllReduce(_) => Ok(()),
+            Op1::Broadcast { root } | Op1::Reduce { root, .. } => {
+                self.check_rank(op.name(), "root", root)
+            }
+            Op1::Send { peer } | Op1::Recv { peer } => self.check_peer(op.name(), peer),
         };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: one(kind),
-        })
-    }
-
-    /// Copies `root`'s `buf` into every rank's `buf` (same length on every
-    /// rank).
-    pub(crate) fn host_broadcast<T: Element>(
-        &self,
-        buf: Vec<T>,
-        root: usize,
-    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
-        if let Err(error) = self.check_rank("broadcast", "root", root) {
+        if let Err(error) = checked {
             return Err(Rejected {
                 error,
                 buffers: buf,
             });
         }
-        let kind = OpKind::Broadcast {
-            buf: T::into_host(buf),
-            root,
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: one(kind),
+        let buf = T::into_host(buf);
+        Ok(match op {
+            Op1::AllReduce(op) => OpKind::AllReduce { buf, op },
+            Op1::Broadcast { root } => OpKind::Broadcast { buf, root },
+            Op1::Reduce { root, op } => OpKind::Reduce { buf, root, op },
+            Op1::Send { peer } => OpKind::Send { buf, peer },
+            Op1::Recv { peer } => OpKind::Recv { buf, peer },
         })
     }
 
-    /// Reduces `buf` across all ranks into `root`'s `buf`; the other ranks'
-    /// buffers come back unchanged.
-    pub(crate) fn host_reduce<T: Element>(
-        &self,
-        buf: Vec<T>,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
-        if let Err(error) = self.check_rank("reduce", "root", root) {
-            return Err(Rejected {
-                error,
-                buffers: buf,
-            });
-        }
-        let kind = OpKind::Reduce {
-            buf: T::into_host(buf),
-            root,
-            op,
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: one(kind),
-        })
-    }
-
-    /// Gathers every rank's `input` into `output` (length `size × input.len()`),
-    /// in rank order. Yields `(input, output)`.
-    pub(crate) fn host_all_gather<T: Element>(
+    /// Checks the lengths of a two-buffer host op and builds it; the
+    /// buffers come back on refusal.
+    pub(crate) fn host_two<T: Element>(
         &self,
         input: Vec<T>,
         output: Vec<T>,
-    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
+        op: Op2,
+    ) -> Result<OpKind, Rejected<InOut<T>>> {
         let n = self.inner.size;
-        if Some(output.len()) != input.len().checked_mul(n) {
-            let error = self.invalid(
-                0,
-                "all_gather",
-                format!(
-                    "output has {} elements; expected size × input = {n} × {} = {}",
-                    output.len(),
-                    input.len(),
-                    input.len().saturating_mul(n)
-                ),
-            );
+        let (i, o) = (input.len(), output.len());
+        let msg = match op {
+            Op2::AllGather if Some(o) != i.checked_mul(n) => Some(format!(
+                "output has {o} elements; expected size × input = {n} × {i} = {}",
+                i.saturating_mul(n)
+            )),
+            Op2::ReduceScatter(_) if Some(i) != o.checked_mul(n) => Some(format!(
+                "input has {i} elements; expected size × output = {n} × {o} = {}",
+                o.saturating_mul(n)
+            )),
+            Op2::AllToAll if i != o || i % n != 0 => Some(format!(
+                "input has {i} and output {o} elements; both must be the same multiple of the group size {n}"
+            )),
+            _ => None,
+        };
+        if let Some(msg) = msg {
             return Err(Rejected {
-                error,
+                error: self.invalid(0, op.name(), msg),
                 buffers: (input, output),
             });
         }
-        let kind = OpKind::AllGather {
-            input: T::into_host(input),
-            output: T::into_host(output),
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: two(kind),
+        let (input, output) = (T::into_host(input), T::into_host(output));
+        Ok(match op {
+            Op2::AllGather => OpKind::AllGather { input, output },
+            Op2::ReduceScatter(op) => OpKind::ReduceScatter { input, output, op },
+            Op2::AllToAll => OpKind::AllToAll { input, output },
         })
     }
 
-    /// Reduces `input` (length `size × output.len()`) across ranks; rank r
-    /// receives block r of the result in `output`. Yields `(input, output)`.
-    pub(crate) fn host_reduce_scatter<T: Element>(
+    /// Submits a checked host op whose result is `R`; a refusal gives the
+    /// buffers back through `back`.
+    pub(crate) fn host_submit<R: OpResult, B>(
         &self,
-        input: Vec<T>,
-        output: Vec<T>,
-        op: ReduceOp,
-    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
-        let n = self.inner.size;
-        if Some(input.len()) != output.len().checked_mul(n) {
-            let error = self.invalid(
-                0,
-                "reduce_scatter",
-                format!(
-                    "input has {} elements; expected size × output = {n} × {} = {}",
-                    input.len(),
-                    output.len(),
-                    output.len().saturating_mul(n)
-                ),
-            );
-            return Err(Rejected {
-                error,
-                buffers: (input, output),
-            });
-        }
-        let kind = OpKind::ReduceScatter {
-            input: T::into_host(input),
-            output: T::into_host(output),
-            op,
-        };
+        kind: OpKind,
+        back: fn(OpKind) -> B,
+    ) -> Result<Work<R>, Rejected<B>> {
         self.submit(kind).map_err(|(error, kind)| Rejected {
             error,
-            buffers: two(kind),
-        })
-    }
-
-    /// Exchanges equal blocks: block j of this rank's `input` goes to rank j,
-    /// and block i of `output` comes from rank i. Both have `size × k`
-    /// elements. Yields `(input, output)`.
-    pub(crate) fn host_all_to_all<T: Element>(
-        &self,
-        input: Vec<T>,
-        output: Vec<T>,
-    ) -> Result<Work<InOut<T>>, Rejected<InOut<T>>> {
-        let n = self.inner.size;
-        if input.len() != output.len() || input.len() % n != 0 {
-            let error = self.invalid(
-                0,
-                "all_to_all",
-                format!(
-                    "input has {} and output {} elements; both must be the same multiple of the group size {n}",
-                    input.len(),
-                    output.len()
-                ),
-            );
-            return Err(Rejected {
-                error,
-                buffers: (input, output),
-            });
-        }
-        let kind = OpKind::AllToAll {
-            input: T::into_host(input),
-            output: T::into_host(output),
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: two(kind),
-        })
-    }
-
-    /// Sends `buf` to rank `dst`, which must post a matching
-    /// [`recv`](Self::recv) of the same length. Yields `buf` back.
-    pub(crate) fn host_send<T: Element>(
-        &self,
-        buf: Vec<T>,
-        dst: usize,
-    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
-        if let Err(error) = self.check_peer("send", dst) {
-            return Err(Rejected {
-                error,
-                buffers: buf,
-            });
-        }
-        let kind = OpKind::Send {
-            buf: T::into_host(buf),
-            peer: dst,
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: one(kind),
-        })
-    }
-
-    /// Receives from rank `src` into `buf`, whose length must equal the
-    /// sender's. Yields `buf` filled.
-    pub(crate) fn host_recv<T: Element>(
-        &self,
-        buf: Vec<T>,
-        src: usize,
-    ) -> Result<Work<Vec<T>>, Rejected<Vec<T>>> {
-        if let Err(error) = self.check_peer("recv", src) {
-            return Err(Rejected {
-                error,
-                buffers: buf,
-            });
-        }
-        let kind = OpKind::Recv {
-            buf: T::into_host(buf),
-            peer: src,
-        };
-        self.submit(kind).map_err(|(error, kind)| Rejected {
-            error,
-            buffers: one(kind),
+            buffers: back(kind),
         })
     }
 
@@ -912,13 +790,13 @@ impl ProcessGroup {
 impl ProcessGroup {
     /// Reduces `buf` across all ranks, in place: every rank gets the result.
     pub fn all_reduce<B: OpBuffer>(&self, buf: B, op: ReduceOp) -> Result<B::Work, Rejected<B>> {
-        B::all_reduce(self, buf, op)
+        B::submit1(self, buf, Op1::AllReduce(op))
     }
 
     /// Copies `root`'s `buf` into every rank's `buf` (same length on every
     /// rank).
     pub fn broadcast<B: OpBuffer>(&self, buf: B, root: usize) -> Result<B::Work, Rejected<B>> {
-        B::broadcast(self, buf, root)
+        B::submit1(self, buf, Op1::Broadcast { root })
     }
 
     /// Reduces `buf` across all ranks into `root`'s `buf`; the other ranks'
@@ -929,7 +807,7 @@ impl ProcessGroup {
         root: usize,
         op: ReduceOp,
     ) -> Result<B::Work, Rejected<B>> {
-        B::reduce(self, buf, root, op)
+        B::submit1(self, buf, Op1::Reduce { root, op })
     }
 
     /// Gathers every rank's `input` into `output` (length `size × input.len()`),
@@ -939,7 +817,7 @@ impl ProcessGroup {
         input: B,
         output: B,
     ) -> Result<B::PairWork, Rejected<(B, B)>> {
-        B::all_gather(self, input, output)
+        B::submit2(self, input, output, Op2::AllGather)
     }
 
     /// Reduces `input` (length `size × output.len()`) across ranks; rank r
@@ -950,7 +828,7 @@ impl ProcessGroup {
         output: B,
         op: ReduceOp,
     ) -> Result<B::PairWork, Rejected<(B, B)>> {
-        B::reduce_scatter(self, input, output, op)
+        B::submit2(self, input, output, Op2::ReduceScatter(op))
     }
 
     /// Exchanges equal blocks: block j of this rank's `input` goes to rank j,
@@ -961,19 +839,19 @@ impl ProcessGroup {
         input: B,
         output: B,
     ) -> Result<B::PairWork, Rejected<(B, B)>> {
-        B::all_to_all(self, input, output)
+        B::submit2(self, input, output, Op2::AllToAll)
     }
 
     /// Sends `buf` to rank `dst`, which must post a matching
     /// [`recv`](Self::recv) of the same length. Yields `buf` back.
     pub fn send<B: OpBuffer>(&self, buf: B, dst: usize) -> Result<B::Work, Rejected<B>> {
-        B::send(self, buf, dst)
+        B::submit1(self, buf, Op1::Send { peer: dst })
     }
 
     /// Receives from rank `src` into `buf`, whose length must equal the
     /// sender's. Yields `buf` filled.
     pub fn recv<B: OpBuffer>(&self, buf: B, src: usize) -> Result<B::Work, Rejected<B>> {
-        B::recv(self, buf, src)
+        B::submit1(self, buf, Op1::Recv { peer: src })
     }
 
     /// Sends `send` to `peer` and receives `recv` from it, as one grouped
@@ -1080,48 +958,18 @@ impl ProcessGroup {
         };
         let comm = match found {
             Ok(c) => c,
-            Err(e) => {
-                let ctx = self.ctx(0, name);
-                let err = if e.is_aborted() {
-                    WorkError::Aborted {
-                        ctx,
-                        reason: e.to_string(),
-                    }
-                } else {
-                    WorkError::Backend {
-                        ctx,
-                        msg: e.to_string(),
-                    }
-                };
-                return Err((err, bufs));
-            }
+            Err(e) => return Err((lookup_error(self.ctx(0, name), &e), bufs)),
         };
         let t1 = prof.then(Instant::now);
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
-        let seq = match op {
-            CommOp::Send { peer } => counters.sent[peer] + 1,
-            CommOp::Recv { peer } => counters.received[peer] + 1,
-            CommOp::SendRecv { peer } => counters.sent[peer].max(counters.received[peer]) + 1,
-            _ => counters.collective + 1,
-        };
+        let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
         let meta = chorus_runtime::flight_recorder::OpMeta {
             dtype: Some(dtype.to_string()),
             count: count as u64,
             peer,
         };
-        let collective = !matches!(
-            op,
-            CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
-        );
-        let deadline = Instant::now() + self.timeout;
-        let (work, completer) = match chorus_runtime::Work::<Option<Vec<R::Buf>>>::new_recorded(
-            ctx.clone(),
-            &g.registry,
-            Some(deadline),
-            collective,
-            meta,
-        ) {
+        let (work, completer) = match self.register_device::<R>(ctx.clone(), op, meta) {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
@@ -1129,29 +977,9 @@ impl ProcessGroup {
         match comm.submit(cop, bufs) {
             Ok(inflight) => {
                 let t3 = prof.then(Instant::now);
-                match op {
-                    CommOp::Send { peer } => counters.sent[peer] = seq,
-                    CommOp::Recv { peer } => counters.received[peer] = seq,
-                    CommOp::SendRecv { peer } => {
-                        counters.sent[peer] = seq;
-                        counters.received[peer] = seq;
-                    }
-                    _ => counters.collective = seq,
-                }
+                counters.bump_device(op, seq);
                 drop(counters);
-                completer.started();
-                let watched = inflight.watch(move |(res, bufs)| match res {
-                    Ok(()) => completer.complete(Ok(bufs)),
-                    Err(e) => {
-                        let msg = format!("CUDA error while the op ran: {e}");
-                        let ctx = completer.context().cloned();
-                        match ctx {
-                            Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
-                            None => drop(completer),
-                        }
-                    }
-                });
-                let work = DeviceWork::new(work, watched);
+                let work = DeviceWork::new(work, watch_device(inflight, completer));
                 if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
                     profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
                 }
@@ -1159,24 +987,115 @@ impl ProcessGroup {
             }
             Err((e, bufs)) => {
                 drop(counters);
-                let err = match e {
-                    NcclCommError::InvalidArgument(msg) => WorkError::InvalidArgument {
-                        ctx: ctx.clone(),
-                        msg,
-                    },
-                    NcclCommError::Aborted(reason) => WorkError::Aborted {
-                        ctx: ctx.clone(),
-                        reason,
-                    },
-                    other => WorkError::Backend {
-                        ctx: ctx.clone(),
-                        msg: other.to_string(),
-                    },
-                };
+                let err = comm_error(&ctx, e);
                 completer.complete(Err(err.clone()));
                 drop(work);
                 Err((err, bufs))
             }
+        }
+    }
+}
+
+impl Counters {
+    /// The sequence number the device op `op` takes next (`op` names group
+    /// ranks).
+    fn next_device(&self, op: CommOp) -> u64 {
+        match op {
+            CommOp::Send { peer } => self.sent[peer] + 1,
+            CommOp::Recv { peer } => self.received[peer] + 1,
+            CommOp::SendRecv { peer } => self.sent[peer].max(self.received[peer]) + 1,
+            _ => self.collective + 1,
+        }
+    }
+
+    /// Records that the device op `op` took `seq`.
+    fn bump_device(&mut self, op: CommOp, seq: u64) {
+        match op {
+            CommOp::Send { peer } => self.sent[peer] = seq,
+            CommOp::Recv { peer } => self.received[peer] = seq,
+            CommOp::SendRecv { peer } => {
+                self.sent[peer] = seq;
+                self.received[peer] = seq;
+            }
+            _ => self.collective = seq,
+        }
+    }
+}
+
+impl ProcessGroup {
+    /// Registers the work of a device op (flight recorder, deadline).
+    fn register_device<R: DeviceResult>(
+        &self,
+        ctx: OpContext,
+        op: CommOp,
+        meta: chorus_runtime::flight_recorder::OpMeta,
+    ) -> Result<DevicePair<R>, WorkError> {
+        let collective = !matches!(
+            op,
+            CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
+        );
+        let deadline = Instant::now() + self.timeout;
+        chorus_runtime::Work::new_recorded(ctx, &self.inner.registry, Some(deadline), collective, meta)
+    }
+}
+
+/// The registered work of a device op and its completer.
+type DevicePair<R> = (
+    chorus_runtime::Work<Option<Vec<<R as DeviceResult>::Buf>>>,
+    chorus_runtime::Completer<Option<Vec<<R as DeviceResult>::Buf>>>,
+);
+
+/// Hands an enqueued device op to the completion reactor, which completes
+/// its work when the end event completes.
+fn watch_device<B: DeviceMem>(
+    inflight: chorus_runtime::cuda::nccl::InFlight<B>,
+    completer: chorus_runtime::Completer<Option<Vec<B>>>,
+) -> chorus_runtime::cuda::nccl::Watched<B> {
+    completer.started();
+    inflight.watch(move |(res, bufs)| match res {
+        Ok(()) => completer.complete(Ok(bufs)),
+        Err(e) => {
+            let msg = format!("CUDA error while the op ran: {e}");
+            match completer.context().cloned() {
+                Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
+                None => drop(completer),
+            }
+        }
+    })
+}
+
+/// A refused or failed enqueue as the op's error.
+fn comm_error(ctx: &OpContext, e: NcclCommError) -> WorkError {
+    match e {
+        NcclCommError::InvalidArgument(msg) => WorkError::InvalidArgument {
+            ctx: ctx.clone(),
+            msg,
+        },
+        NcclCommError::Aborted(reason) => WorkError::Aborted {
+            ctx: ctx.clone(),
+            reason,
+        },
+        other => WorkError::Backend {
+            ctx: ctx.clone(),
+            msg: other.to_string(),
+        },
+    }
+}
+
+/// A communicator that could not be had, as the op's error.
+fn lookup_error(
+    ctx: OpContext,
+    e: &chorus_runtime::comm_cache::CommCacheError<nccl::NcclInitError>,
+) -> WorkError {
+    if e.is_aborted() {
+        WorkError::Aborted {
+            ctx,
+            reason: e.to_string(),
+        }
+    } else {
+        WorkError::Backend {
+            ctx,
+            msg: e.to_string(),
         }
     }
 }

@@ -147,6 +147,14 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
     /// ranks' op, dtype and count).
     fn submit(&self, req: OpRequest);
 
+    /// Queues the ops of a group (see [`Group`](crate::Group)), which run
+    /// as one, in order. The default runs them as separate ops.
+    fn submit_group(&self, reqs: Vec<OpRequest>) {
+        for r in reqs {
+            self.submit(r);
+        }
+    }
+
     /// Closes the backend gracefully at the end of a job: tells every peer
     /// goodbye and waits (bounded) until every peer has said goodbye too, so
     /// that no rank exits while another still reads what it sent. Ops

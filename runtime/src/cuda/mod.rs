@@ -100,6 +100,24 @@ fn driver_error(call: &'static str, e: DriverError) -> CudaError {
     }
 }
 
+/// Puts the calling thread in relaxed stream-capture mode, once per thread:
+/// its event queries stay legal while another thread captures a CUDA graph
+/// in global mode (the completion reactor's threads call this).
+pub(crate) fn relax_capture_mode() {
+    thread_local!(static RELAXED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    RELAXED.with(|r| {
+        if !r.get() {
+            r.set(true);
+            let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+            // SAFETY: `mode` is a valid in/out cell; the call only changes
+            // this thread's capture mode.
+            let _ = guarded("cuThreadExchangeStreamCaptureMode", || unsafe {
+                sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+            });
+        }
+    });
+}
+
 /// Runs a cudarc call that may panic when the driver library or one of its
 /// symbols is missing, turning the panic into [`CudaError::Unavailable`].
 /// The probe in [`driver`] makes this a last resort.

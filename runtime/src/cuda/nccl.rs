@@ -28,6 +28,8 @@ use nccl_sys::sys::{
 use nccl_sys::Nccl;
 
 use super::{CudaError, Device, Event, Stream, StreamPriority};
+
+pub mod batch;
 use crate::reactor::{self, Pending};
 
 /// Element types NCCL reduces and moves.
@@ -342,6 +344,14 @@ pub enum NcclCommError {
     /// The communicator was aborted; it is never used again.
     #[error("the NCCL communicator was aborted ({0}); create a new group to continue")]
     Aborted(String),
+    /// The communicator's stream is being captured into a CUDA graph (by a
+    /// [`Capture`](batch::Batch) on another stream): ops outside the capture
+    /// are refused until the capture ends.
+    #[error(
+        "the NCCL communicator is being captured into a CUDA graph; ops outside the capture \
+         are refused until the capture ends (finish or drop the capture first)"
+    )]
+    Capturing,
     /// A non-blocking NCCL call did not finish in time.
     #[error("{what} did not finish within {after:?}")]
     Timeout {
@@ -609,6 +619,7 @@ impl PendingComm {
             pool: Arc::new(Mutex::new(Vec::new())),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
+            capturing: AtomicBool::new(false),
         })))
     }
 
@@ -694,6 +705,8 @@ pub struct Communicator {
     pool: EventPool,
     aborted: AtomicBool,
     abort_reason: Mutex<Option<String>>,
+    /// Set while the stream takes part in a CUDA graph capture.
+    capturing: AtomicBool,
 }
 
 // SAFETY: the raw handle is used under `enqueue` for ops, and otherwise only
@@ -772,6 +785,37 @@ impl CommOp {
     }
 }
 
+/// An op with its buffers reduced to addresses, counts and a type: what
+/// [`Communicator::issue`] hands NCCL.
+#[derive(Clone, Copy, Debug)]
+struct RawOp {
+    op: CommOp,
+    ty: NcclType,
+    p0: *mut std::ffi::c_void,
+    c0: usize,
+    p1: *mut std::ffi::c_void,
+    c1: usize,
+}
+
+impl RawOp {
+    /// `bufs` has one or two buffers (checked by [`Communicator::check`]).
+    fn new<B: DeviceMem>(op: CommOp, bufs: &[B]) -> RawOp {
+        let ptr = |b: Option<&B>| {
+            b.map_or(std::ptr::null_mut(), |b| {
+                b.device_ptr() as *mut std::ffi::c_void
+            })
+        };
+        RawOp {
+            op,
+            ty: bufs.first().map_or(NcclType::U8, |b| b.nccl_type()),
+            p0: ptr(bufs.first()),
+            c0: bufs.first().map_or(0, |b| b.count()),
+            p1: ptr(bufs.get(1)),
+            c1: bufs.get(1).map_or(0, |b| b.count()),
+        }
+    }
+}
+
 /// A refused submission: the error and the untouched buffers.
 pub type Refused<B> = (NcclCommError, Vec<B>);
 
@@ -812,6 +856,16 @@ impl Communicator {
             return Err(NcclCommError::Aborted(why));
         }
         Ok(self.comm.load(Ordering::Acquire))
+    }
+
+    /// [`live`](Self::live), and not taking part in a graph capture (its
+    /// stream would capture the op).
+    fn live_outside_capture(&self) -> Result<ncclComm_t, NcclCommError> {
+        let comm = self.live()?;
+        if self.capturing.load(Ordering::Acquire) {
+            return Err(NcclCommError::Capturing);
+        }
+        Ok(comm)
     }
 
     /// `ncclCommGetAsyncError`: `Ok(true)` while a non-blocking call is in
@@ -1012,7 +1066,7 @@ impl Communicator {
         bufs: &[B],
         end: &EndEvent,
     ) -> Result<(), NcclCommError> {
-        let comm = self.live()?;
+        let comm = self.live_outside_capture()?;
         // Input-ready: the comm stream waits for the producers.
         st.ready[0].record(bufs[0].stream())?;
         self.stream.wait_event(&st.ready[0])?;
@@ -1020,15 +1074,51 @@ impl Communicator {
             st.ready[1].record(bufs[1].stream())?;
             self.stream.wait_event(&st.ready[1])?;
         }
+        let raw = RawOp::new(op, bufs);
+        let t_call = nccl_profile_on().then(Instant::now);
+        // SAFETY: `comm` is live and we hold the enqueue lock; the pointers
+        // of `raw` come from `bufs`, valid device memory of the stated count
+        // and type on the communicator's device for as long as the buffers
+        // live (the `InFlight` keeps them until the end event completes);
+        // counts and roots were checked against the communicator.
+        let (call, rc) = unsafe { self.issue(comm, &raw) };
+        if let Some(t) = t_call {
+            NCCL_CALL_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
+        self.settle(call, rc)?;
+        end.event().record(&self.stream)?;
+        Ok(())
+    }
+
+    /// Turns the result of an NCCL op call into `Ok` once the op is on the
+    /// stream: a non-blocking communicator may return `ncclInProgress` while
+    /// it is still being enqueued (e.g. connections set up on first use); it
+    /// must be on the stream before the end event is recorded.
+    fn settle(&self, call: &'static str, rc: ncclResult_t) -> Result<(), NcclCommError> {
+        if rc.is_in_progress() {
+            IN_PROGRESS.fetch_add(1, Ordering::Relaxed);
+            self.wait_idle(call, Duration::from_secs(300))
+        } else if !rc.is_success() {
+            Err(nccl_err(self.nccl, call, rc))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Calls NCCL for one op on the communicator's stream; returns the
+    /// call's name and result.
+    ///
+    /// # Safety
+    ///
+    /// `comm` is this communicator's live handle, the caller holds the
+    /// enqueue lock, and the pointers of `raw` are device memory of the
+    /// stated counts and type on this device that stays allocated until the
+    /// op has run on the stream; `raw` passed [`check`](Self::check).
+    unsafe fn issue(&self, comm: ncclComm_t, raw: &RawOp) -> (&'static str, ncclResult_t) {
         let s = self.stream.as_raw() as cudaStream_t;
-        let ty = bufs[0].nccl_type().raw();
-        let p0 = bufs[0].device_ptr() as *mut std::ffi::c_void;
-        let c0 = bufs[0].count();
-        let p1 = bufs.get(1).map_or(std::ptr::null_mut(), |b| {
-            b.device_ptr() as *mut std::ffi::c_void
-        });
-        let c1 = bufs.get(1).map_or(0, |b| b.count());
         let n = self.nccl;
+        let (ty, p0, c0, p1, c1) = (raw.ty.raw(), raw.p0, raw.c0, raw.p1, raw.c1);
         // On one rank the average is the sum; NCCL 2.28.3's one-rank
         // average path (a scaling kernel) was seen to leave the last element
         // of an odd-length f64 reduce_scatter unwritten on an H200.
@@ -1036,14 +1126,11 @@ impl Communicator {
             NcclRedOp::Avg if self.nranks == 1 => NcclRedOp::Sum.raw(),
             r => r.raw(),
         };
-        let t_call = nccl_profile_on().then(Instant::now);
-        // SAFETY: `comm` is live and we hold the enqueue lock; every pointer
-        // is valid device memory of the stated count and type on the
-        // communicator's device for as long as its `DeviceMem` value lives
-        // (the `InFlight` keeps them until the end event completes); counts
-        // and roots were checked against the communicator.
-        let (call, rc) = unsafe {
-            match op {
+        let ok = |rc: ncclResult_t| rc.is_success() || rc.is_in_progress();
+        // SAFETY: the caller's contract covers every pointer, count and the
+        // communicator; nested group calls are allowed by NCCL.
+        unsafe {
+            match raw.op {
                 CommOp::AllReduce(r) => (
                     "ncclAllReduce",
                     (n.ncclAllReduce)(p0, p0, c0, ty, red(r), comm, s),
@@ -1072,7 +1159,7 @@ impl Communicator {
                     if rc.is_success() {
                         rc = (n.ncclSend)(p0, c0, ty, peer as c_int, comm, s);
                     }
-                    if rc.is_success() || rc.is_in_progress() {
+                    if ok(rc) {
                         rc = (n.ncclRecv)(p1, c1, ty, peer as c_int, comm, s);
                     }
                     let end_rc = (n.ncclGroupEnd)();
@@ -1083,14 +1170,14 @@ impl Communicator {
                 }
                 CommOp::AllToAll => {
                     let k = c0 / self.nranks;
-                    let bytes = k * bufs[0].nccl_type().size();
+                    let bytes = k * raw.ty.size();
                     let mut rc = (n.ncclGroupStart)();
                     for r in 0..self.nranks {
-                        if !(rc.is_success() || rc.is_in_progress()) {
+                        if !ok(rc) {
                             break;
                         }
                         rc = (n.ncclSend)(p0.byte_add(r * bytes), k, ty, r as c_int, comm, s);
-                        if rc.is_success() || rc.is_in_progress() {
+                        if ok(rc) {
                             rc = (n.ncclRecv)(p1.byte_add(r * bytes), k, ty, r as c_int, comm, s);
                         }
                     }
@@ -1101,22 +1188,7 @@ impl Communicator {
                     )
                 }
             }
-        };
-        if let Some(t) = t_call {
-            NCCL_CALL_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
         }
-        if rc.is_in_progress() {
-            IN_PROGRESS.fetch_add(1, Ordering::Relaxed);
-            // Non-blocking communicator: the op is still being enqueued
-            // (e.g. connections set up on first use). It must be on the
-            // stream before the end event is recorded.
-            self.wait_idle(call, Duration::from_secs(300))?;
-        } else if !rc.is_success() {
-            return Err(nccl_err(n, call, rc));
-        }
-        end.event().record(&self.stream)?;
-        Ok(())
     }
 
     /// Polls `ncclCommGetAsyncError` until no call is in progress.
@@ -1328,6 +1400,7 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B,
         // The reactor thread queries events of any device: make the event's
         // context current (cheap when it already is).
         let _ = self.device.bind_to_thread();
+        super::relax_capture_mode();
         let outcome = match self.cell.end.event().query() {
             Ok(false) => return false,
             Ok(true) => Ok(()),

@@ -111,6 +111,7 @@
 
 mod algo;
 mod conn;
+mod group;
 mod setup;
 mod wire;
 mod worker;
@@ -500,6 +501,12 @@ impl Backend for TcpBackend {
                 },
             };
             req.completer.complete(Err(err));
+        }
+    }
+
+    fn submit_group(&self, reqs: Vec<OpRequest>) {
+        for r in group::fuse(reqs) {
+            self.submit(r);
         }
     }
 

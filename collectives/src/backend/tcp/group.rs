@@ -1,0 +1,169 @@
+//! Groups on the TCP backend.
+//!
+//! * The group's sends go first: a send never waits for its receiver (the
+//!   peer's reader task drains the socket), so a recv staged before the
+//!   matching send on every rank (a ring) cannot deadlock, as it cannot
+//!   inside an NCCL group. The ops of a group have no order among
+//!   themselves, and per-peer message order is kept.
+//! * A run of all_reduces with the same dtype and reduction travels as one
+//!   all_reduce of their concatenation (one message exchange instead of one
+//!   per op, as Gloo's coalesced all_reduce does); every other op runs as it
+//!   is, in order.
+
+use chorus_runtime::{Completer, OpContext, Registry, WorkError};
+
+use crate::backend::{OpKind, OpOutput, OpRequest};
+use crate::dtype::HostBuffer;
+
+/// One all_reduce folded into a fused one: where its result goes.
+struct Member {
+    ctx: OpContext,
+    buf: HostBuffer,
+    completer: Completer<OpOutput>,
+}
+
+/// The requests to queue for a group: runs of two or more all_reduces with
+/// equal dtype and reduction replaced by one fused request each. Falls back
+/// to the requests as they are when chorus's runtime is unavailable.
+pub(super) fn fuse(reqs: Vec<OpRequest>) -> Vec<OpRequest> {
+    let handle = chorus_runtime::rt::handle().ok();
+    let (sends, rest): (Vec<_>, Vec<_>) = reqs
+        .into_iter()
+        .partition(|r| matches!(r.kind, OpKind::Send { .. }));
+    let mut out = sends;
+    let mut run: Vec<OpRequest> = Vec::new();
+    for r in rest {
+        let joins = match (run.first().map(|f| &f.kind), &r.kind) {
+            (Some(OpKind::AllReduce { buf: a, op: oa }), OpKind::AllReduce { buf: b, op: ob }) => {
+                a.dtype() == b.dtype() && oa == ob
+            }
+            (None, OpKind::AllReduce { .. }) => true,
+            _ => false,
+        };
+        if !joins {
+            flush(&mut run, &mut out, handle.as_ref());
+        }
+        if matches!(r.kind, OpKind::AllReduce { .. }) {
+            run.push(r);
+        } else {
+            out.push(r);
+        }
+    }
+    flush(&mut run, &mut out, handle.as_ref());
+    out
+}
+
+fn flush(
+    run: &mut Vec<OpRequest>,
+    out: &mut Vec<OpRequest>,
+    handle: Option<&tokio::runtime::Handle>,
+) {
+    let Some(handle) = handle.filter(|_| run.len() >= 2) else {
+        out.append(run);
+        return;
+    };
+    let reqs = std::mem::take(run);
+    let Some(first) = reqs.first() else {
+        return;
+    };
+    let (dtype, op) = match &first.kind {
+        OpKind::AllReduce { buf, op } => (buf.dtype(), *op),
+        _ => return out.extend(reqs),
+    };
+    let ctx = first.ctx.clone();
+    let timeout = reqs
+        .iter()
+        .map(|r| r.timeout)
+        .max()
+        .unwrap_or(first.timeout);
+    let total: usize = reqs.iter().map(|r| op_len(&r.kind)).sum();
+    let mut fused = HostBuffer::zeros(dtype, total);
+    let mut members = Vec::with_capacity(reqs.len());
+    let mut at = 0;
+    for r in reqs {
+        let OpRequest {
+            ctx,
+            kind,
+            completer,
+            ..
+        } = r;
+        let OpKind::AllReduce { buf, .. } = kind else {
+            continue;
+        };
+        let bytes = buf.as_bytes();
+        fused.as_bytes_mut()[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+        members.push(Member {
+            ctx,
+            buf,
+            completer,
+        });
+    }
+    // The fused op's own work lives in a registry of its own: the members'
+    // works stay in the group's registry (deadlines, flight recorder) and
+    // are completed from the fused result.
+    let registry = std::sync::Arc::new(Registry::new());
+    let (work, completer) =
+        match chorus_runtime::Work::<OpOutput>::new(ctx.clone(), &registry, None) {
+            Ok(pair) => pair,
+            Err(e) => {
+                for m in members {
+                    m.completer.complete(Err(e.for_op(m.ctx)));
+                }
+                return;
+            }
+        };
+    for m in &members {
+        m.completer.started();
+    }
+    handle.spawn(async move {
+        let res = work.await;
+        scatter(res, members);
+    });
+    out.push(OpRequest {
+        ctx,
+        kind: OpKind::AllReduce { buf: fused, op },
+        timeout,
+        completer,
+    });
+}
+
+fn op_len(kind: &OpKind) -> usize {
+    match kind {
+        OpKind::AllReduce { buf, .. } => buf.len(),
+        _ => 0,
+    }
+}
+
+/// Copies each member's part of the fused result back into its own buffer
+/// and completes it; a failure fails every member.
+fn scatter(res: Result<OpOutput, WorkError>, members: Vec<Member>) {
+    let fused = match res.map(|mut v| v.pop()) {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            for m in members {
+                let err = WorkError::Backend {
+                    ctx: m.ctx.clone(),
+                    msg: "a fused all_reduce returned no buffer (a chorus bug)".into(),
+                };
+                m.completer.complete(Err(err));
+            }
+            return;
+        }
+        Err(e) => {
+            for m in members {
+                m.completer.complete(Err(e.for_op(m.ctx)));
+            }
+            return;
+        }
+    };
+    let src = fused.as_bytes();
+    let mut at = 0;
+    for mut m in members {
+        let dst = m.buf.as_bytes_mut();
+        let n = dst.len();
+        dst.copy_from_slice(&src[at..at + n]);
+        at += n;
+        m.completer.complete(Ok(vec![m.buf]));
+    }
+}

@@ -1,0 +1,195 @@
+//! Grouped ops on the TCP backend (issue 7): mixed ops and dtypes against
+//! the serial reference, fused all_reduces, a bad argument that leaves the
+//! group usable, dropped groups, and a grouping mismatch across ranks.
+
+use std::time::Duration;
+
+use chorus::{ProcessGroup, ReduceOp, WorkError};
+use chorus_examples::testkit::{data, local_groups, on_all, poison, reference};
+use half::bf16;
+
+const T: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_ops_and_dtypes_in_one_group_match_the_reference() {
+    for n in [1usize, 3] {
+        let groups = local_groups(n, T).await;
+        on_all(&groups, move |pg| async move {
+            let r = pg.rank();
+            let next = (r + 1) % n;
+            let prev = (r + n - 1) % n;
+            // A group is `!Send`: stage and launch it in a block that ends
+            // before the first await.
+            let (a, b, c, d, e, f, h, p2p, i) = {
+                let mut g = pg.group();
+                // Two f32 sums in a row (fused on TCP), then an i64 max.
+                let a = g
+                    .all_reduce(data::<f32>(1, r, 1000, ReduceOp::Sum), ReduceOp::Sum)
+                    .unwrap();
+                let b = g
+                    .all_reduce(data::<f32>(2, r, 7, ReduceOp::Sum), ReduceOp::Sum)
+                    .unwrap();
+                let c = g
+                    .all_reduce(data::<i64>(3, r, 13, ReduceOp::Max), ReduceOp::Max)
+                    .unwrap();
+                let d = g
+                    .broadcast(data::<u8>(4, r, 31, ReduceOp::Sum), n - 1)
+                    .unwrap();
+                let e = g
+                    .all_gather(data::<f64>(5, r, 5, ReduceOp::Sum), poison::<f64>(5 * n))
+                    .unwrap();
+                let f = g
+                    .reduce_scatter(
+                        data::<i32>(6, r, 4 * n, ReduceOp::Min),
+                        poison::<i32>(4),
+                        ReduceOp::Min,
+                    )
+                    .unwrap();
+                let h = g
+                    .all_to_all(
+                        data::<bf16>(7, r, 3 * n, ReduceOp::Sum),
+                        poison::<bf16>(3 * n),
+                    )
+                    .unwrap();
+                // A ring of messages, the recv staged before the send.
+                let p2p = (n > 1).then(|| {
+                    let rx = g.recv(poison::<f32>(9), prev).unwrap();
+                    let tx = g.send(data::<f32>(8, r, 9, ReduceOp::Sum), next).unwrap();
+                    (rx, tx)
+                });
+                let i = g
+                    .all_reduce(data::<f32>(10, r, 3, ReduceOp::Avg), ReduceOp::Avg)
+                    .unwrap();
+                assert_eq!(g.len(), if n > 1 { 10 } else { 8 });
+                g.launch().unwrap();
+                (a, b, c, d, e, f, h, p2p, i)
+            };
+
+            assert_eq!(
+                a.await.unwrap(),
+                reference::<f32>(1, n, 1000, ReduceOp::Sum)
+            );
+            assert_eq!(b.await.unwrap(), reference::<f32>(2, n, 7, ReduceOp::Sum));
+            assert_eq!(c.await.unwrap(), reference::<i64>(3, n, 13, ReduceOp::Max));
+            assert_eq!(d.await.unwrap(), data::<u8>(4, n - 1, 31, ReduceOp::Sum));
+            let (_, out) = e.await.unwrap();
+            let want: Vec<f64> = (0..n)
+                .flat_map(|q| data::<f64>(5, q, 5, ReduceOp::Sum))
+                .collect();
+            assert_eq!(out, want);
+            let (_, out) = f.await.unwrap();
+            let full = reference::<i32>(6, n, 4 * n, ReduceOp::Min);
+            assert_eq!(out, full[4 * r..4 * r + 4].to_vec());
+            let (_, out) = h.await.unwrap();
+            let want: Vec<bf16> = (0..n)
+                .flat_map(|q| data::<bf16>(7, q, 3 * n, ReduceOp::Sum)[3 * r..3 * r + 3].to_vec())
+                .collect();
+            assert_eq!(out, want);
+            if let Some((rx, tx)) = p2p {
+                assert_eq!(rx.await.unwrap(), data::<f32>(8, prev, 9, ReduceOp::Sum));
+                assert_eq!(tx.await.unwrap(), data::<f32>(8, r, 9, ReduceOp::Sum));
+            }
+            assert_eq!(i.await.unwrap(), reference::<f32>(10, n, 3, ReduceOp::Avg));
+            // The group took one sequence number per collective: a plain op
+            // afterwards still matches across ranks.
+            let w = pg.all_reduce(vec![1i32; 4], ReduceOp::Sum).unwrap();
+            assert_eq!(w.seq(), 9);
+            assert_eq!(w.await.unwrap(), vec![n as i32; 4]);
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
+    let groups = local_groups(2, T).await;
+    on_all(&groups, |pg| async move {
+        let r = pg.rank();
+        let mut staged = None;
+        let res = pg.grouped(|g| {
+            staged = Some(g.all_reduce(data::<f32>(1, r, 10, ReduceOp::Sum), ReduceOp::Sum)?);
+
+            // Root 7 is not a rank of a group of 2: refused with the buffer.
+            match g.broadcast(data::<i32>(2, r, 5, ReduceOp::Sum), 7) {
+                Ok(_) => panic!("root 7 was accepted"),
+                Err(rej) => {
+                    assert_eq!(rej.buffers, data::<i32>(2, r, 5, ReduceOp::Sum));
+                    assert!(rej.error.to_string().contains("root 7"), "{}", rej.error);
+                    Err(rej.error)
+                }
+            }?;
+            Ok::<_, WorkError>(())
+        });
+        assert!(matches!(res, Err(WorkError::InvalidArgument { .. })));
+        // The group was dropped: its staged op never ran and says so.
+        let err = staged.unwrap().await.unwrap_err();
+        assert!(err.to_string().contains("dropped before launch"), "{err}");
+        assert!(
+            pg.error().is_none(),
+            "an invalid argument must not fail the group"
+        );
+
+        // The next group runs, with the sequence numbers in step.
+        let (a, b) = pg
+            .grouped(|g| {
+                Ok::<_, chorus::Error>((
+                    g.all_reduce(data::<f32>(3, r, 10, ReduceOp::Sum), ReduceOp::Sum)?,
+                    g.all_gather(vec![r as u8; 2], vec![0u8; 4])?,
+                ))
+            })
+            .unwrap();
+        assert_eq!(a.await.unwrap(), reference::<f32>(3, 2, 10, ReduceOp::Sum));
+        assert_eq!(b.await.unwrap().1, vec![0, 0, 1, 1]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_of_an_unlaunched_group_say_so() {
+    let groups = local_groups(1, T).await;
+    let pg: ProcessGroup = groups[0].clone();
+    let mut g = pg.group();
+    let a = g.all_reduce(vec![1.0f32; 3], ReduceOp::Sum).unwrap();
+    let b = g.all_reduce(vec![2.0f32; 3], ReduceOp::Sum).unwrap();
+    // Taken before launch: an error, and the op still runs with its group.
+    let err = a.into_work().unwrap_err();
+    assert!(err.to_string().contains("not been launched"), "{err}");
+    g.launch().unwrap();
+    assert_eq!(b.into_work().unwrap().await.unwrap(), vec![2.0f32; 3]);
+    // An empty group launches nothing.
+    pg.group().launch().unwrap();
+    assert_eq!(pg.all_reduce(vec![5u8], ReduceOp::Sum).unwrap().seq(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
+    let groups = local_groups(2, T).await;
+    let errs = on_all(&groups, |pg| async move {
+        let r = pg.rank();
+        if r == 0 {
+            let (a, b) = pg
+                .grouped(|g| {
+                    Ok::<_, WorkError>((
+                        g.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?,
+                        g.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?,
+                    ))
+                })
+                .unwrap();
+            let (a, b) = (a.await, b.await);
+            a.err().or(b.err())
+        } else {
+            let a = pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum).unwrap();
+            let b = pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum).unwrap();
+            let (a, b) = (a.await, b.await);
+            a.err().or(b.err())
+        }
+    })
+    .await;
+    for e in errs {
+        let e = e.expect("the ranks grouped differently and must not agree");
+        assert!(
+            matches!(e, WorkError::Mismatch { .. }) || matches!(e, WorkError::PeerLost { .. }),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,657 @@
+//! Several ops in one NCCL group, and CUDA graph capture of NCCL ops.
+//!
+//! * [`Batch`]: ops staged on one communicator, checked as they are pushed,
+//!   and enqueued by [`Batch::launch`] inside one `ncclGroupStart` …
+//!   `ncclGroupEnd`, so NCCL fuses them into one plan; one input-ready wait
+//!   per producer stream and one end event for the whole batch. The group is
+//!   opened and closed inside that one call on the calling thread: it can
+//!   never be left open, and `Batch` is `!Send` besides (the ops' addresses
+//!   were read on this thread).
+//! * [`Capture`]: a CUDA graph capture on a stream. A batch launched into it
+//!   is captured instead of run: the communicator's stream joins the capture
+//!   and is joined back by the capturing stream after every batch, so ending
+//!   the capture always finds every stream joined. While a capture holds a
+//!   communicator, ops outside the capture on that communicator are refused
+//!   ([`NcclCommError::Capturing`]): its stream would capture them.
+//! * [`Graph`]: the instantiated graph. It owns the captured ops' buffers
+//!   and holds their communicators, so neither can go away while the graph
+//!   can still be replayed; dropping it waits for its last replay first.
+
+use std::any::Any;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::{
+    nccl_err, CommOp, Communicator, DeviceMem, EndEvent, EnqueueState, InFlight, NcclCommError,
+    RawOp, Refused,
+};
+use crate::cuda::{driver_error, CudaError, Device, Event, Stream};
+use crate::reactor::{self, Pending};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Names one op pushed into a [`Batch`] (or captured by a [`Capture`]): its
+/// buffers come back through it, with their type.
+pub struct Ticket<B> {
+    owner: u64,
+    index: usize,
+    _b: PhantomData<fn() -> B>,
+}
+
+impl<B> fmt::Debug for Ticket<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("owner", &self.owner)
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+impl<B> Clone for Ticket<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Ticket<B> {}
+
+/// Ops staged for one NCCL group on one communicator.
+///
+/// Nothing reaches NCCL before [`launch`](Self::launch); dropping the batch
+/// instead drops the staged buffers, which no GPU work has seen.
+pub struct Batch {
+    comm: Arc<Communicator>,
+    ops: Vec<RawOp>,
+    /// Distinct producer streams of the staged buffers, in first-use order.
+    producers: Vec<Stream>,
+    /// Each op's buffers (`Vec<B>`), in push order.
+    items: Vec<Box<dyn Any + Send>>,
+    id: u64,
+    /// `ncclGroupStart`/`End` and the addresses read at push time stay on
+    /// this thread.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("comm", &self.comm)
+            .field("ops", &self.ops.len())
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// An empty batch of ops for this communicator (see [`Batch`]).
+    pub fn batch(self: &Arc<Self>) -> Batch {
+        Batch {
+            comm: self.clone(),
+            ops: Vec::new(),
+            producers: Vec::new(),
+            items: Vec::new(),
+            id: next_id(),
+            _not_send: PhantomData,
+        }
+    }
+}
+
+impl Batch {
+    /// The communicator the batch runs on.
+    pub fn communicator(&self) -> &Arc<Communicator> {
+        &self.comm
+    }
+
+    /// Number of ops staged.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True if no op was staged.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Checks `op` on `bufs` against the communicator (as
+    /// [`Communicator::submit`] does) and stages it.
+    ///
+    /// # Errors
+    ///
+    /// The buffers come back untouched with [`NcclCommError::InvalidArgument`]
+    /// when they do not fit the op or the communicator, or
+    /// [`NcclCommError::Aborted`] when the communicator was aborted.
+    pub fn push<B: DeviceMem>(&mut self, op: CommOp, bufs: Vec<B>) -> Result<Ticket<B>, Refused<B>> {
+        if let Err(e) = self.comm.live().and_then(|_| self.comm.check(op, &bufs)) {
+            return Err((e, bufs));
+        }
+        for b in &bufs {
+            let s = b.stream();
+            if !self.producers.iter().any(|p| p.as_raw() == s.as_raw()) {
+                self.producers.push(s.clone());
+            }
+        }
+        self.ops.push(RawOp::new(op, &bufs));
+        self.items.push(Box::new(bufs));
+        Ok(Ticket {
+            owner: self.id,
+            index: self.items.len() - 1,
+            _b: PhantomData,
+        })
+    }
+
+    /// Enqueues every staged op inside one `ncclGroupStart`/`ncclGroupEnd`
+    /// on the communicator's stream: each producer stream's work so far is
+    /// waited for first, one end event follows the group. Returns at once.
+    ///
+    /// The result always holds the buffers: take each op's back as an
+    /// [`InFlight`] with [`Launched::take`]. If the launch failed
+    /// ([`Launched::error`]), they are released once the stream has passed
+    /// the failed group (at once when nothing was enqueued).
+    pub fn launch(self) -> Launched {
+        let comm = self.comm.clone();
+        let mut launched = Launched {
+            device: comm.device.clone(),
+            order: (comm.stream.as_raw() as u64, 0),
+            end: None,
+            items: self.items.iter().map(|_| None).collect(),
+            owner: self.id,
+            error: None,
+        };
+        let end = match comm.end_event() {
+            Ok(e) => e,
+            Err(e) => {
+                // Nothing was enqueued: the buffers may go now.
+                launched.error = Some(e.into());
+                return launched;
+            }
+        };
+        let mut guard = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let res = match comm.live_outside_capture() {
+            Ok(raw) => comm.enqueue_group(&guard, raw, &self.ops, &self.producers, &end, None),
+            Err(e) => Err((e, false)),
+        };
+        match res {
+            Ok(()) => {
+                guard.ops += 1;
+                launched.order.1 = guard.ops;
+            }
+            Err((e, reached_nccl)) => {
+                launched.error = Some(e);
+                if reached_nccl {
+                    // The group may have enqueued part of its work: the
+                    // buffers wait for the stream.
+                    if end.event().record(&comm.stream).is_ok() {
+                        guard.ops += 1;
+                        launched.order.1 = guard.ops;
+                    } else {
+                        tracing::error!("cannot order the release of a failed group's buffers after the stream; they are leaked");
+                        std::mem::forget(self.items);
+                        return launched;
+                    }
+                }
+            }
+        }
+        drop(guard);
+        launched.end = Some(Arc::new(end));
+        for (slot, item) in launched.items.iter_mut().zip(self.items) {
+            *slot = Some(item);
+        }
+        launched
+    }
+
+}
+
+impl Communicator {
+    /// Waits for the producers, issues `ops` as one NCCL group, records `end`
+    /// (and makes `join` wait on it). The caller holds the enqueue lock
+    /// (`st`). The error says whether NCCL was called.
+    fn enqueue_group(
+        &self,
+        st: &EnqueueState,
+        raw: nccl_sys::sys::ncclComm_t,
+        ops: &[RawOp],
+        producers: &[Stream],
+        end: &EndEvent,
+        join: Option<&Stream>,
+    ) -> Result<(), (NcclCommError, bool)> {
+        let not_yet = |e: CudaError| (NcclCommError::from(e), false);
+        // One event re-recorded per producer: a stream wait captures the
+        // event's state at the call.
+        let ready = &st.ready[0];
+        for p in producers {
+            ready.record(p).map_err(not_yet)?;
+            self.stream.wait_event(ready).map_err(not_yet)?;
+        }
+        let n = self.nccl;
+        // SAFETY: ncclGroupStart takes no arguments; it is paired with the
+        // ncclGroupEnd below on this thread whatever happens in between.
+        let rc = unsafe { (n.ncclGroupStart)() };
+        if !rc.is_success() {
+            return Err((nccl_err(n, "ncclGroupStart", rc), false));
+        }
+        let mut failed = None;
+        for op in ops {
+            // SAFETY: `raw` is live and the caller holds the enqueue lock;
+            // each op passed `check` when pushed, and its buffers are kept by
+            // the caller until the end event completes (`Launched`) or by the
+            // graph that replays them (`Capture`).
+            let (call, rc) = unsafe { self.issue(raw, op) };
+            if !(rc.is_success() || rc.is_in_progress()) {
+                failed = Some(nccl_err(n, call, rc));
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above, on the same thread.
+        let rc = unsafe { (n.ncclGroupEnd)() };
+        if let Some(e) = failed {
+            return Err((e, true));
+        }
+        self.settle("ncclGroupEnd", rc).map_err(|e| (e, true))?;
+        end.event()
+            .record(&self.stream)
+            .map_err(|e| (e.into(), true))?;
+        if let Some(j) = join {
+            j.wait_event(end.event()).map_err(|e| (e.into(), true))?;
+        }
+        Ok(())
+    }
+}
+
+/// A launched [`Batch`]: its end event and the ops' buffers.
+///
+/// Dropping it with buffers not taken keeps them alive until the end event
+/// completes (the completion reactor releases them).
+pub struct Launched {
+    device: Device,
+    order: (u64, u64),
+    end: Option<Arc<EndEvent>>,
+    items: Vec<Option<Box<dyn Any + Send>>>,
+    owner: u64,
+    error: Option<NcclCommError>,
+}
+
+impl fmt::Debug for Launched {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launched")
+            .field("ops", &self.items.len())
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl Launched {
+    /// Why the launch failed, if it did.
+    pub fn error(&self) -> Option<&NcclCommError> {
+        self.error.as_ref()
+    }
+
+    /// The group's end event (recorded on the communicator's stream after
+    /// the group); `None` if the launch failed before anything was enqueued.
+    pub fn end_event(&self) -> Option<&Event> {
+        self.end.as_deref().map(EndEvent::event)
+    }
+
+    /// Takes the buffers of the op `ticket` names, as an [`InFlight`] that
+    /// shares the group's end event. `None` for a ticket of another batch, one
+    /// taken before, or a failed launch that enqueued nothing (the buffers are
+    /// then dropped with this value).
+    pub fn take<B: DeviceMem>(&mut self, ticket: Ticket<B>) -> Option<InFlight<B>> {
+        if ticket.owner != self.owner {
+            return None;
+        }
+        let end = self.end.clone()?;
+        let item = self.items.get_mut(ticket.index)?.take()?;
+        match item.downcast::<Vec<B>>() {
+            Ok(bufs) => Some(InFlight {
+                device: self.device.clone(),
+                order: self.order,
+                end,
+                bufs: Some(*bufs),
+            }),
+            Err(other) => {
+                // Unreachable with a ticket of this batch; keep the value.
+                self.items[ticket.index] = Some(other);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        let rest: Vec<Box<dyn Any + Send>> = self.items.drain(..).flatten().collect();
+        let Some(end) = self.end.take() else {
+            return;
+        };
+        if rest.is_empty() || matches!(end.event().query(), Ok(true)) {
+            return;
+        }
+        let entry = KeepAlive {
+            device: self.device.clone(),
+            order: self.order,
+            end,
+            items: Some(rest),
+        };
+        if let Err((e, mut entry)) = reactor::global().register(Box::new(entry)) {
+            tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+            while !entry.poll_complete() {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Buffers kept until an end event completes.
+struct KeepAlive {
+    device: Device,
+    order: (u64, u64),
+    end: Arc<EndEvent>,
+    items: Option<Vec<Box<dyn Any + Send>>>,
+}
+
+impl Pending for KeepAlive {
+    fn order(&self) -> Option<(u64, u64)> {
+        Some(self.order)
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        let _ = self.device.bind_to_thread();
+        crate::cuda::relax_capture_mode();
+        match self.end.event().query() {
+            Ok(false) => false,
+            Ok(true) => {
+                self.items = None;
+                true
+            }
+            Err(e) => {
+                // The device failed: the GPU no longer runs this work.
+                tracing::error!(error = %e, "a group's end event failed");
+                self.items = None;
+                true
+            }
+        }
+    }
+}
+
+/// A CUDA graph capture on one stream (`cuStreamBeginCapture` in
+/// thread-local mode: other threads, such as chorus's completion reactor,
+/// keep working while it runs).
+///
+/// Launch batches into it with [`launch`](Self::launch); enqueue other work
+/// (kernels, copies) on [`stream`](Self::stream). [`finish`](Self::finish)
+/// ends the capture and instantiates the [`Graph`]. Dropping the capture
+/// unfinished ends it and discards what was captured. `!Send`: a capture
+/// belongs to the thread that began it.
+pub struct Capture {
+    stream: Stream,
+    comms: Vec<Arc<Communicator>>,
+    /// Each captured batch's id and buffers.
+    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
+    open: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Capture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Capture")
+            .field("stream", &self.stream)
+            .field("ops", &self.items.len())
+            .finish()
+    }
+}
+
+impl Capture {
+    /// Begins capturing `stream` (which must not be capturing already, and
+    /// must not be the legacy default stream).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of `cuStreamBeginCapture`.
+    pub fn begin(stream: &Stream) -> Result<Capture, CudaError> {
+        stream.device().bind_to_thread()?;
+        // SAFETY: the stream is live (we hold it); thread-local mode only
+        // restricts this thread.
+        let rc = unsafe {
+            sys::cuStreamBeginCapture_v2(
+                stream.as_raw(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        };
+        check(rc, "cuStreamBeginCapture")?;
+        Ok(Capture {
+            stream: stream.clone(),
+            comms: Vec::new(),
+            items: Vec::new(),
+            open: true,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The capturing stream: work enqueued here is captured too, ordered
+    /// with the batches as issued.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Captures `batch` as one NCCL group: the communicator's stream waits
+    /// for the capturing stream (and the batch's producer streams, which
+    /// must be the capturing stream or streams already in the capture), then
+    /// the capturing stream waits for the group. The buffers move into the
+    /// capture; the tickets are valid on the finished graph.
+    ///
+    /// # Errors
+    ///
+    /// An aborted communicator, one captured by another capture, or the
+    /// CUDA/NCCL error (the capture is then usually invalidated: finish
+    /// reports it). The batch's buffers are kept by the capture in any case.
+    pub fn launch(&mut self, batch: Batch) -> Result<(), NcclCommError> {
+        let Batch {
+            comm,
+            ops,
+            mut producers,
+            items,
+            id,
+            ..
+        } = batch;
+        self.items.push((id, items));
+        let end = comm.end_event()?;
+        let st = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let raw = comm.live()?;
+        let ours = self.comms.iter().any(|c| Arc::ptr_eq(c, &comm));
+        if !ours {
+            if comm.capturing.swap(true, Ordering::AcqRel) {
+                return Err(NcclCommError::Capturing);
+            }
+            self.comms.push(comm.clone());
+        }
+        // The communicator's stream joins the capture by waiting on the
+        // capturing stream.
+        if !producers.iter().any(|p| p.as_raw() == self.stream.as_raw()) {
+            producers.insert(0, self.stream.clone());
+        }
+        comm.enqueue_group(&st, raw, &ops, &producers, &end, Some(&self.stream))
+            .map_err(|(e, _)| e)
+    }
+
+    /// Ends the capture and instantiates the graph.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of ending (e.g. the capture was invalidated by a
+    /// prohibited call) or of instantiating; what was captured is discarded.
+    pub fn finish(mut self) -> Result<Graph, CudaError> {
+        let (graph, end_rc) = self.end();
+        let items = std::mem::take(&mut self.items);
+        let comms = std::mem::take(&mut self.comms);
+        check(end_rc, "cuStreamEndCapture")?;
+        if graph.is_null() {
+            return Err(CudaError::Driver {
+                call: "cuStreamEndCapture",
+                code: 0,
+                name: "no graph was captured".into(),
+            });
+        }
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `graph` is the graph the capture returned; `exec` is
+        // written on success.
+        let rc = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check(rc, "cuGraphInstantiateWithFlags") {
+            // SAFETY: `graph` is ours and no exec was created.
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        let done = self.stream.device().new_event()?;
+        Ok(Graph {
+            device: self.stream.device().clone(),
+            graph,
+            exec,
+            comms,
+            items,
+            done,
+            launched: false,
+        })
+    }
+
+    /// Ends the capture (once) and releases the communicators.
+    fn end(&mut self) -> (sys::CUgraph, sys::CUresult) {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        if !self.open {
+            return (graph, sys::CUresult::CUDA_SUCCESS);
+        }
+        self.open = false;
+        let _ = self.stream.device().bind_to_thread();
+        // SAFETY: the stream is capturing (begun by `begin`) and live.
+        let rc = unsafe { sys::cuStreamEndCapture(self.stream.as_raw(), &mut graph) };
+        for c in &self.comms {
+            c.capturing.store(false, Ordering::Release);
+        }
+        (graph, rc)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let (graph, _) = self.end();
+        if !graph.is_null() {
+            // SAFETY: the graph is ours and was never instantiated.
+            unsafe { sys::cuGraphDestroy(graph) };
+        }
+    }
+}
+
+fn check(rc: sys::CUresult, call: &'static str) -> Result<(), CudaError> {
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(driver_error(call, cudarc::driver::DriverError(rc)))
+    }
+}
+
+/// An instantiated CUDA graph of captured NCCL ops (and whatever else was
+/// captured). It owns the captured ops' buffers and keeps their
+/// communicators alive: replays always find both.
+pub struct Graph {
+    device: Device,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    comms: Vec<Arc<Communicator>>,
+    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
+    /// Recorded after each replay; waited for before the graph goes.
+    done: Event,
+    launched: bool,
+}
+
+// SAFETY: the graph and its exec are only used through `&mut self` (replay)
+// or in `drop`, so calls on them are serialized as CUDA requires; the
+// buffers are `Send`.
+unsafe impl Send for Graph {}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("device", &self.device.ordinal())
+            .field("ops", &self.items.len())
+            .finish()
+    }
+}
+
+impl Graph {
+    /// Replays the graph on `stream` (`cuGraphLaunch`) and records the
+    /// replay's done event after it. Returns at once.
+    ///
+    /// Every rank must replay its graph in the same order relative to its
+    /// other ops on the same communicators, as for any NCCL op.
+    ///
+    /// # Errors
+    ///
+    /// [`NcclCommError::Aborted`] if a communicator of the graph was aborted
+    /// (nothing is launched), or the CUDA error of the launch.
+    pub fn launch(&mut self, stream: &Stream) -> Result<(), NcclCommError> {
+        for c in &self.comms {
+            c.live()?;
+        }
+        self.device.bind_to_thread()?;
+        // SAFETY: `exec` is live (destroyed only in drop) and used under
+        // `&mut self`; the stream is live.
+        let rc = unsafe { sys::cuGraphLaunch(self.exec, stream.as_raw()) };
+        check(rc, "cuGraphLaunch")?;
+        self.launched = true;
+        self.done.record(stream)?;
+        Ok(())
+    }
+
+    /// The event recorded after the latest replay.
+    pub fn done_event(&self) -> &Event {
+        &self.done
+    }
+
+    /// The buffers of a captured op. `None` for a ticket of a batch this
+    /// graph did not capture.
+    pub fn buffers<B: DeviceMem>(&self, ticket: Ticket<B>) -> Option<&[B]> {
+        self.items
+            .iter()
+            .find(|(id, _)| *id == ticket.owner)?
+            .1
+            .get(ticket.index)?
+            .downcast_ref::<Vec<B>>()
+            .map(Vec::as_slice)
+    }
+
+    /// The buffers of a captured op, mutable (to fill inputs between
+    /// replays: order such work after [`done_event`](Self::done_event)).
+    pub fn buffers_mut<B: DeviceMem>(&mut self, ticket: Ticket<B>) -> Option<&mut [B]> {
+        self.items
+            .iter_mut()
+            .find(|(id, _)| *id == ticket.owner)?
+            .1
+            .get_mut(ticket.index)?
+            .downcast_mut::<Vec<B>>()
+            .map(Vec::as_mut_slice)
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let _ = self.device.bind_to_thread();
+        if self.launched {
+            // The last replay must be done before its buffers go.
+            if let Err(e) = self.done.synchronize() {
+                tracing::error!(error = %e, "a graph replay failed; its buffers are leaked");
+                for item in self.items.drain(..) {
+                    std::mem::forget(item);
+                }
+            }
+        }
+        // SAFETY: both handles are ours; no replay is running any more.
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
