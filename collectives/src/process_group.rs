@@ -1035,7 +1035,13 @@ impl ProcessGroup {
             CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
         );
         let deadline = Instant::now() + self.timeout;
-        chorus_runtime::Work::new_recorded(ctx, &self.inner.registry, Some(deadline), collective, meta)
+        chorus_runtime::Work::new_recorded(
+            ctx,
+            &self.inner.registry,
+            Some(deadline),
+            collective,
+            meta,
+        )
     }
 }
 

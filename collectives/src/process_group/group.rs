@@ -158,7 +158,10 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
         let inflight = launched.take(ticket);
         let err = match (failed, inflight) {
             (None, Some(inflight)) => {
-                put(&cell, Ok(DeviceWork::new(work, watch_device(inflight, completer))));
+                put(
+                    &cell,
+                    Ok(DeviceWork::new(work, watch_device(inflight, completer))),
+                );
                 return;
             }
             (Some(e), _) => e.for_op(ctx),
@@ -311,12 +314,20 @@ impl Group<'_> {
     /// Stages a send to `dst` (see [`ProcessGroup::send`]). Inside a group,
     /// a send and the matching recv may be staged in either order on each
     /// rank.
-    pub fn send<B: OpBuffer>(&mut self, buf: B, dst: usize) -> Result<Grouped<B::Work>, Rejected<B>> {
+    pub fn send<B: OpBuffer>(
+        &mut self,
+        buf: B,
+        dst: usize,
+    ) -> Result<Grouped<B::Work>, Rejected<B>> {
         B::stage1(self, buf, Op1::Send { peer: dst })
     }
 
     /// Stages a recv from `src` (see [`ProcessGroup::recv`]).
-    pub fn recv<B: OpBuffer>(&mut self, buf: B, src: usize) -> Result<Grouped<B::Work>, Rejected<B>> {
+    pub fn recv<B: OpBuffer>(
+        &mut self,
+        buf: B,
+        src: usize,
+    ) -> Result<Grouped<B::Work>, Rejected<B>> {
         B::stage1(self, buf, Op1::Recv { peer: src })
     }
 }
@@ -420,7 +431,11 @@ impl<'pg> Group<'pg> {
             ),
             CommOp::SendRecv { .. } => (
                 meta,
-                Err(pg.invalid(0, name, "send_recv cannot be grouped; stage a send and a recv".into())),
+                Err(pg.invalid(
+                    0,
+                    name,
+                    "send_recv cannot be grouped; stage a send and a recv".into(),
+                )),
             ),
             _ => (meta, Ok(())),
         };
@@ -438,7 +453,10 @@ impl<'pg> Group<'pg> {
             };
         }
         let Staged::Device { batch, ops } = &mut self.staged else {
-            return Err((pg.invalid(0, name, "the group is not a device group".into()), bufs));
+            return Err((
+                pg.invalid(0, name, "the group is not a device group".into()),
+                bufs,
+            ));
         };
         let ctx = pg.ctx(0, name);
         let ticket = match batch.push(op, bufs) {
@@ -507,7 +525,11 @@ impl<'pg> Group<'pg> {
         Ok(())
     }
 
-    fn launch_device(&self, batch: Batch, mut ops: Vec<Box<dyn DeviceEntry>>) -> Result<(), WorkError> {
+    fn launch_device(
+        &self,
+        batch: Batch,
+        mut ops: Vec<Box<dyn DeviceEntry>>,
+    ) -> Result<(), WorkError> {
         let pg = self.pg;
         let g = &pg.inner;
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());

@@ -126,7 +126,11 @@ impl Batch {
     /// The buffers come back untouched with [`NcclCommError::InvalidArgument`]
     /// when they do not fit the op or the communicator, or
     /// [`NcclCommError::Aborted`] when the communicator was aborted.
-    pub fn push<B: DeviceMem>(&mut self, op: CommOp, bufs: Vec<B>) -> Result<Ticket<B>, Refused<B>> {
+    pub fn push<B: DeviceMem>(
+        &mut self,
+        op: CommOp,
+        bufs: Vec<B>,
+    ) -> Result<Ticket<B>, Refused<B>> {
         if let Err(e) = self.comm.live().and_then(|_| self.comm.check(op, &bufs)) {
             return Err((e, bufs));
         }
@@ -204,7 +208,6 @@ impl Batch {
         }
         launched
     }
-
 }
 
 impl Communicator {
