@@ -965,7 +965,7 @@ impl ProcessGroup {
         let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
         let meta = chorus_runtime::flight_recorder::OpMeta {
-            dtype: Some(dtype.to_string()),
+            dtype: Some(std::borrow::Cow::Borrowed(dtype)),
             count: count as u64,
             peer,
         };
@@ -979,7 +979,7 @@ impl ProcessGroup {
                 let t3 = prof.then(Instant::now);
                 counters.bump_device(op, seq);
                 drop(counters);
-                let work = DeviceWork::new(work, watch_device(inflight, completer));
+                let work = DeviceWork::new(work, watch_device(inflight, completer, None));
                 if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
                     profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
                 }
@@ -1056,9 +1056,10 @@ type DevicePair<R> = (
 fn watch_device<B: DeviceMem>(
     inflight: chorus_runtime::cuda::nccl::InFlight<B>,
     completer: chorus_runtime::Completer<Option<Vec<B>>>,
+    set: Option<&mut chorus_runtime::cuda::nccl::WatchSet>,
 ) -> chorus_runtime::cuda::nccl::Watched<B> {
     completer.started();
-    inflight.watch(move |(res, bufs)| match res {
+    let done = move |(res, bufs): chorus_runtime::cuda::nccl::Finished<B>| match res {
         Ok(()) => completer.complete(Ok(bufs)),
         Err(e) => {
             let msg = format!("CUDA error while the op ran: {e}");
@@ -1067,7 +1068,11 @@ fn watch_device<B: DeviceMem>(
                 None => drop(completer),
             }
         }
-    })
+    };
+    match set {
+        Some(set) => inflight.watch_in(done, set),
+        None => inflight.watch(done),
+    }
 }
 
 /// A refused or failed enqueue as the op's error.

@@ -4,6 +4,7 @@
 //! `chorus-trace` reads the dumps of every rank and names the first sequence
 //! number at which the ranks disagree (see [`analyze`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -31,8 +32,9 @@ pub enum OpState {
 /// What the recorder knows of an op when it is submitted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpMeta {
-    /// Element type name (`"f32"`), if the op has data.
-    pub dtype: Option<String>,
+    /// Element type name (`"f32"`), if the op has data (borrowed on the
+    /// hot path, owned when read back from a dump).
+    pub dtype: Option<Cow<'static, str>>,
     /// Element count of the op's (input) buffer.
     pub count: u64,
     /// Root of broadcast/reduce, or peer of send/recv.
@@ -45,7 +47,7 @@ pub struct OpRecord {
     /// Sequence number (collective number, or pair message number for P2P).
     pub seq: u64,
     /// The op's name.
-    pub op: String,
+    pub op: Cow<'static, str>,
     /// True for collectives (their `seq` is comparable across ranks).
     pub collective: bool,
     /// Dtype, count, root or peer.
@@ -104,7 +106,7 @@ impl FlightRecorder {
     }
 
     /// Records a submitted op; returns its id for the later state changes.
-    pub fn scheduled(&self, seq: u64, op: &str, collective: bool, meta: OpMeta) -> u64 {
+    pub fn scheduled(&self, seq: u64, op: &'static str, collective: bool, meta: OpMeta) -> u64 {
         let mut ring = lock(&self.ring);
         if ring.entries.len() == self.capacity {
             ring.entries.pop_front();
@@ -112,7 +114,7 @@ impl FlightRecorder {
         }
         ring.entries.push_back(OpRecord {
             seq,
-            op: op.to_string(),
+            op: Cow::Borrowed(op),
             collective,
             meta,
             state: OpState::Scheduled,
@@ -391,11 +393,11 @@ mod tests {
         assert_eq!(snap[2].state, OpState::Started);
     }
 
-    fn dump(rank: usize, ops: &[(u64, &str, u64, OpState)]) -> Dump {
+    fn dump(rank: usize, ops: &[(u64, &'static str, u64, OpState)]) -> Dump {
         dump_of(rank, 3, ops)
     }
 
-    fn dump_of(rank: usize, size: usize, ops: &[(u64, &str, u64, OpState)]) -> Dump {
+    fn dump_of(rank: usize, size: usize, ops: &[(u64, &'static str, u64, OpState)]) -> Dump {
         let fr = FlightRecorder::new(100);
         for &(seq, op, count, state) in ops {
             let id = fr.scheduled(seq, op, true, meta(count));

@@ -90,7 +90,7 @@ impl OpKind {
             OpKind::Barrier => (None, None),
         };
         OpMeta {
-            dtype: buf.map(|b| b.dtype().name().to_string()),
+            dtype: buf.map(|b| std::borrow::Cow::Borrowed(b.dtype().name())),
             count: buf.map_or(0, |b| b.len() as u64),
             peer,
         }

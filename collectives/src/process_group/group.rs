@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use chorus_runtime::cuda::nccl::batch::{Batch, Launched, Ticket};
-use chorus_runtime::cuda::nccl::CommOp;
+use chorus_runtime::cuda::nccl::{CommOp, DeviceMem, WatchSet};
 use chorus_runtime::flight_recorder::OpMeta;
 use chorus_runtime::{OpContext, WorkError};
 
@@ -106,7 +106,12 @@ trait DeviceEntry {
     /// Registers the op's work under `ctx`.
     fn register(&mut self, pg: &ProcessGroup, ctx: OpContext) -> Result<(), WorkError>;
     /// Hands the launched op its buffers and end event, or fails it.
-    fn deliver(self: Box<Self>, launched: &mut Launched, failed: Option<&WorkError>);
+    fn deliver(
+        self: Box<Self>,
+        launched: &mut Launched,
+        failed: Option<&WorkError>,
+        set: &mut WatchSet,
+    );
     /// Fails the op before launch.
     fn fail(self: Box<Self>, err: WorkError);
 }
@@ -141,7 +146,12 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
         Ok(())
     }
 
-    fn deliver(self: Box<Self>, launched: &mut Launched, failed: Option<&WorkError>) {
+    fn deliver(
+        self: Box<Self>,
+        launched: &mut Launched,
+        failed: Option<&WorkError>,
+        set: &mut WatchSet,
+    ) {
         let DeviceOp {
             ctx,
             ticket,
@@ -160,7 +170,10 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
             (None, Some(inflight)) => {
                 put(
                     &cell,
-                    Ok(DeviceWork::new(work, watch_device(inflight, completer))),
+                    Ok(DeviceWork::new(
+                        work,
+                        watch_device(inflight, completer, Some(set)),
+                    )),
                 );
                 return;
             }
@@ -182,6 +195,44 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
         }
         put(&self.cell, Err(err.for_op(ctx)));
     }
+}
+
+/// Checks a device op of a group or capture (`op` in group ranks) and
+/// returns its device and what the flight recorder keeps of it.
+pub(super) fn device_check<B: DeviceMem>(
+    pg: &ProcessGroup,
+    op: CommOp,
+    bufs: &[B],
+) -> Result<(u32, OpMeta), WorkError> {
+    let name = super::device_op_name(op);
+    let Some(first) = bufs.first() else {
+        return Err(pg.invalid(0, name, "no buffer given".into()));
+    };
+    let dev = first.stream().device().ordinal() as u32;
+    let mut meta = OpMeta {
+        dtype: Some(std::borrow::Cow::Borrowed(first.nccl_type().name())),
+        count: first.count() as u64,
+        peer: None,
+    };
+    match op {
+        CommOp::Send { peer } | CommOp::Recv { peer } => {
+            meta.peer = Some(peer);
+            pg.check_peer(name, peer)?;
+        }
+        CommOp::Broadcast { root } | CommOp::Reduce { root, .. } => {
+            meta.peer = Some(root);
+            pg.check_rank(name, "root", root)?;
+        }
+        CommOp::SendRecv { .. } => {
+            return Err(pg.invalid(
+                0,
+                name,
+                "send_recv cannot be grouped; stage a send and a recv".into(),
+            ))
+        }
+        _ => {}
+    }
+    Ok((dev, meta))
 }
 
 fn not_registered(ctx: &OpContext) -> WorkError {
@@ -399,49 +450,15 @@ impl<'pg> Group<'pg> {
         op: CommOp,
         bufs: Vec<R::Buf>,
     ) -> Result<Grouped<DeviceWork<R>>, (WorkError, Vec<R::Buf>)> {
-        use chorus_runtime::cuda::nccl::DeviceMem;
         let name = super::device_op_name(op);
         if matches!(self.staged, Staged::Host(_)) {
             return Err((self.wrong_backend(name, "device"), bufs));
         }
         let pg = self.pg;
-        let Some(first) = bufs.first() else {
-            return Err((pg.invalid(0, name, "no buffer given".into()), bufs));
+        let (dev, meta) = match device_check(pg, op, &bufs) {
+            Ok(v) => v,
+            Err(e) => return Err((e, bufs)),
         };
-        let dev = first.stream().device().ordinal() as u32;
-        let meta = OpMeta {
-            dtype: Some(first.nccl_type().name().to_string()),
-            count: first.count() as u64,
-            peer: None,
-        };
-        let (meta, checked) = match op {
-            CommOp::Send { peer } | CommOp::Recv { peer } => (
-                OpMeta {
-                    peer: Some(peer),
-                    ..meta
-                },
-                pg.check_peer(name, peer),
-            ),
-            CommOp::Broadcast { root } | CommOp::Reduce { root, .. } => (
-                OpMeta {
-                    peer: Some(root),
-                    ..meta
-                },
-                pg.check_rank(name, "root", root),
-            ),
-            CommOp::SendRecv { .. } => (
-                meta,
-                Err(pg.invalid(
-                    0,
-                    name,
-                    "send_recv cannot be grouped; stage a send and a recv".into(),
-                )),
-            ),
-            _ => (meta, Ok(())),
-        };
-        if let Err(e) = checked {
-            return Err((e, bufs));
-        }
         if matches!(self.staged, Staged::Empty) {
             let comm = match pg.inner.nccl.collective(dev) {
                 Ok(c) => c,
@@ -561,9 +578,12 @@ impl<'pg> Group<'pg> {
             *counters = next;
         }
         drop(counters);
+        // One reactor entry for the whole group: its ops share the end event.
+        let mut set = WatchSet::new();
         for e in ops {
-            e.deliver(&mut launched, failed.as_ref());
+            e.deliver(&mut launched, failed.as_ref(), &mut set);
         }
+        set.register();
         match failed {
             Some(e) => Err(e),
             None => Ok(()),

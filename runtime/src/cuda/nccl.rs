@@ -1334,7 +1334,28 @@ impl<B: DeviceMem> InFlight<B> {
     /// Hands the op to the completion reactor: `done` runs on the reactor
     /// thread once the end event completed (or failed). The returned handle
     /// can take the buffers early with a stream-ordered wait.
-    pub fn watch<F>(mut self, done: F) -> Watched<B>
+    pub fn watch<F>(self, done: F) -> Watched<B>
+    where
+        F: FnOnce(Finished<B>) + Send + 'static,
+    {
+        let (watched, entry) = self.into_entry(done);
+        register_or_wait(Box::new(entry));
+        watched
+    }
+
+    /// Like [`watch`](Self::watch), but the reactor entry goes into `set`,
+    /// which registers the entries of ops sharing one end event (a group)
+    /// as one.
+    pub fn watch_in<F>(self, done: F, set: &mut WatchSet) -> Watched<B>
+    where
+        F: FnOnce(Finished<B>) + Send + 'static,
+    {
+        let (watched, entry) = self.into_entry(done);
+        set.entries.push(Box::new(entry));
+        watched
+    }
+
+    fn into_entry<F>(mut self, done: F) -> (Watched<B>, Entry<B, F>)
     where
         F: FnOnce(Finished<B>) + Send + 'static,
     {
@@ -1348,16 +1369,70 @@ impl<B: DeviceMem> InFlight<B> {
             cell: cell.clone(),
             done: Some(done),
         };
-        if let Err((e, mut entry)) = reactor::global().register(Box::new(entry)) {
-            // No reactor thread: complete synchronously (the GPU wait happens
-            // here instead of in the background).
-            tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
-            let _ = cell.end.event().synchronize();
-            while !entry.poll_complete() {
-                std::thread::yield_now();
-            }
+        (Watched { cell }, entry)
+    }
+}
+
+/// Hands `entry` to the completion reactor; without a reactor thread, waits
+/// for it here.
+fn register_or_wait(entry: Box<dyn Pending>) {
+    if let Err((e, mut entry)) = reactor::global().register(entry) {
+        // No reactor thread: complete synchronously (the GPU wait happens
+        // here instead of in the background).
+        tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+        while !entry.poll_complete() {
+            std::thread::yield_now();
         }
-        Watched { cell }
+    }
+}
+
+/// Reactor entries of ops that share one end event (the ops of a group),
+/// registered as one entry by [`register`](Self::register): one hand-off
+/// to the reactor and one event query per round for the whole group.
+#[derive(Default)]
+pub struct WatchSet {
+    entries: Vec<Box<dyn Pending>>,
+}
+
+impl fmt::Debug for WatchSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchSet")
+            .field("entries", &self.entries.len())
+            .finish()
+    }
+}
+
+impl WatchSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Hands the set's entries to the completion reactor as one entry.
+    pub fn register(self) {
+        if !self.entries.is_empty() {
+            register_or_wait(Box::new(self));
+        }
+    }
+}
+
+impl Pending for WatchSet {
+    fn order(&self) -> Option<(u64, u64)> {
+        self.entries.first().and_then(|e| e.order())
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        // The first entry's event is every entry's: once it completed the
+        // others complete in the same round.
+        let Some(first) = self.entries.first_mut() else {
+            return true;
+        };
+        if !first.poll_complete() {
+            return false;
+        }
+        self.entries.remove(0);
+        self.entries.retain_mut(|e| !e.poll_complete());
+        self.entries.is_empty()
     }
 }
 

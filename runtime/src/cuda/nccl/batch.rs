@@ -436,6 +436,29 @@ impl Capture {
         })
     }
 
+    /// Reserves `comm` for this capture until it ends: from now on the
+    /// communicator refuses ops outside the capture
+    /// ([`NcclCommError::Capturing`]), since they would wait on the
+    /// capturing stream or run on a stream that joined the capture.
+    /// [`launch`](Self::launch) holds the batch's communicator itself; hold
+    /// it earlier to refuse stray ops from the start.
+    ///
+    /// # Errors
+    ///
+    /// [`NcclCommError::Capturing`] if another capture holds it,
+    /// [`NcclCommError::Aborted`] if it was aborted.
+    pub fn hold(&mut self, comm: &Arc<Communicator>) -> Result<(), NcclCommError> {
+        comm.live()?;
+        if self.comms.iter().any(|c| Arc::ptr_eq(c, comm)) {
+            return Ok(());
+        }
+        if comm.capturing.swap(true, Ordering::AcqRel) {
+            return Err(NcclCommError::Capturing);
+        }
+        self.comms.push(comm.clone());
+        Ok(())
+    }
+
     /// The capturing stream: work enqueued here is captured too, ordered
     /// with the batches as issued.
     pub fn stream(&self) -> &Stream {
@@ -464,15 +487,9 @@ impl Capture {
         } = batch;
         self.items.push((id, items));
         let end = comm.end_event()?;
+        self.hold(&comm)?;
         let st = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let raw = comm.live()?;
-        let ours = self.comms.iter().any(|c| Arc::ptr_eq(c, &comm));
-        if !ours {
-            if comm.capturing.swap(true, Ordering::AcqRel) {
-                return Err(NcclCommError::Capturing);
-            }
-            self.comms.push(comm.clone());
-        }
         // The communicator's stream joins the capture by waiting on the
         // capturing stream.
         if !producers.iter().any(|p| p.as_raw() == self.stream.as_raw()) {

@@ -1,0 +1,228 @@
+//! Sequential vs grouped all_reduces on one GPU (issue 7): host submit time
+//! and total time (submit until the GPU finished) for chorus and for raw
+//! NCCL calls (`ncclAllReduce` in a loop, and inside `ncclGroupStart/End`),
+//! at widths 1, 2, 4, 8, 16 of 1 MiB each. PyTorch's coalescing manager is
+//! measured by `benches/compare/torch_coalesce.py` in the same call.
+//!
+//! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use clap::Parser;
+use futures::executor::block_on;
+use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Timed iterations per mode and width.
+    #[arg(long, default_value_t = 300)]
+    iters: usize,
+    /// f32 elements per buffer (1 MiB by default).
+    #[arg(long, default_value_t = 262_144)]
+    count: usize,
+    /// Widths (ops per iteration).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    widths: Vec<usize>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<String>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Medians (µs) of submit time and total time over `iters` runs of `f`,
+/// which returns (submit done, all done).
+fn measure(iters: usize, mut f: impl FnMut() -> (Instant, Instant)) -> (f64, f64) {
+    for _ in 0..iters / 5 + 10 {
+        f();
+    }
+    let mut sub = Vec::with_capacity(iters);
+    let mut tot = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        let (t1, t2) = f();
+        sub.push((t1 - t0).as_secs_f64() * 1e6);
+        tot.push((t2 - t0).as_secs_f64() * 1e6);
+    }
+    (median(&mut sub), median(&mut tot))
+}
+
+/// A raw NCCL communicator of one rank with its own stream and buffers.
+struct Raw {
+    nccl: &'static nccl_sys::Nccl,
+    comm: ncclComm_t,
+    stream: Stream,
+    ptrs: Vec<u64>,
+    _bufs: Vec<chorus_runtime::cuda::CudaSlice<f32>>,
+    count: usize,
+}
+
+impl Raw {
+    fn new(dev: &Device, width: usize, count: usize) -> Result<Raw, Box<dyn std::error::Error>> {
+        use cudarc::driver::DevicePtr;
+        let nccl = nccl_sys::nccl()?;
+        dev.bind_to_thread()?;
+        let stream = dev.new_stream(StreamPriority::Normal)?;
+        let mut id = ncclUniqueId::zeroed();
+        let mut comm: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `id` and `comm` are valid for writes; one rank of one.
+        unsafe {
+            nccl.check((nccl.ncclGetUniqueId)(&mut id))?;
+            nccl.check((nccl.ncclCommInitRank)(&mut comm, 1, id, 0))?;
+        }
+        let mut bufs = Vec::new();
+        let mut ptrs = Vec::new();
+        for _ in 0..width {
+            let b = stream.alloc_zeros::<f32>(count)?;
+            let p = {
+                let (p, _g) = b.device_ptr(stream.cudarc());
+                p
+            };
+            ptrs.push(p);
+            bufs.push(b);
+        }
+        stream.synchronize()?;
+        Ok(Raw {
+            nccl,
+            comm,
+            stream,
+            ptrs,
+            _bufs: bufs,
+            count,
+        })
+    }
+
+    fn all_reduce(&self, p: u64) {
+        let p = p as *mut std::ffi::c_void;
+        // SAFETY: `p` is a live allocation of `count` f32 on this device
+        // (kept in `_bufs`); the communicator and stream are live.
+        let rc = unsafe {
+            (self.nccl.ncclAllReduce)(
+                p,
+                p,
+                self.count,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream.as_raw() as cudaStream_t,
+            )
+        };
+        if let Err(e) = self.nccl.check(rc) {
+            eprintln!("ncclAllReduce: {e}");
+        }
+    }
+
+    fn run(&self, grouped: bool) -> (Instant, Instant) {
+        if grouped {
+            // SAFETY: paired with ncclGroupEnd below on this thread.
+            let _ = unsafe { (self.nccl.ncclGroupStart)() };
+        }
+        for &p in &self.ptrs {
+            self.all_reduce(p);
+        }
+        if grouped {
+            // SAFETY: closes the group opened above.
+            let _ = unsafe { (self.nccl.ncclGroupEnd)() };
+        }
+        let t1 = Instant::now();
+        let _ = self.stream.synchronize();
+        (t1, Instant::now())
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        // SAFETY: the communicator is ours and idle.
+        unsafe { (self.nccl.ncclCommDestroy)(self.comm) };
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let dev = Device::get(0)?;
+    let producer = dev.new_stream(StreamPriority::Normal)?;
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = block_on(
+        ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .name("groupbench")
+            .device(0)
+            .build(),
+    )?;
+    let maxw = args.widths.iter().copied().max().unwrap_or(1);
+    let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..maxw)
+        .map(|_| -> Result<_, Box<dyn std::error::Error>> {
+            Ok(Some(DeviceBuffer::new(producer.alloc_zeros::<f32>(args.count)?)?))
+        })
+        .collect::<Result<_, _>>()?;
+    producer.synchronize()?;
+    println!(
+        "{:>5} {:>22} {:>22} {:>22} {:>22}",
+        "width", "chorus seq sub/tot", "chorus grp sub/tot", "raw seq sub/tot", "raw grp sub/tot"
+    );
+    let mut rows = Vec::new();
+    for &w in &args.widths {
+        let seq = measure(args.iters, || {
+            let works: Vec<_> = bufs[..w]
+                .iter_mut()
+                .filter_map(Option::take)
+                .filter_map(|b| pg.all_reduce(b, ReduceOp::Sum).ok())
+                .collect();
+            let t1 = Instant::now();
+            for (slot, work) in bufs.iter_mut().zip(works) {
+                *slot = block_on(work).ok();
+            }
+            (t1, Instant::now())
+        });
+        let grp = measure(args.iters, || {
+            let staged = {
+                let mut g = pg.group();
+                let ws: Vec<_> = bufs[..w]
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .filter_map(|b| g.all_reduce(b, ReduceOp::Sum).ok())
+                    .collect();
+                let _ = g.launch();
+                ws
+            };
+            let t1 = Instant::now();
+            for (slot, work) in bufs.iter_mut().zip(staged) {
+                *slot = block_on(work).ok();
+            }
+            (t1, Instant::now())
+        });
+        if bufs.iter().any(Option::is_none) {
+            return Err("an op failed during the benchmark".into());
+        }
+        let raw = Raw::new(&dev, w, args.count)?;
+        let rseq = measure(args.iters, || raw.run(false));
+        let rgrp = measure(args.iters, || raw.run(true));
+        drop(raw);
+        println!(
+            "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
+            seq.0, seq.1, grp.0, grp.1, rseq.0, rseq.1, rgrp.0, rgrp.1
+        );
+        rows.push(serde_json::json!({
+            "width": w,
+            "chorus_seq": {"submit_us": seq.0, "total_us": seq.1},
+            "chorus_grouped": {"submit_us": grp.0, "total_us": grp.1},
+            "raw_seq": {"submit_us": rseq.0, "total_us": rseq.1},
+            "raw_grouped": {"submit_us": rgrp.0, "total_us": rgrp.1},
+        }));
+    }
+    if let Some(p) = args.json {
+        let v = serde_json::json!({"count": args.count, "iters": args.iters, "rows": rows});
+        std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! Grouped NCCL ops and CUDA graph capture on a GPU (issue 7), on a 1-rank
+//! communicator. Ignored by default; run on the GPU machine with
+//! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chorus::reduce::{reference_reduce, Reducible};
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus_runtime::cuda::nccl::NcclElement;
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use futures::executor::block_on;
+use half::bf16;
+use rand::{Rng, SeedableRng};
+
+fn device0() -> Device {
+    Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"))
+}
+
+fn group(name: &str) -> ProcessGroup {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    block_on(
+        ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .name(name)
+            .device(0)
+            .timeout(Duration::from_secs(60))
+            .build(),
+    )
+    .unwrap_or_else(|e| panic!("group {name}: {e}"))
+}
+
+fn upload<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+    DeviceBuffer::new(s.clone_htod(v).unwrap()).unwrap()
+}
+
+fn download<T: NcclElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
+    b.producer().clone_dtoh(b.slice()).unwrap()
+}
+
+fn random<T: From<i8>>(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<T> {
+    (0..n).map(|_| T::from(rng.gen_range(-8i8..=8))).collect()
+}
+
+fn reduced<T: Reducible + Clone>(op: ReduceOp, v: &[T]) -> Vec<T> {
+    reference_reduce(op, &[v.to_vec()])
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let pg = group("grouped");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for round in 0..3 {
+        let a: Vec<f32> = random(&mut rng, 4099);
+        let b: Vec<i64> = random(&mut rng, 13);
+        let c: Vec<i32> = random(&mut rng, 70001);
+        let d: Vec<f64> = random(&mut rng, 5);
+        let e: Vec<i32> = random(&mut rng, 8);
+        let h: Vec<f32> = random(&mut rng, 12);
+        let hb: Vec<bf16> = h.iter().map(|x| bf16::from_f32(*x)).collect();
+        let (wa, wb, wc, wd, we, wh) = {
+            let mut g = pg.group();
+            let wa = g.all_reduce(upload(&s, &a), ReduceOp::Sum).unwrap();
+            let wb = g.all_reduce(upload(&s, &b), ReduceOp::Max).unwrap();
+            let wc = g.broadcast(upload(&s, &c), 0).unwrap();
+            let wd = g.all_gather(upload(&s, &d), upload(&s, &[0f64; 5])).unwrap();
+            let we = g
+                .reduce_scatter(upload(&s, &e), upload(&s, &[0i32; 8]), ReduceOp::Min)
+                .unwrap();
+            let wh = g.all_to_all(upload(&s, &hb), upload(&s, &[bf16::ZERO; 12])).unwrap();
+            assert_eq!(g.len(), 6);
+            g.launch().unwrap();
+            (wa, wb, wc, wd, we, wh)
+        };
+        let (wa, wb) = (wa.into_work().unwrap(), wb.into_work().unwrap());
+        assert_eq!(
+            wa.end_event().as_raw(),
+            wb.end_event().as_raw(),
+            "the ops of a group share one end event"
+        );
+        assert_eq!(wa.seq(), 6 * round + 1);
+        assert_eq!(download(&block_on(wa).unwrap()), reduced(ReduceOp::Sum, &a));
+        assert_eq!(download(&block_on(wb).unwrap()), reduced(ReduceOp::Max, &b));
+        assert_eq!(download(&block_on(wc).unwrap()), c);
+        assert_eq!(download(&block_on(wd).unwrap().1), d);
+        assert_eq!(download(&block_on(we).unwrap().1), reduced(ReduceOp::Min, &e));
+        assert_eq!(download(&block_on(wh).unwrap().1), hb);
+    }
+    println!("grouped: 3 rounds of 6 mixed ops bit-exact, one end event per group");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let pg = group("badgroup");
+    let x = vec![3f32; 100];
+    let res: Result<(), WorkError> = pg.grouped(|g| {
+        let _ok = g.all_reduce(upload(&s, &x), ReduceOp::Sum)?;
+        // Output of the wrong size: refused with both buffers.
+        match g.all_gather(upload(&s, &x), upload(&s, &[0f32; 7])) {
+            Ok(_) => panic!("a wrong all_gather output was accepted"),
+            Err(rej) => {
+                assert_eq!(download(&rej.buffers.0), x);
+                Err(rej.error)
+            }
+        }
+    });
+    let err = res.unwrap_err();
+    assert!(matches!(err, WorkError::InvalidArgument { .. }), "{err}");
+    println!("bad argument: {err}");
+    // Host buffers in a device group are refused too.
+    let mut g = pg.group();
+    let _d = g.all_reduce(upload(&s, &x), ReduceOp::Sum).unwrap();
+    let rej = g.all_reduce(vec![1f32; 3], ReduceOp::Sum).unwrap_err();
+    assert!(rej.error.to_string().contains("one backend"), "{}", rej.error);
+    assert_eq!(rej.buffers, vec![1f32; 3]);
+    g.launch().unwrap();
+    assert!(pg.error().is_none());
+    // The next group works.
+    let w = pg
+        .grouped(|g| g.all_reduce(upload(&s, &x), ReduceOp::Avg).map_err(WorkError::from))
+        .unwrap();
+    assert_eq!(download(&block_on(w).unwrap()), x);
+    println!("bad group then good group: ok");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let pg = group("capture");
+    let n = 1 << 16;
+    // Warm the communicator up outside the capture.
+    let w = block_on(pg.all_reduce(upload(&s, &vec![1f32; n]), ReduceOp::Sum).unwrap()).unwrap();
+    drop(w);
+    s.synchronize().unwrap();
+
+    // Buffers are made before the capture: an upload on the capturing
+    // stream would be captured too.
+    let zeros = vec![0f32; n];
+    let ar_bufs: Vec<_> = (0..4).map(|_| upload(&s, &zeros)).collect();
+    let (ag_in, ag_out) = (upload(&s, &zeros), upload(&s, &zeros));
+    let other = dev.new_stream(StreamPriority::Normal).unwrap();
+    let stray = upload(&other, &[1f32; 4]);
+    s.synchronize().unwrap();
+    other.synchronize().unwrap();
+
+    let mut cap = pg.capture(&s).unwrap();
+    // While the capture holds the communicator, the group's other device
+    // ops are refused.
+    let refused = pg.all_reduce(stray, ReduceOp::Sum);
+    match refused {
+        Ok(_) => panic!("an op outside the capture was accepted during the capture"),
+        Err(rej) => {
+            assert!(rej.error.to_string().contains("captured"), "{}", rej.error);
+            println!("during capture: {}", rej.error);
+        }
+    }
+    let (ars, ag) = cap
+        .group(|g| {
+            let mut ars = Vec::new();
+            for b in ar_bufs {
+                ars.push(g.all_reduce(b, ReduceOp::Sum)?);
+            }
+            let ag = g.all_gather(ag_in, ag_out)?;
+            Ok((ars, ag))
+        })
+        .unwrap();
+    let mut graph = cap.finish().unwrap();
+    // After the capture the communicator takes ops again.
+    let w = block_on(pg.all_reduce(upload(&s, &[2f32; 4]), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(download(&w), vec![2f32; 4]);
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for replay in 0..5 {
+        // New inputs in the graph's own buffers, then a replay.
+        let mut inputs = Vec::new();
+        for t in &ars {
+            let v: Vec<f32> = random(&mut rng, n);
+            let b = &mut graph.buffers_mut(*t).unwrap()[0];
+            s.copy_htod(&v, b.slice_mut()).unwrap();
+            inputs.push(v);
+        }
+        let agv: Vec<f32> = random(&mut rng, n);
+        {
+            let bufs = graph.buffers_mut(ag).unwrap();
+            s.copy_htod(&agv, bufs[0].slice_mut()).unwrap();
+            s.copy_htod(&zeros, bufs[1].slice_mut()).unwrap();
+        }
+        graph.launch(&s).unwrap();
+        graph.done_event().synchronize().unwrap();
+        for (t, v) in ars.iter().zip(&inputs) {
+            let b = &graph.buffers(*t).unwrap()[0];
+            assert_eq!(s.clone_dtoh(b.slice()).unwrap(), *v, "replay {replay}");
+        }
+        let bufs = graph.buffers(ag).unwrap();
+        assert_eq!(
+            s.clone_dtoh(bufs[1].slice()).unwrap(),
+            agv,
+            "replay {replay}: the captured all_gather wrote its output"
+        );
+    }
+    drop(graph);
+    println!("capture: group of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct");
+}
