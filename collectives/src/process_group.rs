@@ -1082,6 +1082,11 @@ fn comm_error(ctx: &OpContext, e: NcclCommError) -> WorkError {
             ctx: ctx.clone(),
             msg,
         },
+        // Refused before anything ran: the group stays healthy.
+        e @ NcclCommError::Capturing => WorkError::InvalidArgument {
+            ctx: ctx.clone(),
+            msg: e.to_string(),
+        },
         NcclCommError::Aborted(reason) => WorkError::Aborted {
             ctx: ctx.clone(),
             reason,

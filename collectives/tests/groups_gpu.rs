@@ -69,11 +69,15 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
             let wa = g.all_reduce(upload(&s, &a), ReduceOp::Sum).unwrap();
             let wb = g.all_reduce(upload(&s, &b), ReduceOp::Max).unwrap();
             let wc = g.broadcast(upload(&s, &c), 0).unwrap();
-            let wd = g.all_gather(upload(&s, &d), upload(&s, &[0f64; 5])).unwrap();
+            let wd = g
+                .all_gather(upload(&s, &d), upload(&s, &[0f64; 5]))
+                .unwrap();
             let we = g
                 .reduce_scatter(upload(&s, &e), upload(&s, &[0i32; 8]), ReduceOp::Min)
                 .unwrap();
-            let wh = g.all_to_all(upload(&s, &hb), upload(&s, &[bf16::ZERO; 12])).unwrap();
+            let wh = g
+                .all_to_all(upload(&s, &hb), upload(&s, &[bf16::ZERO; 12]))
+                .unwrap();
             assert_eq!(g.len(), 6);
             g.launch().unwrap();
             (wa, wb, wc, wd, we, wh)
@@ -89,7 +93,10 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
         assert_eq!(download(&block_on(wb).unwrap()), reduced(ReduceOp::Max, &b));
         assert_eq!(download(&block_on(wc).unwrap()), c);
         assert_eq!(download(&block_on(wd).unwrap().1), d);
-        assert_eq!(download(&block_on(we).unwrap().1), reduced(ReduceOp::Min, &e));
+        assert_eq!(
+            download(&block_on(we).unwrap().1),
+            reduced(ReduceOp::Min, &e)
+        );
         assert_eq!(download(&block_on(wh).unwrap().1), hb);
     }
     println!("grouped: 3 rounds of 6 mixed ops bit-exact, one end event per group");
@@ -120,13 +127,20 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     let mut g = pg.group();
     let _d = g.all_reduce(upload(&s, &x), ReduceOp::Sum).unwrap();
     let rej = g.all_reduce(vec![1f32; 3], ReduceOp::Sum).unwrap_err();
-    assert!(rej.error.to_string().contains("one backend"), "{}", rej.error);
+    assert!(
+        rej.error.to_string().contains("one backend"),
+        "{}",
+        rej.error
+    );
     assert_eq!(rej.buffers, vec![1f32; 3]);
     g.launch().unwrap();
     assert!(pg.error().is_none());
     // The next group works.
     let w = pg
-        .grouped(|g| g.all_reduce(upload(&s, &x), ReduceOp::Avg).map_err(WorkError::from))
+        .grouped(|g| {
+            g.all_reduce(upload(&s, &x), ReduceOp::Avg)
+                .map_err(WorkError::from)
+        })
         .unwrap();
     assert_eq!(download(&block_on(w).unwrap()), x);
     println!("bad group then good group: ok");
@@ -140,7 +154,11 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
     let pg = group("capture");
     let n = 1 << 16;
     // Warm the communicator up outside the capture.
-    let w = block_on(pg.all_reduce(upload(&s, &vec![1f32; n]), ReduceOp::Sum).unwrap()).unwrap();
+    let w = block_on(
+        pg.all_reduce(upload(&s, &vec![1f32; n]), ReduceOp::Sum)
+            .unwrap(),
+    )
+    .unwrap();
     drop(w);
     s.synchronize().unwrap();
 
@@ -158,13 +176,16 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
     // While the capture holds the communicator, the group's other device
     // ops are refused.
     let refused = pg.all_reduce(stray, ReduceOp::Sum);
-    match refused {
+    // The refused buffer is kept until the capture ends: freeing device
+    // memory on the capturing thread is not allowed during a capture.
+    let _stray = match refused {
         Ok(_) => panic!("an op outside the capture was accepted during the capture"),
         Err(rej) => {
             assert!(rej.error.to_string().contains("captured"), "{}", rej.error);
             println!("during capture: {}", rej.error);
+            rej.buffers
         }
-    }
+    };
     let (ars, ag) = cap
         .group(|g| {
             let mut ars = Vec::new();
@@ -177,7 +198,11 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         .unwrap();
     let mut graph = cap.finish().unwrap();
     // After the capture the communicator takes ops again.
-    let w = block_on(pg.all_reduce(upload(&s, &[2f32; 4]), ReduceOp::Sum).unwrap()).unwrap();
+    let w = block_on(
+        pg.all_reduce(upload(&s, &[2f32; 4]), ReduceOp::Sum)
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(download(&w), vec![2f32; 4]);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -210,5 +235,7 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         );
     }
     drop(graph);
-    println!("capture: group of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct");
+    println!(
+        "capture: group of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct"
+    );
 }

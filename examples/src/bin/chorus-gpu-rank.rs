@@ -14,6 +14,12 @@
 //!   large device all_reduce; the survivors' work must fail within the op
 //!   timeout (`FAULT_TIMEOUT_MS`, default 3000). Prints `RESULT rank=R
 //!   kind=K elapsed_ms=MS msg=...`.
+//! * `groups`: a group of mixed collectives and a ring of send/recv (the
+//!   recv staged first) on device buffers, checked against the reference;
+//!   a CUDA graph capturing a group of 4 all_reduces and a send/recv ring,
+//!   replayed 5 times with fresh inputs and checked after each replay; and
+//!   16 × 1 MiB all_reduces issued one by one and as a group (median host
+//!   submit and total µs). Prints `OK rank=R checks=N` or `FAIL ...`.
 //! * `busbw`: all_reduce f32 from 8 B to 1 GiB; prints one JSON line per size
 //!   (`bytes`, `median_us` of submit-to-await round trips, `submit_us` the
 //!   median host time of the `all_reduce` call alone, `in_progress` how many
@@ -305,6 +311,189 @@ async fn matrix(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     Ok(ck)
 }
 
+async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
+    let (rank, n) = (pg.rank(), pg.size());
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let mut ck = Checker {
+        checks: 0,
+        fails: Vec::new(),
+    };
+    let e = |what: &'static str| {
+        move |r: chorus::Rejected<DeviceBuffer<f32>>| format!("{what}: {}", r.error)
+    };
+    for round in 0..3u64 {
+        let c = 900 + 10 * round;
+        let (a, b, rx, tx, g2) = {
+            let mut g = pg.group();
+            let rx = g
+                .recv(up(s, &poison::<f32>(777))?, prev)
+                .map_err(e("recv"))?;
+            let a = g
+                .all_reduce(
+                    up(s, &data::<f32>(c, rank, 4099, ReduceOp::Sum))?,
+                    ReduceOp::Sum,
+                )
+                .map_err(e("all_reduce"))?;
+            let b = g
+                .all_reduce(
+                    up(s, &data::<i64>(c + 1, rank, 13, ReduceOp::Max))?,
+                    ReduceOp::Max,
+                )
+                .map_err(|r| format!("all_reduce max: {}", r.error))?;
+            let tx = g
+                .send(up(s, &data::<f32>(c + 2, rank, 777, ReduceOp::Sum))?, next)
+                .map_err(e("send"))?;
+            let g2 = g
+                .all_gather(
+                    up(s, &data::<f32>(c + 3, rank, 5, ReduceOp::Sum))?,
+                    up(s, &poison::<f32>(5 * n))?,
+                )
+                .map_err(|r| format!("all_gather: {}", r.error))?;
+            g.launch().map_err(|e| format!("launch: {e}"))?;
+            (a, b, rx, tx, g2)
+        };
+        let a = a.await.map_err(werr("grouped all_reduce"))?;
+        ck.check(
+            format!("group round {round} all_reduce sum f32"),
+            &down(&a)?,
+            &reference::<f32>(c, n, 4099, ReduceOp::Sum),
+        );
+        let b = b.await.map_err(werr("grouped all_reduce max"))?;
+        ck.check(
+            format!("group round {round} all_reduce max i64"),
+            &down(&b)?,
+            &reference::<i64>(c + 1, n, 13, ReduceOp::Max),
+        );
+        let rx = rx.await.map_err(werr("grouped recv"))?;
+        ck.check(
+            format!("group round {round} recv from {prev}"),
+            &down(&rx)?,
+            &data::<f32>(c + 2, prev, 777, ReduceOp::Sum),
+        );
+        tx.await.map_err(werr("grouped send"))?;
+        let (_, out) = g2.await.map_err(werr("grouped all_gather"))?;
+        let want: Vec<f32> = (0..n)
+            .flat_map(|q| data::<f32>(c + 3, q, 5, ReduceOp::Sum))
+            .collect();
+        ck.check(
+            format!("group round {round} all_gather"),
+            &down(&out)?,
+            &want,
+        );
+    }
+
+    // Capture: a group of 4 all_reduces and a send/recv ring, replayed 5
+    // times with fresh inputs.
+    let len = 1 << 16;
+    let zeros = vec![0f32; len];
+    let ar: Vec<DeviceBuffer<f32>> = (0..4).map(|_| up(s, &zeros)).collect::<Res<_>>()?;
+    let (sbuf, rbuf) = (up(s, &zeros)?, up(s, &zeros)?);
+    s.synchronize().map_err(|e| format!("sync: {e}"))?;
+    let mut cap = pg.capture(s).map_err(|e| format!("capture: {e}"))?;
+    let (tickets, st, rt) = cap
+        .group(|g| {
+            let mut t = Vec::new();
+            for b in ar {
+                t.push(g.all_reduce(b, ReduceOp::Sum)?);
+            }
+            let rt = g.recv(rbuf, prev)?;
+            let st = g.send(sbuf, next)?;
+            Ok((t, st, rt))
+        })
+        .map_err(|e| format!("capture group: {e}"))?;
+    let mut graph = cap.finish().map_err(|e| format!("finish: {e}"))?;
+    for replay in 0..5u64 {
+        let c = 5000 + 10 * replay;
+        for (i, t) in tickets.iter().enumerate() {
+            let b = &mut graph.buffers_mut(*t).ok_or("ticket")?[0];
+            s.copy_htod(
+                &data::<f32>(c + i as u64, rank, len, ReduceOp::Sum),
+                b.slice_mut(),
+            )
+            .map_err(|e| format!("fill: {e}"))?;
+        }
+        let b = &mut graph.buffers_mut(st).ok_or("ticket")?[0];
+        s.copy_htod(&data::<f32>(c + 9, rank, len, ReduceOp::Sum), b.slice_mut())
+            .map_err(|e| format!("fill: {e}"))?;
+        graph.launch(s).map_err(|e| format!("replay: {e}"))?;
+        graph
+            .done_event()
+            .synchronize()
+            .map_err(|e| format!("replay sync: {e}"))?;
+        for (i, t) in tickets.iter().enumerate() {
+            let b = &graph.buffers(*t).ok_or("ticket")?[0];
+            let got = s.clone_dtoh(b.slice()).map_err(|e| format!("read: {e}"))?;
+            ck.check(
+                format!("replay {replay} all_reduce {i}"),
+                &got,
+                &reference::<f32>(c + i as u64, n, len, ReduceOp::Sum),
+            );
+        }
+        let b = &graph.buffers(rt).ok_or("ticket")?[0];
+        let got = s.clone_dtoh(b.slice()).map_err(|e| format!("read: {e}"))?;
+        ck.check(
+            format!("replay {replay} recv"),
+            &got,
+            &data::<f32>(c + 9, prev, len, ReduceOp::Sum),
+        );
+    }
+    drop(graph);
+
+    // 16 × 1 MiB: one by one vs as a group.
+    let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..16)
+        .map(|_| up(s, &vec![1f32; 262_144]).map(Some))
+        .collect::<Res<_>>()?;
+    for grouped in [false, true] {
+        let mut sub = Vec::new();
+        let mut tot = Vec::new();
+        for it in 0..120 {
+            pg.barrier()
+                .map_err(rej("barrier"))?
+                .await
+                .map_err(werr("barrier"))?;
+            let t0 = Instant::now();
+            let works: Vec<_> = if grouped {
+                let mut g = pg.group();
+                let ws: Vec<_> = bufs
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .map(|b| g.all_reduce(b, ReduceOp::Avg))
+                    .collect::<Result<_, _>>()
+                    .map_err(e("all_reduce"))?;
+                g.launch().map_err(|e| format!("launch: {e}"))?;
+                let mut out = Vec::new();
+                for w in ws {
+                    out.push(w.into_work().map_err(werr("into_work"))?);
+                }
+                out
+            } else {
+                bufs.iter_mut()
+                    .filter_map(Option::take)
+                    .map(|b| pg.all_reduce(b, ReduceOp::Avg))
+                    .collect::<Result<_, _>>()
+                    .map_err(e("all_reduce"))?
+            };
+            let t1 = Instant::now();
+            for (slot, w) in bufs.iter_mut().zip(works) {
+                *slot = Some(w.await.map_err(werr("16x1MiB"))?);
+            }
+            if it >= 20 {
+                sub.push((t1 - t0).as_secs_f64() * 1e6);
+                tot.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        sub.sort_by(f64::total_cmp);
+        tot.sort_by(f64::total_cmp);
+        println!(
+            "WIDTH16 rank={rank} mode={} submit_us={:.1} total_us={:.1}",
+            if grouped { "grouped" } else { "sequential" },
+            sub[sub.len() / 2],
+            tot[tot.len() / 2]
+        );
+    }
+    Ok(ck)
+}
+
 async fn ops_big(pg: &ProcessGroup, s: &Stream, ck: &mut Checker) -> Res<()> {
     let (rank, size) = (pg.rank(), pg.size());
     let len = (4 << 20) + 3;
@@ -509,6 +698,27 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
             println!("TEARDOWN rank={rank} drop_ms={}", t.elapsed().as_millis());
             return Ok(code);
         }
+        "groups" => match groups(&pg, &s).await {
+            Ok(ck) if ck.fails.is_empty() => {
+                println!("OK rank={rank} checks={}", ck.checks);
+                0
+            }
+            Ok(ck) => {
+                for f in &ck.fails {
+                    println!("MISMATCH rank={rank} {f}");
+                }
+                println!(
+                    "FAIL rank={rank} {} of {} checks failed",
+                    ck.fails.len(),
+                    ck.checks
+                );
+                1
+            }
+            Err(e) => {
+                println!("FAIL rank={rank} {e}");
+                1
+            }
+        },
         "busbw" => match busbw(&pg, &s).await {
             Ok(()) => 0,
             Err(e) => {
@@ -517,7 +727,7 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
             }
         },
         other => {
-            eprintln!("unknown scenario '{other}' (matrix, kill, busbw)");
+            eprintln!("unknown scenario '{other}' (matrix, kill, groups, busbw)");
             2
         }
     };
