@@ -16,9 +16,22 @@
 //!
 //! ```sh
 //! cargo run --release -p chorus-examples --example async_trainer -- --nproc 2
-//! # the same without overlap (buckets submitted after backward), to compare
+//! # the same without overlap (buckets submitted after backward, as one
+//! # group), to compare
 //! cargo run --release -p chorus-examples --example async_trainer -- --nproc 2 --sequential
+//! # gradients on the GPU through NCCL (one GPU per rank; `auto`, the
+//! # default, picks it when every rank has a GPU and NCCL loads)
+//! chorus-run --nproc-per-node 2 -- target/release/examples/async_trainer --device cuda
 //! ```
+//!
+//! **GPU variant** (`--device cuda`, or `auto` when every rank finds a GPU
+//! — device `LOCAL_RANK` — and NCCL): the model still computes on the CPU,
+//! but each bucket is copied into its own device buffer on a per-rank
+//! stream and all_reduced by NCCL; the future resolves once the GPU has
+//! finished, then the bucket is copied back for the optimizer. The ranks
+//! agree on the backend first (an all_reduce of their capability), so a
+//! rank without a GPU makes every rank fall back to the TCP backend (or, with
+//! `--device cuda`, every rank fail with the reason).
 //!
 //! Overlap, as reported per step (mean over steps and ranks):
 //!
@@ -41,8 +54,9 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chorus::{ProcessGroup, ReduceOp, Work};
+use chorus::{DeviceBuffer, DeviceWork, ProcessGroup, ReduceOp, Work};
 use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
+use chorus_runtime::cuda::{Device, Stream, StreamPriority};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -89,10 +103,25 @@ struct Args {
     /// Small sizes and few epochs (for CI).
     #[arg(long)]
     quick: bool,
+    /// Where the gradient buckets are all_reduced: `cpu` (TCP backend),
+    /// `cuda` (device buffers, NCCL), `auto` (cuda when every rank can).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
     /// Test hook: the last rank flips one bit of a parameter after this
     /// step, which the identity check must catch.
     #[arg(long, hide = true)]
     inject_divergence: Option<usize>,
+}
+
+/// Where gradients are all_reduced.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DeviceArg {
+    /// CUDA when every rank has a GPU and NCCL, else the TCP backend.
+    Auto,
+    /// Host buffers, TCP backend.
+    Cpu,
+    /// Device buffers, NCCL backend (fails if a rank cannot).
+    Cuda,
 }
 
 /// The run's sizes, after `--quick` defaults.
@@ -107,6 +136,7 @@ struct Config {
     momentum: f32,
     sequential: bool,
     seed: u64,
+    device: DeviceArg,
     inject_divergence: Option<usize>,
 }
 
@@ -123,6 +153,7 @@ impl Config {
             momentum: a.momentum,
             sequential: a.sequential,
             seed: a.seed,
+            device: a.device,
             inject_divergence: a.inject_divergence,
         };
         if c.epochs == 0 || c.hidden == 0 || c.batch == 0 || c.buckets == 0 {
@@ -301,6 +332,112 @@ fn make_buckets(hidden: usize, n: usize) -> Vec<Bucket> {
         .collect()
 }
 
+/// The GPU side of the GPU variant: a stream and one device buffer per
+/// bucket (each travels into its all_reduce and back).
+struct Gpu {
+    stream: Stream,
+    bufs: Vec<Option<DeviceBuffer<f32>>>,
+}
+
+/// This rank's GPU for `--device`, or why there is none.
+fn local_gpu(buckets: &[Bucket]) -> Result<Gpu, String> {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(d)
+    };
+    let local = env("LOCAL_RANK", 0);
+    let count = chorus_runtime::cuda::device_count().map_err(|e| e.to_string())?;
+    if count < env("LOCAL_WORLD_SIZE", 1) {
+        return Err(format!(
+            "{count} GPU(s) for {} ranks on this node (NCCL needs one GPU per rank)",
+            env("LOCAL_WORLD_SIZE", 1)
+        ));
+    }
+    nccl_sys::nccl().map_err(|e| e.to_string())?;
+    let dev = Device::get(local).map_err(|e| e.to_string())?;
+    let stream = dev
+        .new_stream(StreamPriority::Normal)
+        .map_err(|e| e.to_string())?;
+    let bufs = buckets
+        .iter()
+        .map(|b| {
+            let slice = stream
+                .alloc_zeros::<f32>(b.range.len())
+                .map_err(|e| e.to_string())?;
+            DeviceBuffer::on_stream(slice, stream.clone())
+                .map(Some)
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Gpu { stream, bufs })
+}
+
+/// Picks the backend for the buckets; every rank agrees (a rank that cannot
+/// use a GPU makes every rank use the TCP backend, or fail with `--device
+/// cuda`).
+async fn pick_gpu(
+    pg: &ProcessGroup,
+    want: DeviceArg,
+    buckets: &[Bucket],
+) -> Result<Option<Gpu>, BoxError> {
+    if want == DeviceArg::Cpu {
+        return Ok(None);
+    }
+    let mine = local_gpu(buckets);
+    let all_can = pg
+        .all_reduce(vec![u8::from(mine.is_ok())], ReduceOp::Min)?
+        .await?[0]
+        == 1;
+    match (mine, all_can, want) {
+        (Ok(gpu), true, _) => Ok(Some(gpu)),
+        (Err(why), _, DeviceArg::Cuda) => {
+            Err(format!("--device cuda: rank {}: {why}", pg.rank()).into())
+        }
+        (_, false, DeviceArg::Cuda) => Err("--device cuda: another rank has no usable GPU".into()),
+        _ => Ok(None),
+    }
+}
+
+/// A bucket's all_reduce in flight, on either backend.
+enum BucketWork {
+    Host(Work<Vec<f32>>),
+    Device(usize, DeviceWork<DeviceBuffer<f32>>),
+}
+
+impl BucketWork {
+    fn seq(&self) -> u64 {
+        match self {
+            BucketWork::Host(w) => w.seq(),
+            BucketWork::Device(_, w) => w.seq(),
+        }
+    }
+
+    /// Awaits the bucket and writes the averaged gradient into `grads`.
+    async fn finish(
+        self,
+        bk: &mut Bucket,
+        gpu: &mut Option<Gpu>,
+        grads: &mut [f32],
+    ) -> Result<(), BoxError> {
+        match (self, gpu) {
+            (BucketWork::Host(w), _) => {
+                bk.buf = w.await?;
+                grads[bk.range.clone()].copy_from_slice(&bk.buf);
+            }
+            (BucketWork::Device(k, w), Some(gpu)) => {
+                let db = w.await?;
+                let host = gpu.stream.clone_dtoh(db.slice())?;
+                grads[bk.range.clone()].copy_from_slice(&host);
+                gpu.bufs[k] = Some(db);
+            }
+            (BucketWork::Device(..), None) => return Err("a device bucket without a GPU".into()),
+        }
+        Ok(())
+    }
+}
+
 /// The all_gather of every rank's parameter hash after a step.
 type HashGather = Work<(Vec<i64>, Vec<i64>)>;
 
@@ -396,10 +533,11 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
     let h = cfg.hidden;
     let n_params = model.params.len();
     let mut buckets = make_buckets(h, cfg.buckets);
+    let mut gpu = pick_gpu(pg, cfg.device, &buckets).await?;
     if rank == 0 {
         println!(
-            "async trainer: {world} ranks, backend {}, MLP {FEATURES}-{h}-1 ({n_params} params, {} buckets{}), {} samples, batch {}/rank, {} steps/epoch",
-            pg.backend_name(),
+            "async trainer: {world} ranks, buckets on {}, MLP {FEATURES}-{h}-1 ({n_params} params, {} buckets{}), {} samples, batch {}/rank, {} steps/epoch",
+            if gpu.is_some() { "GPU (nccl)" } else { "host (tcp)" },
             cfg.buckets,
             if cfg.sequential { ", sequential" } else { ", overlapped" },
             cfg.samples,
@@ -463,7 +601,7 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
                 grads[j] = (0..cfg.batch).map(|s| g[s] * acts[s * h + j]).sum();
             }
             grads[h] = g.iter().sum();
-            let mut works: Vec<Work<Vec<f32>>> = Vec::with_capacity(buckets.len());
+            let mut works: Vec<BucketWork> = Vec::with_capacity(buckets.len());
             let mut next = 0;
             for j in 0..h {
                 let w2 = model.params[j];
@@ -482,23 +620,20 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
                     row[FEATURES] += d;
                 }
                 if !cfg.sequential && j == buckets[next].last_unit {
-                    works.push(submit(pg, &mut buckets[next], &grads)?);
+                    works.push(submit(pg, next, &mut buckets[next], &mut gpu, &grads)?);
                     next += 1;
                 }
             }
             let backward_end_us = now_us();
             let t_backward = Instant::now();
             if cfg.sequential {
-                for bk in &mut buckets {
-                    works.push(submit(pg, bk, &grads)?);
-                }
+                works = submit_all(pg, &mut buckets, &mut gpu, &grads)?;
             }
             let seqs = works.iter().map(|w| w.seq()).collect();
 
             // Every bucket must be in before the step.
             for (bk, w) in buckets.iter_mut().zip(works) {
-                bk.buf = w.await?;
-                grads[bk.range.clone()].copy_from_slice(&bk.buf);
+                w.finish(bk, &mut gpu, &mut grads).await?;
             }
             overlap.waited += t_backward.elapsed().as_secs_f64() * 1e6;
             overlap.compute += (t_backward - t_start).as_secs_f64() * 1e6;
@@ -612,17 +747,81 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
     })
 }
 
-/// Copies bucket `bk`'s slice of the gradient into its buffer and submits
-/// its all_reduce.
-fn submit(
-    pg: &ProcessGroup,
+/// Copies bucket `k`'s slice of the gradient into its buffer: host, or
+/// device (an upload on the rank's stream, which the op waits for).
+fn fill(
+    k: usize,
     bk: &mut Bucket,
+    gpu: &mut Option<Gpu>,
     grads: &[f32],
-) -> Result<Work<Vec<f32>>, chorus::Error> {
+) -> Result<Filled, BoxError> {
+    let part = &grads[bk.range.clone()];
+    if let Some(gpu) = gpu {
+        let mut db = gpu.bufs[k]
+            .take()
+            .ok_or("a bucket's device buffer is in use")?;
+        gpu.stream.copy_htod(part, db.slice_mut())?;
+        return Ok(Filled::Device(db));
+    }
     let mut buf = std::mem::take(&mut bk.buf);
     buf.clear();
-    buf.extend_from_slice(&grads[bk.range.clone()]);
-    Ok(pg.all_reduce(buf, ReduceOp::Avg)?)
+    buf.extend_from_slice(part);
+    Ok(Filled::Host(buf))
+}
+
+/// A bucket's buffer, filled.
+enum Filled {
+    Host(Vec<f32>),
+    Device(DeviceBuffer<f32>),
+}
+
+/// Submits bucket `k`'s all_reduce at once.
+fn submit(
+    pg: &ProcessGroup,
+    k: usize,
+    bk: &mut Bucket,
+    gpu: &mut Option<Gpu>,
+    grads: &[f32],
+) -> Result<BucketWork, BoxError> {
+    Ok(match fill(k, bk, gpu, grads)? {
+        Filled::Host(b) => BucketWork::Host(pg.all_reduce(b, ReduceOp::Avg)?),
+        Filled::Device(b) => BucketWork::Device(k, pg.all_reduce(b, ReduceOp::Avg)?),
+    })
+}
+
+/// Submits every bucket's all_reduce as one group (one fused all_reduce on
+/// the TCP backend, one NCCL launch on the GPU).
+fn submit_all(
+    pg: &ProcessGroup,
+    buckets: &mut [Bucket],
+    gpu: &mut Option<Gpu>,
+    grads: &[f32],
+) -> Result<Vec<BucketWork>, BoxError> {
+    enum Staged {
+        Host(chorus::Grouped<Work<Vec<f32>>>),
+        Device(usize, chorus::Grouped<DeviceWork<DeviceBuffer<f32>>>),
+    }
+    let staged = {
+        let mut g = pg.group();
+        let mut staged = Vec::with_capacity(buckets.len());
+        for (k, bk) in buckets.iter_mut().enumerate() {
+            staged.push(match fill(k, bk, gpu, grads)? {
+                Filled::Host(b) => Staged::Host(g.all_reduce(b, ReduceOp::Avg)?),
+                Filled::Device(b) => Staged::Device(k, g.all_reduce(b, ReduceOp::Avg)?),
+            });
+        }
+        g.launch()?;
+        staged
+    };
+    staged
+        .into_iter()
+        .map(|s| {
+            Ok(match s {
+                Staged::Host(w) => BucketWork::Host(w.into_work()?),
+                Staged::Device(k, w) => BucketWork::Device(k, w.into_work()?),
+            })
+        })
+        .collect()
 }
 
 fn check_hashes(step: usize, hashes: Vec<i64>) -> Result<(), BoxError> {

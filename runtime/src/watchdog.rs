@@ -118,6 +118,8 @@ struct State {
     process_rank: AtomicU64,
     timeouts: AtomicU64,
     errors: AtomicU64,
+    /// Rounds are skipped while set (benchmarks' in-process A/B only).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 static STATE: OnceLock<Arc<State>> = OnceLock::new();
@@ -147,6 +149,7 @@ fn state() -> &'static Arc<State> {
             process_rank: AtomicU64::new(u64::MAX),
             timeouts: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            paused: std::sync::atomic::AtomicBool::new(false),
         });
         if st.config.enabled {
             start_threads(&st);
@@ -298,6 +301,15 @@ pub(crate) fn on_group_error(cause: &WorkError) {
     tracing::error!(error = %cause, dump = %path, "group failed; flight recorder dumped");
 }
 
+/// Skips the watchdog's rounds while `paused` (its thread keeps waking and
+/// beating, so the heartbeat monitor stays quiet). For benchmarks that
+/// compare the cost of the rounds within one process; never pause it in a
+/// job: timeouts and NCCL errors go unnoticed meanwhile.
+#[doc(hidden)]
+pub fn set_paused(paused: bool) {
+    state().paused.store(paused, Ordering::Relaxed);
+}
+
 fn dump_logged(reason: &str) -> String {
     match dump_all(reason) {
         Ok(p) => p.display().to_string(),
@@ -308,7 +320,9 @@ fn dump_logged(reason: &str) -> String {
 fn watchdog_loop(st: &Arc<State>) {
     loop {
         std::thread::sleep(st.config.interval);
-        round(st);
+        if !st.paused.load(Ordering::Relaxed) {
+            round(st);
+        }
         st.heartbeat.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -17,7 +17,9 @@
 //!   4 B to 64 MiB (`tcp_allreduce` under `chorus-run`, and
 //!   `gloo_allreduce.py`);
 //! * on a machine with an NVIDIA GPU, the NCCL backend beside PyTorch's
-//!   ProcessGroupNCCL (`nccl_bench` and `torch_nccl.py`).
+//!   ProcessGroupNCCL (`nccl_bench` and `torch_nccl.py`), and sequential vs
+//!   grouped all_reduces beside raw NCCL calls and PyTorch's coalescing
+//!   manager (`group_bench` and `torch_coalesce.py`).
 //!
 //! A comparison whose anchor cannot run (torch not installed, no GPU, a
 //! binary not built) is reported with ours only and the reason it was
@@ -864,6 +866,11 @@ struct NcclResult {
     ours: Vec<Value>,
     anchor: Vec<Value>,
     anchor_skipped: Option<String>,
+    /// `group_bench --json` runs (chorus and raw NCCL) and their PyTorch
+    /// anchor (`torch_coalesce.py --json`).
+    groups: Vec<Value>,
+    groups_anchor: Vec<Value>,
+    groups_skipped: Option<String>,
 }
 
 fn bench_nccl(env: &Env, plan: &Plan, tmp: &Path) -> NcclResult {
@@ -911,6 +918,7 @@ fn bench_nccl(env: &Env, plan: &Plan, tmp: &Path) -> NcclResult {
                 return r;
             }
         }
+        bench_groups(env, plan, tmp, rep, &mut r);
         if r.anchor_skipped.is_none() {
             let json = tmp.join(format!("torch_nccl_{rep}.json"));
             let mut cmd = Command::new("python3");
@@ -926,6 +934,117 @@ fn bench_nccl(env: &Env, plan: &Plan, tmp: &Path) -> NcclResult {
         }
     }
     r
+}
+
+/// One run of `group_bench` and, when PyTorch runs here, `torch_coalesce.py`.
+fn bench_groups(env: &Env, plan: &Plan, tmp: &Path, rep: usize, r: &mut NcclResult) {
+    if r.groups_skipped.is_some() {
+        return;
+    }
+    let bench = match env.bin("group_bench") {
+        Ok(b) => b,
+        Err(e) => {
+            r.groups_skipped = Some(e);
+            return;
+        }
+    };
+    let iters: &[&str] = if plan.quick { &["--iters", "50"] } else { &[] };
+    let json = tmp.join(format!("group_bench_{rep}.json"));
+    let mut cmd = Command::new(&bench);
+    cmd.args(iters).arg("--json").arg(&json);
+    match run(&mut cmd, plan.timeout).and_then(|_| read_json(&json)) {
+        Ok(v) => r.groups.push(v),
+        Err(e) => {
+            r.groups_skipped = Some(format!("group_bench failed: {e}"));
+            return;
+        }
+    }
+    if r.anchor_skipped.is_none() {
+        let json = tmp.join(format!("torch_coalesce_{rep}.json"));
+        let mut cmd = Command::new("python3");
+        cmd.args(["-W", "ignore"])
+            .arg(env.script("torch_coalesce.py"))
+            .args(iters)
+            .arg("--json")
+            .arg(&json);
+        if let Ok(v) = run(&mut cmd, plan.timeout).and_then(|_| read_json(&json)) {
+            r.groups_anchor.push(v);
+        }
+    }
+}
+
+/// Median over runs of `rows[width == w].<who>.<key>`.
+fn group_med(runs: &[Value], w: u64, who: &str, key: &str) -> Option<f64> {
+    med_at(runs, |v| {
+        v.get("rows")?
+            .as_array()?
+            .iter()
+            .find(|r| r.get("width").and_then(Value::as_u64) == Some(w))?
+            .get(who)?
+            .get(key)?
+            .as_f64()
+    })
+}
+
+fn groups_section(r: &NcclResult, reps: usize, md: &mut String) {
+    let _ = writeln!(
+        md,
+        "### Sequential vs grouped all_reduce beside raw NCCL and PyTorch (one GPU, 1-rank group)\n"
+    );
+    if let Some(s) = r.skipped.as_ref().or(r.groups_skipped.as_ref()) {
+        let _ = writeln!(md, "Skipped: {s}.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "`group_bench --json` (chorus; raw `ncclAllReduce` in a loop and inside `ncclGroupStart/End`) and \
+         `torch_coalesce.py --json` (async `all_reduce`s; `_coalescing_manager`), 1 MiB f32 each, median of \
+         {reps} runs of medians; total = submit until the GPU finished, in µs. Target (issue 7): chorus \
+         within 1.3× of raw NCCL, sequential and grouped (judged on the total).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| width | chorus seq | chorus grouped | raw seq | raw grouped | PyTorch seq | PyTorch coalesced | chorus ÷ raw (seq / grouped) | met |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    let widths: Vec<u64> = r
+        .groups
+        .first()
+        .and_then(|v| v.get("rows")?.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|row| row.get("width")?.as_u64())
+        .collect();
+    let cell = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.1}"));
+    for w in widths {
+        let t = |who| group_med(&r.groups, w, who, "total_us");
+        let a = |who| group_med(&r.groups_anchor, w, who, "total_us");
+        let (cs, cg, rs, rg) = (
+            t("chorus_seq"),
+            t("chorus_grouped"),
+            t("raw_seq"),
+            t("raw_grouped"),
+        );
+        let ratio = |c: Option<f64>, r: Option<f64>| c.zip(r).map(|(c, r)| c / r);
+        let (qs, qg) = (ratio(cs, rs), ratio(cg, rg));
+        let met = match (qs, qg) {
+            (Some(a), Some(b)) => yes_no(a <= 1.3 && b <= 1.3),
+            _ => "—".into(),
+        };
+        let _ = writeln!(
+            md,
+            "| {w} | {} | {} | {} | {} | {} | {} | {} / {} | {met} |",
+            cell(cs),
+            cell(cg),
+            cell(rs),
+            cell(rg),
+            cell(a("torch_seq")),
+            cell(a("torch_coalesced")),
+            qs.map_or("—".into(), |x| format!("{x:.1}×")),
+            qg.map_or("—".into(), |x| format!("{x:.1}×")),
+        );
+    }
+    md.push('\n');
 }
 
 fn read_json(p: &Path) -> Result<Value, String> {
@@ -1323,6 +1442,7 @@ fn main() -> Result<(), Error> {
         tcp_section(t, &plan, ok.then_some(plots_rel.as_str()), &mut md);
     }
     nccl_section(&nccl, plan.reps, &mut md);
+    groups_section(&nccl, plan.reps, &mut md);
 
     let old = std::fs::read_to_string(&args.out).unwrap_or_default();
     if let Some(dir) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {

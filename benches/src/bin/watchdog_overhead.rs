@@ -43,6 +43,10 @@ struct Args {
     /// CUDA device.
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// In-process A/B: this many blocks of `--ops` ops, alternating the
+    /// watchdog's rounds paused and running (0: off).
+    #[arg(long, default_value_t = 0)]
+    interleave: usize,
     /// Sleep this long before exiting (lets background NCCL abort threads
     /// finish; see benches/RESULTS.md "Watchdog (H200)").
     #[arg(long, default_value_t = 0)]
@@ -85,6 +89,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
     for _ in 0..2000 {
         buf = block_on(pg.all_reduce(buf, ReduceOp::Sum)?)?;
+    }
+    if args.interleave > 0 {
+        // Blocks alternate paused / running; a pair's order alternates too.
+        let (mut run, mut paused) = (Vec::new(), Vec::new());
+        for i in 0..args.interleave {
+            let pause = (i % 2 == 0) == (i / 2 % 2 == 0);
+            watchdog::set_paused(pause);
+            let r0 = watchdog::stats().rounds;
+            let t0 = Instant::now();
+            for _ in 0..args.ops {
+                buf = block_on(pg.all_reduce(buf, ReduceOp::Sum)?)?;
+            }
+            let rate = args.ops as f64 / t0.elapsed().as_secs_f64();
+            let rounds = watchdog::stats().rounds - r0;
+            if pause {
+                paused.push(rate)
+            } else {
+                run.push((rate, rounds))
+            }
+        }
+        watchdog::set_paused(false);
+        let mut r: Vec<f64> = run.iter().map(|x| x.0).collect();
+        let mut p = paused.clone();
+        let (mr, mp) = (median(&mut r), median(&mut p));
+        println!(
+            "{{\"mode\":\"interleave\",\"blocks\":{},\"ops\":{},\"running_median\":{mr:.0},\"paused_median\":{mp:.0},\"cost_pct\":{:.2},\"running\":{:?},\"paused\":{:?}}}",
+            args.interleave,
+            args.ops,
+            (mp - mr) / mp * 100.0,
+            run.iter().map(|x| x.0.round()).collect::<Vec<_>>(),
+            paused.iter().map(|x| x.round()).collect::<Vec<_>>()
+        );
+        return Ok(());
     }
     let rounds0 = watchdog::stats().rounds;
     let mut rates = Vec::with_capacity(args.reps);

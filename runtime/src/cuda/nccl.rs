@@ -619,6 +619,7 @@ impl PendingComm {
             pool: Arc::new(Mutex::new(Vec::new())),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
+            abort_done: Mutex::new(None),
             capturing: AtomicBool::new(false),
         })))
     }
@@ -705,6 +706,10 @@ pub struct Communicator {
     pool: EventPool,
     aborted: AtomicBool,
     abort_reason: Mutex<Option<String>>,
+    /// Signals when the abort thread's `ncclCommAbort` returned; the drop
+    /// waits for it (bounded), so a process that exits right after an
+    /// abort does not tear NCCL down under a running abort.
+    abort_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Set while the stream takes part in a CUDA graph capture.
     capturing: AtomicBool,
 }
@@ -919,18 +924,23 @@ impl Communicator {
             // SAFETY: the handle is owned by this value alone from here on.
             unsafe impl Send for Raw {}
             let raw = Raw(comm, self.nccl);
+            let (tx, rx) = std::sync::mpsc::channel();
             let run = move || {
                 let raw = raw;
                 // SAFETY: `raw.0` is live and no longer reachable through
                 // the communicator; ncclCommAbort may be called while other
                 // threads are inside NCCL calls on it.
                 unsafe { (raw.1.ncclCommAbort)(raw.0) };
+                let _ = tx.send(());
             };
-            if let Err(e) = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("chorus-nccl-abort".into())
                 .spawn(run)
             {
-                tracing::error!(error = %e, "cannot start the NCCL abort thread; the communicator is leaked");
+                Ok(_) => *self.abort_done.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the NCCL abort thread; the communicator is leaked")
+                }
             }
         }
     }
@@ -1245,8 +1255,25 @@ pub fn nccl_call_profile() -> (f64, u64) {
     )
 }
 
+/// How long dropping an aborted communicator waits for its abort to finish.
+const ABORT_JOIN_LIMIT: Duration = Duration::from_secs(10);
+
 impl Drop for Communicator {
     fn drop(&mut self) {
+        if let Some(rx) = self
+            .abort_done
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            if rx.recv_timeout(ABORT_JOIN_LIMIT).is_err() {
+                tracing::error!(
+                    device = self.device.ordinal(),
+                    limit = ?ABORT_JOIN_LIMIT,
+                    "ncclCommAbort has not returned; leaving it running"
+                );
+            }
+        }
         let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if comm.is_null() {
             return;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine (carry [".gpu-s"]): bash .gpu-s/run.sh [trainer|watchdog|overhead|all]
+set -u
+D=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
+: "${OUT:=/tmp/out}"; mkdir -p "$OUT"
+MODE=${1:-all}
+NG=$(nvidia-smi -L | wc -l)
+nvidia-smi -L
+if [ "$MODE" = all ] || [ "$MODE" = trainer ]; then
+for n in 1 $NG; do
+  for extra in "" "--sequential"; do
+    echo "=== async_trainer --device cuda, $n rank(s) $extra"
+    timeout 200 "$D/bin/chorus-run" --nproc-per-node $n -- "$D/bin/async_trainer" --device cuda $extra > "$OUT/trainer_${n}${extra}.log" 2>&1; echo "rc=$?"
+    grep -E 'async trainer:|epoch 10|loss fell|bit-identical|per step|failed' "$OUT/trainer_${n}${extra}.log" | head -8
+  done
+done
+fi
+if [ "$MODE" = all ] || [ "$MODE" = watchdog ]; then
+echo "=== watchdog_gpu (exit after an abort must be clean)"
+CUDA_VISIBLE_DEVICES=0 timeout 120 "$D/bin/watchdog_gpu" --include-ignored --test-threads=1 --nocapture > "$OUT/watchdog_gpu.log" 2>&1; echo "rc=$?"
+grep -E '^test |test result|panicked|Segmentation|signal' "$OUT/watchdog_gpu.log" | head
+echo "=== groups_gpu"
+CUDA_VISIBLE_DEVICES=0 timeout 120 "$D/bin/groups_gpu" --include-ignored --test-threads=1 > "$OUT/groups_gpu.log" 2>&1; echo "rc=$?"; grep -E 'test result' "$OUT/groups_gpu.log"
+fi
+if [ "$MODE" = all ] || [ "$MODE" = overhead ]; then
+echo "=== watchdog overhead: alternating on/off processes, pinned to cores 2-5"
+for i in 1 2 3 4 5 6; do
+  for w in 1 0; do
+    CUDA_VISIBLE_DEVICES=0 CHORUS_WATCHDOG=$w taskset -c 2-5 timeout 60 "$D/bin/watchdog_overhead" --detect-trials 0 > "$OUT/ovh_${w}_$i.json" 2>/dev/null
+    echo "wd=$w run=$i $(cat "$OUT/ovh_${w}_$i.json")" | cut -c1-300
+  done
+done
+fi
