@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (carry [".gpu-s"]): bash .gpu-s/run.sh [trainer|watchdog|overhead|all]
+# Packed by `bash benches/gpu/pack.sh session`; on the GPU machine (carry [".gpu-s"]): bash .gpu-s/run.sh [trainer|watchdog|overhead|all]
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -24,11 +24,9 @@ echo "=== groups_gpu"
 CUDA_VISIBLE_DEVICES=0 timeout 120 "$D/bin/groups_gpu" --include-ignored --test-threads=1 > "$OUT/groups_gpu.log" 2>&1; echo "rc=$?"; grep -E 'test result' "$OUT/groups_gpu.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = overhead ]; then
-echo "=== watchdog overhead: alternating on/off processes, pinned to cores 2-5"
-for i in 1 2 3 4 5 6; do
-  for w in 1 0; do
-    CUDA_VISIBLE_DEVICES=0 CHORUS_WATCHDOG=$w taskset -c 2-5 timeout 60 "$D/bin/watchdog_overhead" --detect-trials 0 > "$OUT/ovh_${w}_$i.json" 2>/dev/null
-    echo "wd=$w run=$i $(cat "$OUT/ovh_${w}_$i.json")" | cut -c1-300
-  done
+echo "=== watchdog overhead: in-process A/B (rounds paused / running, ABBA blocks), pinned to cores 2-5"
+for i in 1 2 3; do
+  CUDA_VISIBLE_DEVICES=0 taskset -c 2-5 timeout 120 "$D/bin/watchdog_overhead" --detect-trials 0 --interleave 40 --ops 5000 > "$OUT/ovh_ab_$i.json" 2>/dev/null
+  echo "run=$i $(cut -c1-160 "$OUT/ovh_ab_$i.json")"
 done
 fi

@@ -643,6 +643,32 @@ async fn busbw(pg: &ProcessGroup, s: &Stream) -> Res<()> {
     Ok(())
 }
 
+/// Prints a scenario's outcome (`OK`, or each `MISMATCH` and `FAIL`) and
+/// returns the exit code.
+fn report(rank: usize, outcome: Res<Checker>, extra: &str) -> i32 {
+    match outcome {
+        Ok(ck) if ck.fails.is_empty() => {
+            println!("OK rank={rank} checks={}{extra}", ck.checks);
+            0
+        }
+        Ok(ck) => {
+            for f in &ck.fails {
+                println!("MISMATCH rank={rank} {f}");
+            }
+            println!(
+                "FAIL rank={rank} {} of {} checks failed",
+                ck.fails.len(),
+                ck.checks
+            );
+            1
+        }
+        Err(e) => {
+            println!("FAIL rank={rank} {e}");
+            1
+        }
+    }
+}
+
 async fn main_async(scenario: &str) -> Result<i32, String> {
     let local: usize = env_num("LOCAL_RANK", 0) as usize;
     let dev = Device::get(local).map_err(|e| format!("device {local}: {e}"))?;
@@ -664,31 +690,11 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
         t.elapsed().as_millis()
     );
     let code = match scenario {
-        "matrix" => match matrix(&pg, &s).await {
-            Ok(ck) if ck.fails.is_empty() => {
-                println!(
-                    "OK rank={rank} checks={} comms={}",
-                    ck.checks,
-                    pg.nccl_comms_created()
-                );
-                0
-            }
-            Ok(ck) => {
-                for f in &ck.fails {
-                    println!("MISMATCH rank={rank} {f}");
-                }
-                println!(
-                    "FAIL rank={rank} {} of {} checks failed",
-                    ck.fails.len(),
-                    ck.checks
-                );
-                1
-            }
-            Err(e) => {
-                println!("FAIL rank={rank} {e}");
-                1
-            }
-        },
+        "matrix" => report(
+            rank,
+            matrix(&pg, &s).await,
+            &format!(" comms={}", pg.nccl_comms_created()),
+        ),
         "kill" => {
             let code = kill(&pg, &s).await?;
             // The peer is gone: leave without the rendezvous' goodbye or the
@@ -698,27 +704,7 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
             println!("TEARDOWN rank={rank} drop_ms={}", t.elapsed().as_millis());
             return Ok(code);
         }
-        "groups" => match groups(&pg, &s).await {
-            Ok(ck) if ck.fails.is_empty() => {
-                println!("OK rank={rank} checks={}", ck.checks);
-                0
-            }
-            Ok(ck) => {
-                for f in &ck.fails {
-                    println!("MISMATCH rank={rank} {f}");
-                }
-                println!(
-                    "FAIL rank={rank} {} of {} checks failed",
-                    ck.fails.len(),
-                    ck.checks
-                );
-                1
-            }
-            Err(e) => {
-                println!("FAIL rank={rank} {e}");
-                1
-            }
-        },
+        "groups" => report(rank, groups(&pg, &s).await, ""),
         "busbw" => match busbw(&pg, &s).await {
             Ok(()) => 0,
             Err(e) => {

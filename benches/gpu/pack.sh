@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds (release) and packs the executables of one GPU run into a
+# git-excluded folder that the device tool carries; the run script goes
+# with them as run.sh.
+#
+#   bash benches/gpu/pack.sh groups    # -> .gpu-g7/  (run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench)
+#   bash benches/gpu/pack.sh session   # -> .gpu-s/   (run-session.sh: GPU trainer, watchdog test and overhead, groups test)
+set -euo pipefail
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+json=$(mktemp)
+case "${1:-}" in
+groups)
+  D=.gpu-g7; RUN=benches/gpu/run-groups.sh
+  WANT="groups_gpu nccl_gpu group_bench nccl_bench"
+  cargo test --release -p chorus --test groups_gpu --test nccl_gpu --no-run --message-format=json > "$json"
+  cargo build --release -p chorus-benches --bin group_bench --bin nccl_bench --message-format=json >> "$json"
+  ;;
+session)
+  D=.gpu-s; RUN=benches/gpu/run-session.sh
+  WANT="groups_gpu watchdog_gpu watchdog_overhead async_trainer chorus-run"
+  cargo test --release -p chorus --test groups_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
+  cargo build --release -p chorus-benches --bin watchdog_overhead --message-format=json >> "$json"
+  cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
+  cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
+  ;;
+*)
+  echo "usage: bash benches/gpu/pack.sh groups|session" >&2; exit 2 ;;
+esac
+rm -rf "$D" && mkdir -p "$D/bin"
+python3 - "$json" "$D" $WANT <<'PY'
+import json, shutil, subprocess, sys, os
+path, d, want = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+for line in open(path):
+    try: m = json.loads(line)
+    except ValueError: continue
+    exe = m.get("executable")
+    if m.get("reason") != "compiler-artifact" or not exe: continue
+    t = m["target"]["name"]
+    if t not in want: continue
+    dst = os.path.join(d, "bin", t)
+    shutil.copy2(exe, dst); subprocess.run(["strip", dst], check=False)
+    print("packed", t)
+PY
+cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
+cp "$RUN" "$D/run.sh"
+grep -qx "/$D/" .git/info/exclude || echo "/$D/" >> .git/info/exclude
+du -sh "$D"
