@@ -93,6 +93,8 @@ impl DeviceResult for (RawDeviceBuffer, RawDeviceBuffer) {
 pub struct DeviceWork<R: DeviceResult> {
     inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
     watched: Watched<R::Buf>,
+    /// Polled before (the first poll may watch the op briefly).
+    polled: bool,
 }
 
 impl<R: DeviceResult> std::fmt::Debug for DeviceWork<R> {
@@ -116,7 +118,11 @@ impl<R: DeviceResult> DeviceWork<R> {
         inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
         watched: Watched<R::Buf>,
     ) -> Self {
-        DeviceWork { inner, watched }
+        DeviceWork {
+            inner,
+            watched,
+            polled: false,
+        }
     }
 
     /// The op's rank, group, sequence number and name.
@@ -247,7 +253,24 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
 
     /// GpuFinished: resolves once the op's end event completed (the
     /// completion reactor polls it and wakes this future).
+    ///
+    /// The first poll of an unfinished op watches it for a few microseconds
+    /// before returning `Pending` (`CHORUS_POLL_SPIN_US`, default 10; 0
+    /// turns it off): a small GPU op finishes within that, and resolving it
+    /// then saves the park and wake-up of the awaiting thread (~5 µs), which
+    /// otherwise dominates the round trip. Later polls never wait.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            let spin = poll_spin();
+            if !spin.is_zero() && !self.inner.is_done() {
+                chorus_runtime::reactor::global().nudge();
+                let t0 = std::time::Instant::now();
+                while !self.inner.is_done() && t0.elapsed() < spin {
+                    std::hint::spin_loop();
+                }
+            }
+        }
         match Pin::new(&mut self.inner).poll(cx) {
             Poll::Ready(r) => {
                 let ctx = self.inner.context();
@@ -259,6 +282,20 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
             }
         }
     }
+}
+
+/// How long the first poll of a device work may watch it
+/// (`CHORUS_POLL_SPIN_US`, default 10 µs).
+fn poll_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("CHORUS_POLL_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(10)
+            .min(1000);
+        Duration::from_micros(us)
+    })
 }
 
 /// A one-buffer op, as the [`ProcessGroup`] and [`Group`] methods hand it
