@@ -35,12 +35,31 @@ use chorus_runtime::cuda::{Device, StreamPriority};
 use chorus_runtime::store::Store;
 
 /// Settings of a group's NCCL backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclOptions {
     /// Priority of each communicator's dedicated stream (default: the
     /// device's normal priority; `Highest` keeps collectives from being
     /// starved by compute kernels).
     pub stream_priority: StreamPriority,
+    /// Run ops on a blocking twin of each group communicator (default true;
+    /// `CHORUS_NCCL_BLOCKING=0` turns it off). Communicators are created
+    /// non-blocking, so that initialization has a timeout and can be
+    /// aborted; ops on a non-blocking communicator of several ranks return
+    /// `ncclInProgress` and cost 60–190 µs of polling each (2× H200), so
+    /// after initialization chorus splits a blocking twin (same ranks) and
+    /// issues ops there. A twin that cannot be made within the group's
+    /// timeout fails the initialization. Subgroup communicators split by
+    /// `new_group` stay non-blocking.
+    pub blocking_ops: bool,
+}
+
+impl Default for NcclOptions {
+    fn default() -> Self {
+        NcclOptions {
+            stream_priority: StreamPriority::default(),
+            blocking_ops: std::env::var("CHORUS_NCCL_BLOCKING").map_or(true, |v| v != "0"),
+        }
+    }
 }
 
 /// Why a communicator could not be created.
@@ -130,6 +149,7 @@ impl CommFactory for NcclFactory {
             priority: self.opts.stream_priority,
         };
         let timeout = self.timeout;
+        let blocking_ops = self.opts.blocking_ops;
         let key_text = key.to_string();
         let work = async move {
             let dev = dev.ok_or(NcclInitError::NoDevice(key_text))?;
@@ -154,7 +174,12 @@ impl CommFactory for NcclFactory {
                 })?
             };
             let mut pending = PendingComm::init(&device, nranks, me, &id, opts)?;
-            await_pending(&mut pending, timeout).await
+            let comm = await_pending(&mut pending, timeout).await?;
+            if blocking_ops {
+                blocking_twin(comm, opts, timeout).await
+            } else {
+                Ok(comm)
+            }
         };
         Box::pin(async move {
             match chorus_runtime::rt::run(work).await {
@@ -162,6 +187,49 @@ impl CommFactory for NcclFactory {
                 Err(e) => Err(NcclInitError::Store(e)),
             }
         })
+    }
+}
+
+/// Splits a blocking twin of the fresh non-blocking `comm` (see
+/// [`NcclOptions::blocking_ops`]) on a thread of its own, which the split
+/// blocks until every rank calls it; after `timeout` the parent is aborted,
+/// which ends that wait.
+async fn blocking_twin(
+    comm: Communicator,
+    opts: CommOptions,
+    timeout: Duration,
+) -> Result<Communicator, NcclInitError> {
+    let parent = Arc::new(comm);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = parent.clone();
+    std::thread::Builder::new()
+        .name("chorus-nccl-split".into())
+        .spawn(move || {
+            let _ = tx.send(p.split_blocking(opts));
+        })
+        .map_err(|e| {
+            NcclInitError::Nccl(NcclCommError::InvalidArgument(format!(
+                "cannot start the thread that makes a blocking communicator: {e}"
+            )))
+        })?;
+    let t0 = Instant::now();
+    let mut d = Duration::from_micros(50);
+    loop {
+        match rx.try_recv() {
+            Ok(r) => return r.map_err(NcclInitError::from),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                return Err(NcclInitError::Nccl(NcclCommError::InvalidArgument(
+                    "the blocking-communicator thread ended without a result".into(),
+                )))
+            }
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+        }
+        if t0.elapsed() > timeout {
+            parent.abort("making its blocking twin timed out");
+            return Err(NcclInitError::Timeout(timeout));
+        }
+        pause(d).await;
+        d = (d * 2).min(Duration::from_millis(5));
     }
 }
 
