@@ -287,6 +287,30 @@ fn every_op_matches_reference() {
     }
 }
 
+/// Chunks large enough that the worker reads payloads from the socket
+/// straight into the op's buffer (the reader lends it its read side), with
+/// every op of a batch queued before any is awaited, so that frames of later
+/// ops arrive while earlier ones run; over Unix sockets and TCP.
+#[test]
+fn large_frames_read_straight_into_buffers() {
+    let mut rng = StdRng::seed_from_u64(0x1e47);
+    for (n, unix) in [(2, true), (3, false), (4, true)] {
+        let opts = TcpOptions {
+            crossover_bytes: 64 << 10,
+            chunk_bytes: 64 << 10,
+            local_unix_sockets: unix,
+            ..TcpOptions::default()
+        };
+        let mut w = world(n, &opts);
+        for (salt, dtype) in [DType::F32, DType::I8].into_iter().enumerate() {
+            // Several chunks per block, uneven.
+            let len = (3 * (64 << 10) + 4097) / dtype.size();
+            check_batch(&mut w, &mut rng, dtype, len, salt);
+            check_batch(&mut w, &mut rng, dtype, len, salt + 2);
+        }
+    }
+}
+
 /// One batch: every op once (all_reduce with every reduce op) on every
 /// rank, all submitted before any is awaited.
 fn check_batch(w: &mut [Rank], rng: &mut StdRng, dtype: DType, len: usize, salt: usize) {
