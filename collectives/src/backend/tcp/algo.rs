@@ -354,14 +354,26 @@ impl Worker {
             }
         };
         let kmax = (0..n).map(|i| nchunks(blk(i).len(), ce)).max().unwrap_or(1);
+        let dtype = buf.dtype();
+        // Partial reductions of the reduce-scatter, by chunk: received at
+        // step s, combined with this rank's data and sent on at step s + 1
+        // from the receive buffer (still in cache). Only each rank's own
+        // block is written to `buf`; the others are overwritten by the
+        // all-gather anyway.
+        let mut partial: Vec<Option<Frame>> = (0..kmax).map(|_| None).collect();
         for t in 0..kmax + steps - 1 {
             let lo = t.saturating_sub(kmax - 1);
             let hi = t.min(steps - 1);
             for s in lo..=hi {
                 let (b, k) = (blk(sid(s)), t - s);
                 if k < nchunks(b.len(), ce) {
-                    let c = chunk(&b, ce, k);
-                    self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
+                    match partial[k].take() {
+                        Some(p) => self.send(o, right, p.payload.bytes()).await?,
+                        None => {
+                            let c = chunk(&b, ce, k);
+                            self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?
+                        }
+                    }
                 }
             }
             for s in lo..=hi {
@@ -369,12 +381,16 @@ impl Worker {
                 if k < nchunks(b.len(), ce) {
                     let c = chunk(&b, ce, k);
                     match op {
+                        Some(op) if s + 1 < rs => {
+                            let mut f = self.recv(o, left, c.len() * es).await?;
+                            let own = &buf.as_bytes()[bytes(&c, es)];
+                            combine_bytes(op, dtype, f.payload.bytes_mut(), own);
+                            partial[k] = Some(f);
+                        }
                         Some(op) if s < rs => {
                             let f = self.recv(o, left, c.len() * es).await?;
                             combine_into(op, buf, c.clone(), f.payload.bytes());
-                            if s + 1 == rs {
-                                finish_avg(op, buf, c, n);
-                            }
+                            finish_avg(op, buf, c, n);
                         }
                         _ => {
                             self.recv_into(o, left, &mut buf.as_bytes_mut()[bytes(&c, es)])
