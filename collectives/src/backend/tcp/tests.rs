@@ -673,6 +673,28 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
     assert!(matches!(e, WorkError::PeerLost { peer: 0, .. }), "{e}");
 }
 
+/// The worker's one timer, moved from op to op, still fires for an op whose
+/// deadline is earlier than that of the ops before it (a per-op timeout
+/// shorter than the group's).
+#[test]
+fn a_short_timeout_after_longer_ones_still_fires() {
+    let mut w = world(2, &small_opts());
+    for _ in 0..3 {
+        let works = w.iter_mut().map(|r| r.coll(OpKind::Barrier)).collect();
+        wait_all(works);
+    }
+    let a = w[0].submit_at(
+        1,
+        OpKind::Recv {
+            buf: HostBuffer::F32(vec![0.0; 4]),
+            peer: 1,
+        },
+        Duration::from_millis(200),
+    );
+    let e = expect_err(a);
+    assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
+}
+
 /// A collective one rank calls and the other does not: the first times out;
 /// the other, at its next op, sees the stray header (mismatch) or the
 /// closed connection, never a hang or garbage.

@@ -112,6 +112,13 @@ impl Worker {
         mut close: watch::Receiver<bool>,
     ) {
         let inner = self.inner.clone();
+        // One timer for every op, moved to each op's deadline. A deadline
+        // later than the timer's current one only updates the entry; a
+        // fresh `tokio::time::timeout` per op registered a timer and woke
+        // the runtime's parked thread each time (about 1.5 futex and 0.75
+        // eventfd wake-ups per small op, measured with strace).
+        let timer = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(timer);
         let graceful = loop {
             let next = tokio::select! {
                 biased;
@@ -143,16 +150,19 @@ impl Worker {
                 op = ctx.op,
                 bytes = op_bytes(&kind)
             );
+            let now = tokio::time::Instant::now();
+            let deadline = now
+                .checked_add(timeout)
+                .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+            timer.as_mut().reset(deadline);
             let res = async {
                 tokio::select! {
                     // The op first: frames that already arrived (a peer's
                     // mismatching header) are looked at before a stop caused by
                     // that peer closing its connection.
                     biased;
-                    r = tokio::time::timeout(timeout, self.execute(&ctx, &mut kind)) => match r {
-                        Ok(r) => r,
-                        Err(_) => Err(WorkError::OpTimeout { ctx: ctx.clone(), after: timeout }),
-                    },
+                    r = self.execute(&ctx, &mut kind) => r,
+                    () = &mut timer => Err(WorkError::OpTimeout { ctx: ctx.clone(), after: timeout }),
                     () = stopped(&mut stop) => Err(inner.settle().for_op(ctx.clone())),
                 }
             }
