@@ -12,7 +12,7 @@ use super::wire::{
 use super::worker::{Op, Worker};
 use crate::backend::OpKind;
 use crate::dtype::{DType, HostBuffer, ReduceOp};
-use crate::reduce::{combine_into, finish_avg, Reducible};
+use crate::reduce::{self, finish_avg, Reducible};
 
 /// Elements `i` of `0..count` split into `n` blocks as evenly as possible
 /// (the first `count % n` blocks get one more).
@@ -40,9 +40,25 @@ fn bytes(r: &Range<usize>, es: usize) -> Range<usize> {
     r.start * es..r.end * es
 }
 
+/// `dst[r] = op(dst[r], src)` (`src`: raw bytes of `dst`'s dtype).
+fn combine_into(op: ReduceOp, dst: &mut HostBuffer, r: Range<usize>, src: &[u8]) {
+    let dtype = dst.dtype();
+    let es = dtype.size();
+    combine_bytes(op, dtype, &mut dst.as_bytes_mut()[bytes(&r, es)], src);
+}
+
 fn copy_in(dst: &mut HostBuffer, r: &Range<usize>, src: &[u8]) {
     let es = dst.dtype().size();
     dst.as_bytes_mut()[bytes(r, es)].copy_from_slice(src);
+}
+
+/// `d[i] = f(d[i], s[i])`; with `f` known at compile time the loop is
+/// vectorised.
+#[inline(always)]
+fn zip_with<T: Copy>(d: &mut [T], s: &[T], f: impl Fn(T, T) -> T) {
+    for (d, s) in d.iter_mut().zip(s) {
+        *d = f(*d, *s);
+    }
 }
 
 fn combine_raw<T: Reducible>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
@@ -50,8 +66,14 @@ fn combine_raw<T: Reducible>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
         bytemuck::try_cast_slice_mut::<u8, T>(dst),
         bytemuck::try_cast_slice::<u8, T>(src),
     ) {
-        for (d, s) in d.iter_mut().zip(s) {
-            *d = T::combine(op, *d, *s);
+        // One loop per op (the op is not re-tested per element), the same
+        // arithmetic as `T::combine`, so results are bit-identical to the
+        // serial reference.
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => zip_with(d, s, |a, b| T::combine(ReduceOp::Sum, a, b)),
+            ReduceOp::Prod => zip_with(d, s, |a, b| T::combine(ReduceOp::Prod, a, b)),
+            ReduceOp::Min => zip_with(d, s, |a, b| T::combine(ReduceOp::Min, a, b)),
+            ReduceOp::Max => zip_with(d, s, |a, b| T::combine(ReduceOp::Max, a, b)),
         }
         return;
     }
@@ -220,7 +242,7 @@ impl Worker {
             Some(o) => o,
             None if me == 0 => {
                 for f in frames {
-                    combine_into(op, dst, r.clone(), f.payload.bytes());
+                    reduce::combine_into(op, dst, r.clone(), f.payload.bytes());
                 }
                 return;
             }
@@ -240,7 +262,7 @@ impl Worker {
             dst.as_bytes_mut()[b].copy_from_slice(first);
         }
         for s in srcs {
-            combine_into(op, dst, r.clone(), s);
+            reduce::combine_into(op, dst, r.clone(), s);
         }
     }
 
@@ -332,29 +354,48 @@ impl Worker {
             }
         };
         let kmax = (0..n).map(|i| nchunks(blk(i).len(), ce)).max().unwrap_or(1);
+        let dtype = buf.dtype();
+        // Partial reductions of the reduce-scatter, by chunk: received at
+        // step s, combined with this rank's data and sent on at step s + 1
+        // from the receive buffer (still in cache). Only each rank's own
+        // block is written to `buf`; the others are overwritten by the
+        // all-gather anyway.
+        let mut partial: Vec<Option<Frame>> = (0..kmax).map(|_| None).collect();
         for t in 0..kmax + steps - 1 {
             let lo = t.saturating_sub(kmax - 1);
             let hi = t.min(steps - 1);
             for s in lo..=hi {
                 let (b, k) = (blk(sid(s)), t - s);
                 if k < nchunks(b.len(), ce) {
-                    let c = chunk(&b, ce, k);
-                    self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?;
+                    match partial[k].take() {
+                        Some(p) => self.send(o, right, p.payload.bytes()).await?,
+                        None => {
+                            let c = chunk(&b, ce, k);
+                            self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?
+                        }
+                    }
                 }
             }
             for s in lo..=hi {
                 let (b, k) = (blk(rid(s)), t - s);
                 if k < nchunks(b.len(), ce) {
                     let c = chunk(&b, ce, k);
-                    let f = self.recv(o, left, c.len() * es).await?;
                     match op {
-                        Some(op) if s < rs => {
-                            combine_into(op, buf, c.clone(), f.payload.bytes());
-                            if s + 1 == rs {
-                                finish_avg(op, buf, c, n);
-                            }
+                        Some(op) if s + 1 < rs => {
+                            let mut f = self.recv(o, left, c.len() * es).await?;
+                            let own = &buf.as_bytes()[bytes(&c, es)];
+                            combine_bytes(op, dtype, f.payload.bytes_mut(), own);
+                            partial[k] = Some(f);
                         }
-                        _ => copy_in(buf, &c, f.payload.bytes()),
+                        Some(op) if s < rs => {
+                            let f = self.recv(o, left, c.len() * es).await?;
+                            combine_into(op, buf, c.clone(), f.payload.bytes());
+                            finish_avg(op, buf, c, n);
+                        }
+                        _ => {
+                            self.recv_into(o, left, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                                .await?
+                        }
                     }
                 }
             }
@@ -393,8 +434,8 @@ impl Worker {
                         // disagree on the root see each other's header.
                         self.send(&o, root, &[]).await?;
                     }
-                    let f = self.recv(&o, root, c.len() * es).await?;
-                    copy_in(buf, &c, f.payload.bytes());
+                    self.recv_into(&o, root, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                        .await?;
                 }
             }
             if me == root {
@@ -419,11 +460,11 @@ impl Worker {
                     self.send(&o, nx, &buf.as_bytes()[bytes(&c, es)]).await?;
                 }
             } else {
-                let f = self.recv(&o, prev, c.len() * es).await?;
+                self.recv_into(&o, prev, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                    .await?;
                 if let Some(nx) = next {
-                    self.send(&o, nx, f.payload.bytes()).await?;
+                    self.send(&o, nx, &buf.as_bytes()[bytes(&c, es)]).await?;
                 }
-                copy_in(buf, &c, f.payload.bytes());
             }
         }
         // The last rank of the chain tells the root it is done (and ranks that
@@ -514,8 +555,9 @@ impl Worker {
                 self.send(&o, p, &input.as_bytes()[bytes(&c, es)]).await?;
             }
             for p in (0..n).filter(|&p| p != me) {
-                let f = self.recv(&o, p, c.len() * es).await?;
-                copy_in(output, &(p * k + c.start..p * k + c.end), f.payload.bytes());
+                let dst = bytes(&(p * k + c.start..p * k + c.end), es);
+                self.recv_into(&o, p, &mut output.as_bytes_mut()[dst])
+                    .await?;
             }
         }
         Ok(())
@@ -636,12 +678,9 @@ impl Worker {
                 let c = chunk(&all, ce, j);
                 let sc = to * k + c.start..to * k + c.end;
                 self.send(&o, to, &input.as_bytes()[bytes(&sc, es)]).await?;
-                let f = self.recv(&o, from, c.len() * es).await?;
-                copy_in(
-                    output,
-                    &(from * k + c.start..from * k + c.end),
-                    f.payload.bytes(),
-                );
+                let dst = bytes(&(from * k + c.start..from * k + c.end), es);
+                self.recv_into(&o, from, &mut output.as_bytes_mut()[dst])
+                    .await?;
             }
         }
         Ok(())

@@ -2,13 +2,15 @@
 //! peer and the write side the worker uses.
 
 use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::setup::{ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 
-use super::wire::{Header, CLASS_BYE, CLASS_P2P, HEADER_LEN};
+use super::wire::{Header, CLASS_BYE, CLASS_COLL, CLASS_P2P, HEADER_LEN};
 use super::Inner;
 
 /// Recycled receive buffers, so that steady-state ops allocate nothing per
@@ -106,6 +108,57 @@ pub(super) enum PeerState {
     Lost(String),
 }
 
+/// The buffered read side of a connection.
+pub(super) type Rd = Box<BufReader<ReadHalf>>;
+
+/// Shared by a peer's reader task and the worker: lets the worker receive
+/// a frame's payload straight into its destination (no copy through a pool
+/// buffer).
+///
+/// The worker sets `want` just before it waits on the peer's empty
+/// collective queue. The reader claims it (swaps it back to false) when the
+/// next collective frame's header is in and its payload is large: then it
+/// lends its read side to the worker ([`Incoming::Lent`]) instead of
+/// reading the payload itself, and waits until the worker gives it back.
+/// A worker that finds the claim taken although it received something else
+/// reads the lent frame at once (into a pool buffer), so a lent read side
+/// never waits on the worker while the worker waits on something else.
+#[derive(Debug, Default)]
+pub(super) struct Link {
+    pub(super) want: AtomicBool,
+}
+
+/// A frame whose header was read and whose payload is still in the socket;
+/// the worker reads it from `rd` and gives `rd` back through `back` (or the
+/// reason the stream broke).
+pub(super) struct Lent {
+    pub(super) hdr: Header,
+    pub(super) rd: Rd,
+    pub(super) back: oneshot::Sender<Result<Rd, String>>,
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lent").field("hdr", &self.hdr).finish()
+    }
+}
+
+/// What a reader task puts on a peer's collective queue.
+#[derive(Debug)]
+pub(super) enum Incoming {
+    /// The connection's [`Link`]; always the first item.
+    Link(Arc<Link>),
+    /// A whole frame.
+    Frame(Frame),
+    /// A frame whose payload the worker reads itself.
+    Lent(Lent),
+}
+
+/// Collective frames from this size on may be read by the worker straight
+/// into their destination; smaller ones are mostly in the reader's buffer
+/// already.
+const LEND_MIN: u64 = 32 << 10;
+
 /// Reads frames from `peer` as they arrive and queues them for the worker,
 /// so that a sender never waits for the receiver to reach the op.
 ///
@@ -114,13 +167,15 @@ pub(super) enum PeerState {
 pub(super) async fn reader(
     peer: usize,
     rd: ReadHalf,
-    coll: UnboundedSender<Frame>,
+    coll: UnboundedSender<Incoming>,
     p2p: UnboundedSender<Frame>,
     inner: Arc<Inner>,
 ) {
+    let link = Arc::new(Link::default());
+    let _ = coll.send(Incoming::Link(link.clone()));
     // Small frames arrive whole in one read; for large ones at most this much
     // is copied through the buffer before reads go straight to the payload.
-    let mut rd = BufReader::with_capacity(4 << 10, rd);
+    let mut rd: Rd = Box::new(BufReader::with_capacity(4 << 10, rd));
     let mut hb = [0u8; HEADER_LEN];
     let end = loop {
         match rd.read_exact(&mut hb).await {
@@ -146,13 +201,46 @@ pub(super) async fn reader(
                 hdr.len, inner.opts.chunk_bytes
             ));
         }
+        if hdr.class == CLASS_COLL
+            && hdr.len >= LEND_MIN
+            && link
+                .want
+                .compare_exchange(true, false, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let (back, got) = oneshot::channel();
+            match coll.send(Incoming::Lent(Lent { hdr, rd, back })) {
+                Ok(()) => match got.await {
+                    Ok(Ok(r)) => {
+                        rd = r;
+                        continue;
+                    }
+                    Ok(Err(cause)) => break PeerState::Lost(cause),
+                    Err(_) => {
+                        break PeerState::Lost(
+                            "this rank's op stopped in the middle of a frame from this peer".into(),
+                        )
+                    }
+                },
+                // The worker is gone: read the payload and drop it.
+                Err(tokio::sync::mpsc::error::SendError(item)) => {
+                    let Incoming::Lent(l) = item else {
+                        break PeerState::Lost("internal: lost the connection's read side".into());
+                    };
+                    rd = l.rd;
+                }
+            }
+        }
         let mut payload = inner.pool.get(hdr.len as usize);
         if let Err(e) = rd.read_exact(payload.bytes_mut()).await {
             break PeerState::Lost(format!("read failed mid-frame: {e}"));
         }
-        let tx = if hdr.class == CLASS_P2P { &p2p } else { &coll };
         // A closed queue means the worker is gone: drop the frame.
-        let _ = tx.send(Frame { hdr, payload });
+        if hdr.class == CLASS_P2P {
+            let _ = p2p.send(Frame { hdr, payload });
+        } else {
+            let _ = coll.send(Incoming::Frame(Frame { hdr, payload }));
+        }
     };
     tracing::debug!(group = %inner.group, rank = inner.rank, peer, state = ?end, "peer connection ended");
     inner.peer_ended(peer, end);

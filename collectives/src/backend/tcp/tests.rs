@@ -287,6 +287,30 @@ fn every_op_matches_reference() {
     }
 }
 
+/// Chunks large enough that the worker reads payloads from the socket
+/// straight into the op's buffer (the reader lends it its read side), with
+/// every op of a batch queued before any is awaited, so that frames of later
+/// ops arrive while earlier ones run; over Unix sockets and TCP.
+#[test]
+fn large_frames_read_straight_into_buffers() {
+    let mut rng = StdRng::seed_from_u64(0x1e47);
+    for (n, unix) in [(2, true), (3, false), (4, true)] {
+        let opts = TcpOptions {
+            crossover_bytes: 64 << 10,
+            chunk_bytes: 64 << 10,
+            local_unix_sockets: unix,
+            ..TcpOptions::default()
+        };
+        let mut w = world(n, &opts);
+        for (salt, dtype) in [DType::F32, DType::I8].into_iter().enumerate() {
+            // Several chunks per block, uneven.
+            let len = (3 * (64 << 10) + 4097) / dtype.size();
+            check_batch(&mut w, &mut rng, dtype, len, salt);
+            check_batch(&mut w, &mut rng, dtype, len, salt + 2);
+        }
+    }
+}
+
 /// One batch: every op once (all_reduce with every reduce op) on every
 /// rank, all submitted before any is awaited.
 fn check_batch(w: &mut [Rank], rng: &mut StdRng, dtype: DType, len: usize, salt: usize) {
@@ -647,6 +671,28 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
     let b = w[1].coll(OpKind::Barrier);
     let e = expect_err(b);
     assert!(matches!(e, WorkError::PeerLost { peer: 0, .. }), "{e}");
+}
+
+/// The worker's one timer, moved from op to op, still fires for an op whose
+/// deadline is earlier than that of the ops before it (a per-op timeout
+/// shorter than the group's).
+#[test]
+fn a_short_timeout_after_longer_ones_still_fires() {
+    let mut w = world(2, &small_opts());
+    for _ in 0..3 {
+        let works = w.iter_mut().map(|r| r.coll(OpKind::Barrier)).collect();
+        wait_all(works);
+    }
+    let a = w[0].submit_at(
+        1,
+        OpKind::Recv {
+            buf: HostBuffer::F32(vec![0.0; 4]),
+            peer: 1,
+        },
+        Duration::from_millis(200),
+    );
+    let e = expect_err(a);
+    assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
 }
 
 /// A collective one rank calls and the other does not: the first times out;
