@@ -310,6 +310,18 @@ pub fn set_paused(paused: bool) {
     state().paused.store(paused, Ordering::Relaxed);
 }
 
+/// Applies `policy` to a group whose failure another rank reported through
+/// the store (error propagation): dumps the flight recorder (if the
+/// watchdog runs in this process) and fails the group as for a local error.
+pub(crate) fn apply_remote(policy: ErrorPolicy, reg: &Registry, err: &WorkError) {
+    // AbortGroup dumps through `on_group_error`; the others dump here.
+    if policy != ErrorPolicy::AbortGroup && STATE.get().is_some() {
+        let path = dump_logged("remote error");
+        tracing::error!(error = %err, dump = %path, ?policy, "a peer reported a failure; flight recorder dumped");
+    }
+    apply(policy, reg, err, &[]);
+}
+
 fn dump_logged(reason: &str) -> String {
     match dump_all(reason) {
         Ok(p) => p.display().to_string(),

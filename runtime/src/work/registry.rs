@@ -27,6 +27,7 @@ struct Entry {
 }
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+type ErrorHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 
 struct Inner {
     /// Keyed by a registry-local id, in submission order (sequence numbers
@@ -43,6 +44,9 @@ pub struct Registry {
     /// Called once when the group is aborted (closes sockets, aborts NCCL
     /// communicators); set by the backend.
     abort_hook: Mutex<Option<AbortHook>>,
+    /// Called once with the group's first error, whichever path failed it
+    /// (error propagation publishes it).
+    error_hook: Mutex<Option<ErrorHook>>,
     /// The group's flight recorder, if it keeps one.
     recorder: Option<Arc<FlightRecorder>>,
 }
@@ -73,6 +77,7 @@ impl Registry {
                 errored: None,
             }),
             abort_hook: Mutex::new(None),
+            error_hook: Mutex::new(None),
             recorder: None,
         }
     }
@@ -94,6 +99,21 @@ impl Registry {
     /// the pending works (close connections, abort communicators).
     pub fn set_abort_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
         *lock(&self.abort_hook) = Some(Box::new(hook));
+    }
+
+    /// Sets what runs once with the group's first error (the one that marks
+    /// it failed), whether it came through [`abort`](Self::abort) or
+    /// [`fail_all`](Self::fail_all). Runs with no registry lock held, before
+    /// the pending works are failed; it must not block.
+    pub fn set_error_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
+        *lock(&self.error_hook) = Some(Box::new(hook));
+    }
+
+    /// Runs the error hook, if any, with the group's first error.
+    fn first_error(&self, cause: &WorkError) {
+        if let Some(hook) = lock(&self.error_hook).as_ref() {
+            hook(cause);
+        }
     }
 
     pub(crate) fn insert(
@@ -137,13 +157,20 @@ impl Registry {
     ///
     /// Does not touch the backend; see [`abort`](Self::abort) for that.
     pub fn fail_all(&self, cause: &WorkError) -> usize {
-        let drained: Vec<Entry> = {
+        let (first, drained): (bool, Vec<Entry>) = {
             let mut inner = lock(&self.inner);
-            if inner.errored.is_none() {
+            let first = inner.errored.is_none();
+            if first {
                 inner.errored = Some(cause.clone());
             }
-            std::mem::take(&mut inner.entries).into_values().collect()
+            (
+                first,
+                std::mem::take(&mut inner.entries).into_values().collect(),
+            )
         };
+        if first {
+            self.first_error(cause);
+        }
         let n = drained.len();
         for e in drained {
             let err = cause.for_op(e.ctx.clone());
@@ -171,6 +198,7 @@ impl Registry {
             first
         };
         if first {
+            self.first_error(cause);
             tracing::warn!(error = %cause, "aborting group");
             #[cfg(not(loom))]
             crate::watchdog::on_group_error(cause);
