@@ -1,6 +1,7 @@
 //! Fault injection with separate processes started by `chorus-run`: a rank
-//! SIGKILLed mid-all_reduce, a rank SIGSTOPped, mismatched collectives, the
-//! store's host dying. Each fault runs 20 times; every run must end without
+//! SIGKILLed mid-all_reduce, a rank SIGSTOPped (without and with error
+//! propagation through the store), mismatched collectives, the store's host
+//! dying. Each fault runs 20 times; every run must end without
 //! a hang and leave no process behind.
 
 use std::collections::BTreeMap;
@@ -186,6 +187,33 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
             "{:?}",
             out.results
         );
+        let report = trace(&dir);
+        assert!(report.contains("first divergence at seq 3"), "{report}");
+        assert!(
+            report.contains("behind (never issued seq 3): ranks [1]"),
+            "{report}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn propagated_failure_fails_the_other_ranks_long_before_their_own_timeout() {
+    for i in 0..RUNS {
+        let dir = temp_dir("propagate", i);
+        let out = run("propagate", &dir);
+        // Rank 0 runs its op under TIMEOUT_MS and detects the stopped rank.
+        survivors_failed_within(&out, &[0], &["OpTimeout"], TIMEOUT_MS + 1000);
+        // Rank 2's own timeout is 30 s; rank 0's published failure fails it
+        // at about the same time as rank 0, naming rank 0 and its cause.
+        survivors_failed_within(&out, &[2], &["Remote"], TIMEOUT_MS + 1000);
+        let (_, _, msg) = &out.results[&2];
+        assert!(msg.contains("rank 0 of the group failed"), "{msg}");
+        assert!(
+            msg.contains("rank 0 in group 'world' at seq 3 (all_reduce): op timed out"),
+            "{msg}"
+        );
+        // Both dumped their flight recorders: the trace still names rank 1.
         let report = trace(&dir);
         assert!(report.contains("first divergence at seq 3"), "{report}");
         assert!(

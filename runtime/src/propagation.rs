@@ -277,7 +277,7 @@ fn publish(shared: &Arc<Shared>, err: &WorkError) {
                 tracing::warn!(group = %s.group, timeout = ?PUBLISH_TIMEOUT, "publishing this rank's failure to its peers timed out (is the store alive?)");
             }
         }
-        drop(tx.send(()));
+        let _ = tx.send(());
     });
 }
 
