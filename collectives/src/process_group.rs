@@ -69,11 +69,13 @@ struct Group {
     tcp: TcpOptions,
     timeout: Duration,
     policy: ErrorPolicy,
+    /// Error propagation through the store, if on (subgroups inherit it).
+    /// Declared before the rendezvous so that, when dropped, it flushes a
+    /// failure still being published before rank 0's store stops.
+    propagation: Option<ErrorPropagation>,
     /// The job's rendezvous (world group made by `init_from_env`), kept
     /// until [`ProcessGroup::shutdown`].
     rendezvous: Mutex<Option<chorus_runtime::rendezvous::Rendezvous>>,
-    /// Error propagation through the store, if on (subgroups inherit it).
-    propagation: Option<ErrorPropagation>,
 }
 
 #[derive(Clone)]
@@ -427,8 +429,8 @@ impl ProcessGroup {
                 tcp,
                 timeout,
                 policy,
-                rendezvous: Mutex::new(None),
                 propagation,
+                rendezvous: Mutex::new(None),
             }),
             timeout,
         })
