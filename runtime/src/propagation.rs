@@ -14,7 +14,10 @@
 //!   kind and its message ([`RemoteFailure`]). The first rank to publish
 //!   wins (`compare_set`); later ones leave the key alone. Publishing runs
 //!   on chorus's runtime ([`crate::rt`]) under [`PUBLISH_TIMEOUT`], so a
-//!   store that is gone costs a warning, never a hang.
+//!   store that is gone costs a warning, never a hang. It starts before any
+//!   work of the group is failed ([`Registry::set_error_hook`]), and
+//!   dropping the group waits up to [`FLUSH_WAIT`] for it, so a rank that
+//!   exits as soon as it sees its error still tells its peers.
 //! * **watches** that key with one background `get` on chorus's runtime
 //!   (woken by the `set`, never polling; re-armed every [`WATCH_WAIT`]). When
 //!   a peer's failure appears, the group's pending works fail at once with
