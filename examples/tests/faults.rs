@@ -38,6 +38,11 @@ fn alive(pid: i32) -> bool {
 /// Runs `scenario` across WORLD ranks; once every survivor has reported,
 /// SIGKILLs a victim that is still around (a stopped one).
 fn run(scenario: &str, trace_dir: &Path) -> Outcome {
+    run_with(scenario, trace_dir, &[])
+}
+
+/// [`run`] with extra environment variables for the ranks.
+fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
     let mut child = Command::new(workspace_bin("chorus-runtime", "chorus-run"))
         .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
@@ -46,6 +51,7 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
         .env("FAULT_RANK", "1")
         .env("CHORUS_TRACE_DIR", trace_dir)
         .env("CHORUS_WATCHDOG_INTERVAL_MS", "5")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -263,6 +269,19 @@ fn store_host_death_gives_every_rank_a_store_error() {
     for i in 0..RUNS {
         let dir = temp_dir("store", i);
         let out = run("store-dies", &dir);
+        survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The same with error propagation on: its publisher and watcher give up on
+/// the dead store instead of hanging the ranks (fewer runs: the store's
+/// side is the same as above).
+#[test]
+fn store_host_death_with_error_propagation_on_does_not_hang() {
+    for i in 0..RUNS / 4 {
+        let dir = temp_dir("store-prop", i);
+        let out = run_with("store-dies", &dir, &[("CHORUS_PROPAGATE_ERRORS", "1")]);
         survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -56,11 +56,12 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     } else {
         timeout
     };
-    let pg = ProcessGroup::builder()
-        .timeout(group_timeout)
-        .propagate_errors(propagate)
-        .init_from_env()
-        .await?;
+    let mut builder = ProcessGroup::builder().timeout(group_timeout);
+    if propagate {
+        builder = builder.propagate_errors(true);
+    }
+    // Elsewhere CHORUS_PROPAGATE_ERRORS decides.
+    let pg = builder.init_from_env().await?;
     let rank = pg.rank();
     println!("PID rank={rank} pid={}", std::process::id());
     match scenario {
