@@ -182,7 +182,7 @@ fn a_watchdog_stuck_in_a_check_is_noticed_by_the_heartbeat_monitor() {
     assert_eq!(dump.reason, "heartbeat timeout");
     for name in ["world", "side"] {
         let ops = &dump.groups[name].ops;
-        let seqs: Vec<(u64, &str)> = ops.iter().map(|o| (o.seq, o.op.as_str())).collect();
+        let seqs: Vec<(u64, &str)> = ops.iter().map(|o| (o.seq, &*o.op)).collect();
         assert_eq!(seqs, [(1, "all_reduce"), (2, "broadcast")], "{name}");
         // Seq 2 was still pending when the monitor dumped.
         assert!(ops[0].completed_us.is_some() && ops[1].completed_us.is_none());
