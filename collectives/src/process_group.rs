@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus_runtime::flight_recorder::{self, FlightRecorder, OpRecord};
+use chorus_runtime::propagation::{self, ErrorPropagation};
 use chorus_runtime::store::{PrefixStore, Store};
 use chorus_runtime::watchdog::{self, ErrorPolicy, WatchedGroup};
 use chorus_runtime::{OpContext, Registry, WorkError};
@@ -68,6 +69,10 @@ struct Group {
     tcp: TcpOptions,
     timeout: Duration,
     policy: ErrorPolicy,
+    /// Error propagation through the store, if on (subgroups inherit it).
+    /// Declared before the rendezvous so that, when dropped, it flushes a
+    /// failure still being published before rank 0's store stops.
+    propagation: Option<ErrorPropagation>,
     /// The job's rendezvous (world group made by `init_from_env`), kept
     /// until [`ProcessGroup::shutdown`].
     rendezvous: Mutex<Option<chorus_runtime::rendezvous::Rendezvous>>,
@@ -106,9 +111,22 @@ pub struct GroupBuilder {
     policy: ErrorPolicy,
     device: Option<usize>,
     nccl: NcclOptions,
+    propagate: Option<bool>,
 }
 
 impl GroupBuilder {
+    /// Error propagation through the store (default: off, or on where
+    /// `CHORUS_PROPAGATE_ERRORS=1`): the rank that detects a failure (op
+    /// timeout, lost peer, mismatch, NCCL error, abort) publishes it, and
+    /// the other ranks' pending works fail at once with
+    /// [`WorkError::Remote`] naming it, under this group's error policy,
+    /// instead of each waiting out its own timeout. Subgroups inherit it.
+    /// See [`chorus_runtime::propagation`].
+    pub fn propagate_errors(mut self, on: bool) -> Self {
+        self.propagate = Some(on);
+        self
+    }
+
     /// The CUDA device of this rank: the group's NCCL communicator is then
     /// created eagerly by [`build`](Self::build) instead of at the first
     /// device op.
@@ -231,6 +249,7 @@ impl GroupBuilder {
             self.tcp,
             self.policy,
             self.nccl,
+            self.propagate.unwrap_or_else(propagation::enabled_from_env),
         )
         .await?;
         if let Some(dev) = self.device {
@@ -284,6 +303,10 @@ impl ProcessGroup {
     ///
     /// [`Error::Rendezvous`] if some ranks did not leave in time (rank 0).
     pub async fn shutdown(&self) -> Result<(), Error> {
+        // Failures after the goodbye are nobody else's concern.
+        if let Some(p) = &self.inner.propagation {
+            p.stop();
+        }
         // Goodbyes first: no rank closes while another still reads from it.
         let close = self.inner.backend.close();
         chorus_runtime::rt::run(close)
@@ -317,6 +340,7 @@ impl ProcessGroup {
             policy: ErrorPolicy::default(),
             device: None,
             nccl: NcclOptions::default(),
+            propagate: None,
         }
     }
 
@@ -330,6 +354,7 @@ impl ProcessGroup {
         tcp: TcpOptions,
         policy: ErrorPolicy,
         nccl_opts: NcclOptions,
+        propagate: bool,
     ) -> Result<ProcessGroup, Error> {
         let size = members.len();
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
@@ -340,13 +365,17 @@ impl ProcessGroup {
         // (its host died) shows up here as a store error, not as a backend
         // setup failure.
         let joined = store.clone();
-        chorus_runtime::rt::run(async move { joined.add("joined", 1).await })
+        let joined = chorus_runtime::rt::run(async move { joined.add("joined", 1).await })
             .await
             .map_err(|e| Error::Setup {
                 group: name.to_string(),
                 rank,
                 msg: e,
             })??;
+        // Ranks of a group re-created under the same name count on: the
+        // epoch tells its error key from its predecessor's.
+        let epoch = u64::try_from(joined - 1).unwrap_or(0) / size as u64;
+        let prop_store = store.clone();
         let backend: Arc<dyn Backend> =
             TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
         let nccl = Arc::new(NcclBackend::new(
@@ -376,6 +405,9 @@ impl ProcessGroup {
                 check_nccl.upgrade().and_then(|n| n.async_error())
             })),
         });
+        let propagation = propagate.then(|| {
+            ErrorPropagation::start(prop_store, epoch, &registry, name.clone(), rank, policy)
+        });
         tracing::debug!(group = %name, rank, size, "group ready");
         Ok(ProcessGroup {
             inner: Arc::new(Group {
@@ -397,6 +429,7 @@ impl ProcessGroup {
                 tcp,
                 timeout,
                 policy,
+                propagation,
                 rendezvous: Mutex::new(None),
             }),
             timeout,
@@ -559,6 +592,7 @@ impl ProcessGroup {
             g.tcp.clone(),
             g.policy,
             g.nccl_opts,
+            g.propagation.is_some(),
         )
         .await?;
         if let Some((dev, comm)) = split {

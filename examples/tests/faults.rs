@@ -1,6 +1,7 @@
 //! Fault injection with separate processes started by `chorus-run`: a rank
-//! SIGKILLed mid-all_reduce, a rank SIGSTOPped, mismatched collectives, the
-//! store's host dying. Each fault runs 20 times; every run must end without
+//! SIGKILLed mid-all_reduce, a rank SIGSTOPped (without and with error
+//! propagation through the store), mismatched collectives, the store's host
+//! dying. Each fault runs 20 times; every run must end without
 //! a hang and leave no process behind.
 
 use std::collections::BTreeMap;
@@ -37,6 +38,11 @@ fn alive(pid: i32) -> bool {
 /// Runs `scenario` across WORLD ranks; once every survivor has reported,
 /// SIGKILLs a victim that is still around (a stopped one).
 fn run(scenario: &str, trace_dir: &Path) -> Outcome {
+    run_with(scenario, trace_dir, &[])
+}
+
+/// [`run`] with extra environment variables for the ranks.
+fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
     let mut child = Command::new(workspace_bin("chorus-runtime", "chorus-run"))
         .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
@@ -45,6 +51,7 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
         .env("FAULT_RANK", "1")
         .env("CHORUS_TRACE_DIR", trace_dir)
         .env("CHORUS_WATCHDOG_INTERVAL_MS", "5")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -197,6 +204,33 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
 }
 
 #[test]
+fn propagated_failure_fails_the_other_ranks_long_before_their_own_timeout() {
+    for i in 0..RUNS {
+        let dir = temp_dir("propagate", i);
+        let out = run("propagate", &dir);
+        // Rank 0 runs its op under TIMEOUT_MS and detects the stopped rank.
+        survivors_failed_within(&out, &[0], &["OpTimeout"], TIMEOUT_MS + 1000);
+        // Rank 2's own timeout is 30 s; rank 0's published failure fails it
+        // at about the same time as rank 0, naming rank 0 and its cause.
+        survivors_failed_within(&out, &[2], &["Remote"], TIMEOUT_MS + 1000);
+        let (_, _, msg) = &out.results[&2];
+        assert!(msg.contains("rank 0 of the group failed"), "{msg}");
+        assert!(
+            msg.contains("rank 0 in group 'world' at seq 3 (all_reduce): op timed out"),
+            "{msg}"
+        );
+        // Both dumped their flight recorders: the trace still names rank 1.
+        let report = trace(&dir);
+        assert!(report.contains("first divergence at seq 3"), "{report}");
+        assert!(
+            report.contains("behind (never issued seq 3): ranks [1]"),
+            "{report}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
 fn mismatched_collectives_are_named_by_the_error_and_by_chorus_trace() {
     for i in 0..RUNS {
         let dir = temp_dir("mismatch", i);
@@ -235,6 +269,19 @@ fn store_host_death_gives_every_rank_a_store_error() {
     for i in 0..RUNS {
         let dir = temp_dir("store", i);
         let out = run("store-dies", &dir);
+        survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// The same with error propagation on: its publisher and watcher give up on
+/// the dead store instead of hanging the ranks (fewer runs: the store's
+/// side is the same as above).
+#[test]
+fn store_host_death_with_error_propagation_on_does_not_hang() {
+    for i in 0..RUNS / 4 {
+        let dir = temp_dir("store-prop", i);
+        let out = run_with("store-dies", &dir, &[("CHORUS_PROPAGATE_ERRORS", "1")]);
         survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -198,3 +198,39 @@ fn concurrent_aborts_run_the_hook_once() {
         assert_eq!(reg.pending(), 0);
     });
 }
+
+/// An abort and a `fail_all` race a pending work: the error hook runs once,
+/// and has finished by the time the work's owner sees the error (error
+/// propagation publishes from it; the owner may exit right after).
+#[test]
+fn the_error_hook_finishes_before_any_work_fails() {
+    model(|| {
+        let reg = Arc::new(Registry::new());
+        let hooks = Arc::new(AtomicUsize::new(0));
+        {
+            let hooks = hooks.clone();
+            reg.set_error_hook(move |_| {
+                hooks.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let (w, c) = Work::<u32>::new(ctx(1), &reg, None).expect("registered");
+        let aborter = {
+            let reg = reg.clone();
+            thread::spawn(move || reg.abort(&abort_cause()))
+        };
+        let failer = {
+            let reg = reg.clone();
+            thread::spawn(move || reg.fail_all(&abort_cause()))
+        };
+        assert!(matches!(block_on(w), Err(WorkError::Aborted { .. })));
+        assert_eq!(
+            hooks.load(Ordering::SeqCst),
+            1,
+            "the hook ran, once, before the work failed"
+        );
+        let failed = aborter.join().expect("aborter") + failer.join().expect("failer");
+        assert_eq!(failed, 1, "the pending work is failed once");
+        drop(c);
+        assert_eq!(reg.pending(), 0);
+    });
+}

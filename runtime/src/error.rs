@@ -99,14 +99,16 @@ pub enum WorkError {
         /// The first error of the group.
         cause: Arc<WorkError>,
     },
-    /// Another rank reported a failure through the store.
-    #[error("{ctx}: rank {origin} reported a failure: {cause}")]
+    /// Another rank of the group failed and reported it through the store
+    /// (error propagation, opt-in per group), so this rank's pending works
+    /// were failed at once instead of waiting out their own timeouts.
+    #[error("{ctx}: rank {origin} of the group failed and reported it through the store (error propagation): {cause}; the root cause is on rank {origin}: see its log and flight-recorder dump")]
     Remote {
         /// The op that was pending here.
         ctx: OpContext,
-        /// The rank that detected the failure.
+        /// The rank (in the group) that detected the failure.
         origin: usize,
-        /// Its error message.
+        /// Its error, as that rank reported it (with its seq and op).
         cause: String,
     },
     /// The arguments were invalid; nothing was submitted.

@@ -25,6 +25,9 @@
 //!   JSON dumps, and the divergence analysis behind `chorus-trace`.
 //! * [`reactor`]: the completion reactor thread that completes GPU ops
 //!   when their end event completes.
+//! * [`propagation`]: opt-in error propagation through the store: the rank
+//!   that detects a failure publishes it, its peers fail fast with
+//!   [`WorkError::Remote`].
 //! * [`watchdog`]: the per-process thread that times out ops, applies error
 //!   policies and dumps the flight recorder; the heartbeat monitor.
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
@@ -40,6 +43,8 @@ pub mod error;
 pub mod flight_recorder;
 #[cfg(not(loom))]
 pub mod launcher;
+#[cfg(not(loom))]
+pub mod propagation;
 #[cfg(not(loom))]
 pub mod reactor;
 #[cfg(not(loom))]

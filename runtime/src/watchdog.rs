@@ -7,6 +7,32 @@
 //! Both threads are chorus's own: a blocked user executor cannot stop error
 //! detection.
 //!
+//! # Heartbeat monitor
+//!
+//! The watchdog counts its rounds (the heartbeat, [`stats`]`().rounds`). The
+//! monitor wakes every quarter of [`WatchdogConfig::heartbeat_timeout`]; when
+//! the count has not moved for that long (the watchdog is stuck, typically
+//! inside a backend's [`AsyncErrorCheck`] such as `ncclCommGetAsyncError` in
+//! a hung driver), it acts once per stall: it dumps every group's flight
+//! recorder (reason `"heartbeat timeout"`), logs at error level with the
+//! dump's path, and fails every watched group's pending works with
+//! [`WorkError::HeartbeatTimeout`] (its own kind and message, distinct from
+//! an op timeout and from a store timeout). Under [`ErrorPolicy::AbortGroup`]
+//! and [`ErrorPolicy::FailWorks`] the groups are marked failed without
+//! calling the backends' abort (which may be what is stuck);
+//! [`ErrorPolicy::AbortProcess`] aborts the process. The monitor does not
+//! call into the backends at all. Once the watchdog moves again, the
+//! monitor re-arms. `runtime/tests/watchdog_heartbeat.rs` checks this with
+//! a check that blocks.
+//!
+//! # Error propagation
+//!
+//! A group's first error can also be published to its peers through the
+//! store, so that they fail fast with [`WorkError::Remote`] instead of each
+//! waiting out its own timeout: opt-in per group, see
+//! [`crate::propagation`]. The watchdog applies the group's policy to a
+//! peer's failure as to a local one.
+//!
 //! Settings come from [`configure`] (before the first group is watched) or
 //! from the environment: `CHORUS_WATCHDOG_INTERVAL_MS` (default 10),
 //! `CHORUS_HEARTBEAT_TIMEOUT_S` (default 60), `CHORUS_TRACE_DIR` (where
@@ -308,6 +334,18 @@ pub(crate) fn on_group_error(cause: &WorkError) {
 #[doc(hidden)]
 pub fn set_paused(paused: bool) {
     state().paused.store(paused, Ordering::Relaxed);
+}
+
+/// Applies `policy` to a group whose failure another rank reported through
+/// the store (error propagation): dumps the flight recorder (if the
+/// watchdog runs in this process) and fails the group as for a local error.
+pub(crate) fn apply_remote(policy: ErrorPolicy, reg: &Registry, err: &WorkError) {
+    // AbortGroup dumps through `on_group_error`; the others dump here.
+    if policy != ErrorPolicy::AbortGroup && STATE.get().is_some() {
+        let path = dump_logged("remote error");
+        tracing::error!(error = %err, dump = %path, ?policy, "a peer reported a failure; flight recorder dumped");
+    }
+    apply(policy, reg, err, &[]);
 }
 
 fn dump_logged(reason: &str) -> String {

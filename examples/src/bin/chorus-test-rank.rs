@@ -11,6 +11,11 @@
 //!   all_reduce.
 //! * `store-dies`: rank 0 (the store's host) SIGKILLs itself; the others use
 //!   the store and report the store error.
+//! * `propagate`: like `stop`, with error propagation on and the group's
+//!   timeout at `FAULT_LONG_TIMEOUT_MS` (default 30 s); only rank 0 runs the
+//!   last op under `FAULT_TIMEOUT_MS`, so it detects the stopped rank and
+//!   publishes the failure, and the others fail with `Remote` long before
+//!   their own timeout.
 //!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
@@ -45,10 +50,18 @@ fn signal_self(sig: i32) {
 async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 1000));
     let victim = env_num("FAULT_RANK", 1) as usize;
-    let pg = ProcessGroup::builder()
-        .timeout(timeout)
-        .init_from_env()
-        .await?;
+    let propagate = scenario == "propagate";
+    let group_timeout = if propagate {
+        Duration::from_millis(env_num("FAULT_LONG_TIMEOUT_MS", 30_000))
+    } else {
+        timeout
+    };
+    let mut builder = ProcessGroup::builder().timeout(group_timeout);
+    if propagate {
+        builder = builder.propagate_errors(true);
+    }
+    // Elsewhere CHORUS_PROPAGATE_ERRORS decides.
+    let pg = builder.init_from_env().await?;
     let rank = pg.rank();
     println!("PID rank={rank} pid={}", std::process::id());
     match scenario {
@@ -112,6 +125,35 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 }
             }
         }
+        "propagate" => {
+            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+            if rank == victim {
+                println!(
+                    "VICTIM rank={rank} pid={} stopping itself",
+                    std::process::id()
+                );
+                signal_self(libc::SIGSTOP);
+            }
+            // Rank 0 alone gives up soon; the others would wait the long
+            // group timeout but for rank 0's published failure.
+            let op_pg = if rank == 0 {
+                pg.with_timeout(timeout)
+            } else {
+                pg.clone()
+            };
+            let start = Instant::now();
+            match op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
+                Ok(_) => {
+                    report(rank, start, "none", "the op succeeded");
+                    Ok(3)
+                }
+                Err(e) => {
+                    report(rank, start, e.kind(), &e.to_string());
+                    Ok(0)
+                }
+            }
+        }
         "mismatch" => {
             let start = Instant::now();
             let r = if rank == victim {
@@ -162,7 +204,9 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             }
         }
         other => {
-            eprintln!("unknown scenario '{other}' (matrix, kill, stop, mismatch, store-dies)");
+            eprintln!(
+                "unknown scenario '{other}' (matrix, kill, stop, propagate, mismatch, store-dies)"
+            );
             Ok(2)
         }
     }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::FlightRecorder;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, Mutex, MutexGuard};
 
 /// Something the registry can fail: a type-erased handle on a work's slot.
 pub(crate) trait Fail: Send {
@@ -27,6 +27,7 @@ struct Entry {
 }
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+type ErrorHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 
 struct Inner {
     /// Keyed by a registry-local id, in submission order (sequence numbers
@@ -43,6 +44,9 @@ pub struct Registry {
     /// Called once when the group is aborted (closes sockets, aborts NCCL
     /// communicators); set by the backend.
     abort_hook: Mutex<Option<AbortHook>>,
+    /// Called once with the group's first error, whichever path failed it
+    /// (error propagation publishes it).
+    error_hook: Mutex<Option<ErrorHook>>,
     /// The group's flight recorder, if it keeps one.
     recorder: Option<Arc<FlightRecorder>>,
 }
@@ -73,6 +77,7 @@ impl Registry {
                 errored: None,
             }),
             abort_hook: Mutex::new(None),
+            error_hook: Mutex::new(None),
             recorder: None,
         }
     }
@@ -94,6 +99,44 @@ impl Registry {
     /// the pending works (close connections, abort communicators).
     pub fn set_abort_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
         *lock(&self.abort_hook) = Some(Box::new(hook));
+    }
+
+    /// Sets what runs once with the group's first error (the one that marks
+    /// it failed), whether it came through [`abort`](Self::abort) or
+    /// [`fail_all`](Self::fail_all). It finishes before any pending work of
+    /// the group is failed, even by a concurrent abort (so what it starts,
+    /// e.g. publishing the error to the peers, is under way before the
+    /// owner of a work can see the error and exit). It must not block and
+    /// must not call [`abort`](Self::abort) or [`fail_all`](Self::fail_all).
+    pub fn set_error_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
+        *lock(&self.error_hook) = Some(Box::new(hook));
+    }
+
+    /// Marks the group failed with `cause` unless it already is (first
+    /// cause wins). The first caller gets the error hook's lock, taken
+    /// before the claim is visible, to run the hook with; everyone else
+    /// waits for a hook still running (so no work fails before it is done).
+    fn claim(&self, cause: &WorkError) -> Option<MutexGuard<'_, Option<ErrorHook>>> {
+        let mut inner = lock(&self.inner);
+        if inner.errored.is_none() {
+            inner.errored = Some(cause.clone());
+            // Lock order: inner, then error_hook (nothing takes them the
+            // other way round).
+            let hook = lock(&self.error_hook);
+            drop(inner);
+            Some(hook)
+        } else {
+            drop(inner);
+            drop(lock(&self.error_hook));
+            None
+        }
+    }
+
+    /// Runs the error hook with the group's first error.
+    fn first_error(hook: MutexGuard<'_, Option<ErrorHook>>, cause: &WorkError) {
+        if let Some(hook) = hook.as_ref() {
+            hook(cause);
+        }
     }
 
     pub(crate) fn insert(
@@ -137,13 +180,12 @@ impl Registry {
     ///
     /// Does not touch the backend; see [`abort`](Self::abort) for that.
     pub fn fail_all(&self, cause: &WorkError) -> usize {
-        let drained: Vec<Entry> = {
-            let mut inner = lock(&self.inner);
-            if inner.errored.is_none() {
-                inner.errored = Some(cause.clone());
-            }
-            std::mem::take(&mut inner.entries).into_values().collect()
-        };
+        if let Some(hook) = self.claim(cause) {
+            Self::first_error(hook, cause);
+        }
+        let drained: Vec<Entry> = std::mem::take(&mut lock(&self.inner).entries)
+            .into_values()
+            .collect();
         let n = drained.len();
         for e in drained {
             let err = cause.for_op(e.ctx.clone());
@@ -161,16 +203,9 @@ impl Registry {
     /// held, and a second abort does not run it again).
     pub fn abort(&self, cause: &WorkError) -> usize {
         // Claim the first abort under the same lock as the check, so two
-        // concurrent aborts cannot both run the hook.
-        let first = {
-            let mut inner = lock(&self.inner);
-            let first = inner.errored.is_none();
-            if first {
-                inner.errored = Some(cause.clone());
-            }
-            first
-        };
-        if first {
+        // concurrent aborts cannot both run the hooks.
+        if let Some(hook) = self.claim(cause) {
+            Self::first_error(hook, cause);
             tracing::warn!(error = %cause, "aborting group");
             #[cfg(not(loom))]
             crate::watchdog::on_group_error(cause);
