@@ -5,6 +5,7 @@
 #
 #   bash benches/gpu/pack.sh groups    # -> .gpu-g7/  (run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench)
 #   bash benches/gpu/pack.sh session   # -> .gpu-s/   (run-session.sh: GPU trainer, watchdog test and overhead, groups test)
+#   bash benches/gpu/pack.sh nccl      # -> .gpu-n/   (run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios)
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 json=$(mktemp)
@@ -23,8 +24,16 @@ session)
   cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
   cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
   ;;
+nccl)
+  D=.gpu-n; RUN=benches/gpu/run-nccl.sh
+  WANT="groups_gpu nccl_gpu watchdog_gpu nccl_bench chorus-gpu-rank chorus-run"
+  cargo test --release -p chorus --test groups_gpu --test nccl_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
+  cargo build --release -p chorus-benches --bin nccl_bench --message-format=json >> "$json"
+  cargo build --release -p chorus-examples --bin chorus-gpu-rank --message-format=json >> "$json"
+  cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
+  ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'
