@@ -457,9 +457,8 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
                 let ws: Vec<_> = bufs
                     .iter_mut()
                     .filter_map(Option::take)
-                    .map(|b| g.all_reduce(b, ReduceOp::Avg))
-                    .collect::<Result<_, _>>()
-                    .map_err(e("all_reduce"))?;
+                    .map(|b| g.all_reduce(b, ReduceOp::Avg).map_err(e("all_reduce")))
+                    .collect::<Result<_, _>>()?;
                 g.launch().map_err(|e| format!("launch: {e}"))?;
                 let mut out = Vec::new();
                 for w in ws {
@@ -469,9 +468,8 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
             } else {
                 bufs.iter_mut()
                     .filter_map(Option::take)
-                    .map(|b| pg.all_reduce(b, ReduceOp::Avg))
-                    .collect::<Result<_, _>>()
-                    .map_err(e("all_reduce"))?
+                    .map(|b| pg.all_reduce(b, ReduceOp::Avg).map_err(e("all_reduce")))
+                    .collect::<Result<_, _>>()?
             };
             let t1 = Instant::now();
             for (slot, w) in bufs.iter_mut().zip(works) {

@@ -894,11 +894,10 @@ impl Communicator {
                 "ncclCommSplit returned no communicator".into(),
             ));
         }
-        Communicator::wrap(self.nccl, out, &self.device, self.rank, self.nranks, opts).map_err(
-            |e| {
+        Communicator::wrap(self.nccl, out, &self.device, self.rank, self.nranks, opts).inspect_err(
+            |_| {
                 // SAFETY: `out` is the new handle nobody else holds.
                 unsafe { (self.nccl.ncclCommAbort)(out) };
-                e
             },
         )
     }
