@@ -162,7 +162,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let maxw = args.widths.iter().copied().max().unwrap_or(1);
     let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..maxw)
         .map(|_| -> Result<_, Box<dyn std::error::Error>> {
-            Ok(Some(DeviceBuffer::new(producer.alloc_zeros::<f32>(args.count)?)?))
+            Ok(Some(DeviceBuffer::new(
+                producer.alloc_zeros::<f32>(args.count)?,
+            )?))
         })
         .collect::<Result<_, _>>()?;
     producer.synchronize()?;
