@@ -35,11 +35,11 @@ pub mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions};
 pub use backend::tcp::TcpOptions;
+pub use chorus_runtime::cuda::nccl::batch::Ticket;
 pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
 pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
-pub use chorus_runtime::cuda::nccl::batch::Ticket;
 pub use process_group::capture::{Capture, CaptureGroup, Graph};
 pub use process_group::group::{Group, Grouped};
 pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
