@@ -5,6 +5,7 @@
 #
 #   bash benches/gpu/pack.sh groups    # -> .gpu-g7/  (run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench)
 #   bash benches/gpu/pack.sh session   # -> .gpu-s/   (run-session.sh: GPU trainer, watchdog test and overhead, groups test)
+#   bash benches/gpu/pack.sh bench     # -> .gpu-b/   (run-bench.sh: the full chorus-bench run, every comparison)
 #   bash benches/gpu/pack.sh nccl      # -> .gpu-n/   (run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios)
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
@@ -32,8 +33,13 @@ nccl)
   cargo build --release -p chorus-examples --bin chorus-gpu-rank --message-format=json >> "$json"
   cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
   ;;
+bench)
+  D=.gpu-b; RUN=benches/gpu/run-bench.sh
+  WANT="chorus-bench chorus-run tcp_allreduce store_compare nccl_bench group_bench"
+  cargo build --release -p chorus-benches -p chorus-runtime --message-format=json > "$json"
+  ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'
@@ -51,6 +57,7 @@ for line in open(path):
     print("packed", t)
 PY
 cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
+mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh "$D/compare/"
 cp "$RUN" "$D/run.sh"
 grep -qx "/$D/" .git/info/exclude || echo "/$D/" >> .git/info/exclude
 du -sh "$D"

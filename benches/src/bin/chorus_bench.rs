@@ -1425,9 +1425,11 @@ fn main() -> Result<(), Error> {
     } else if let Some(e) = &nccl.anchor_skipped {
         skipped.push(format!("NCCL, ProcessGroupNCCL anchor: {e}"));
     }
-    skipped.push(
-        "raw NCCL beside chorus, grouped vs sequential: not in `nccl_bench` yet (issue 7)".into(),
-    );
+    if nccl.skipped.is_none() {
+        if let Some(e) = &nccl.groups_skipped {
+            skipped.push(format!("grouped vs sequential beside raw NCCL: {e}"));
+        }
+    }
     for e in &plot_errors {
         skipped.push(format!("plot, {e}"));
     }
