@@ -12,6 +12,10 @@
 //!   CUDA error (`Err`), unlike a plain `is_complete() -> bool`.
 //! * [`StreamHold`]: holds a stream at a point until released, so tests can
 //!   observe "not finished yet" without timing assumptions.
+//! * [`nccl`]: NCCL communicators (non-blocking init, blocking twins for
+//!   ops), device buffers, in-flight ops; [`nccl::batch`]: several ops in
+//!   one NCCL group, and CUDA graph capture ([`nccl::batch::Capture`],
+//!   [`nccl::batch::Graph`]).
 //!
 //! Nothing else in chorus-runtime depends on CUDA: this module only does
 //! work when called, so the TCP backend runs on machines without a GPU.

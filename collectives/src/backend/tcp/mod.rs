@@ -20,7 +20,14 @@
 //!   queues (one for collectives, one for send/recv), so a send never waits
 //!   for the receiver to reach the op: two ranks that both send first do not
 //!   deadlock. Receive buffers come from a pool, so steady-state ops do not
-//!   allocate per chunk.
+//!   allocate per chunk. A large collective frame (≥ 32 KiB) that the
+//!   worker is already waiting for is not copied through the pool: the
+//!   reader hands the worker the connection's read side after the header,
+//!   and the worker checks the header and reads the payload straight into
+//!   the op's buffer (see `conn`).
+//! * A **group** ([`Backend::submit_group`], see `group`) reaches the worker
+//!   as one batch: its sends first, and runs of all_reduces with one dtype
+//!   and reduction fused into one all_reduce.
 //! * Everything runs on chorus's own runtime ([`chorus_runtime::rt`]), never
 //!   on the caller's executor.
 //!
