@@ -986,6 +986,57 @@ fn group_med(runs: &[Value], w: u64, who: &str, key: &str) -> Option<f64> {
     })
 }
 
+/// chorus beside the raw NCCL/CUDA calls it is built from: what the
+/// layers above NCCL cost per op.
+fn raw_section(r: &NcclResult, reps: usize, md: &mut String) {
+    let _ = writeln!(
+        md,
+        "### NCCL backend beside raw NCCL calls (one GPU, 1-rank group)\n"
+    );
+    if let Some(s) = r.skipped.as_ref().or(r.groups_skipped.as_ref()) {
+        let _ = writeln!(md, "Skipped: {s}.\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "Median of {reps} runs. Enqueue and round trip: one 1 MiB f32 all_reduce (`group_bench`, width 1: \
+         chorus `all_reduce` + `.await` vs a bare `ncclAllReduce` + `cuStreamSynchronize`); stream-ordered \
+         wait: `DeviceWork::stream_ordered()` vs a bare `cuEventRecord` + `cuStreamWaitEvent` \
+         (`nccl_bench`). Ratio = chorus ÷ raw (the price of the layers above NCCL).\n"
+    );
+    let _ = writeln!(md, "| figure | chorus | raw NCCL / CUDA | ratio |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    let num = |k: &'static str| move |v: &Value| v.get(k).and_then(Value::as_f64);
+    let rows = [
+        (
+            "enqueue of one all_reduce (µs)",
+            group_med(&r.groups, 1, "chorus_seq", "submit_us"),
+            group_med(&r.groups, 1, "raw_seq", "submit_us"),
+        ),
+        (
+            "round trip: issue until the GPU finished and the host knows (µs)",
+            group_med(&r.groups, 1, "chorus_seq", "total_us"),
+            group_med(&r.groups, 1, "raw_seq", "total_us"),
+        ),
+        (
+            "stream-ordered wait (µs)",
+            med_at(&r.ours, num("stream_ordered_median_us")),
+            med_at(&r.ours, num("record_wait_us")),
+        ),
+    ];
+    for (label, c, w) in rows {
+        let f = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.2}"));
+        let ratio = c
+            .zip(w)
+            .map_or("—".to_string(), |(c, w)| format!("{:.1}×", c / w));
+        let _ = writeln!(md, "| {label} | {} | {} | {ratio} |", f(c), f(w));
+    }
+    let _ = writeln!(
+        md,
+        "| wake latency (end event complete → future woken) | see the table above | no waker (poll or block) | — |\n"
+    );
+}
+
 fn groups_section(r: &NcclResult, reps: usize, md: &mut String) {
     let _ = writeln!(
         md,
@@ -1444,6 +1495,7 @@ fn main() -> Result<(), Error> {
         tcp_section(t, &plan, ok.then_some(plots_rel.as_str()), &mut md);
     }
     nccl_section(&nccl, plan.reps, &mut md);
+    raw_section(&nccl, plan.reps, &mut md);
     groups_section(&nccl, plan.reps, &mut md);
 
     let old = std::fs::read_to_string(&args.out).unwrap_or_default();
