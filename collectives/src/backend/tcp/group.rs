@@ -167,3 +167,98 @@ fn scatter(res: Result<OpOutput, WorkError>, members: Vec<Member>) {
         m.completer.complete(Ok(vec![m.buf]));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chorus_runtime::{OpContext, Registry, Work};
+
+    use super::fuse;
+    use crate::backend::{OpKind, OpOutput, OpRequest};
+    use crate::dtype::{HostBuffer, ReduceOp};
+
+    fn req(reg: &Arc<Registry>, seq: u64, kind: OpKind) -> (Work<OpOutput>, OpRequest) {
+        let ctx = OpContext {
+            rank: 0,
+            group: "g".into(),
+            seq,
+            op: kind.name(),
+        };
+        let (work, completer) = Work::new(ctx.clone(), reg, None).expect("registry");
+        let r = OpRequest {
+            ctx,
+            kind,
+            timeout: Duration::from_secs(5),
+            completer,
+        };
+        (work, r)
+    }
+
+    fn f32s(v: &[f32]) -> HostBuffer {
+        HostBuffer::F32(v.to_vec())
+    }
+
+    #[test]
+    fn sends_go_first_and_runs_of_matching_all_reduces_fuse() {
+        let reg = Arc::new(Registry::new());
+        let ar = |v: &[f32], op| OpKind::AllReduce { buf: f32s(v), op };
+        let plan = vec![
+            ar(&[1.0, 2.0], ReduceOp::Sum),
+            ar(&[3.0], ReduceOp::Sum),
+            ar(&[4.0], ReduceOp::Max), // another reduction: a new run
+            OpKind::Recv {
+                buf: f32s(&[0.0]),
+                peer: 1,
+            },
+            OpKind::Send {
+                buf: f32s(&[9.0]),
+                peer: 1,
+            },
+            ar(&[5.0], ReduceOp::Sum),
+            OpKind::AllReduce {
+                buf: HostBuffer::I32(vec![7]),
+                op: ReduceOp::Sum,
+            }, // another dtype: not fused with the f32 one before it
+        ];
+        let mut works = Vec::new();
+        let mut reqs = Vec::new();
+        for (i, k) in plan.into_iter().enumerate() {
+            let (w, r) = req(&reg, i as u64 + 1, k);
+            works.push(w);
+            reqs.push(r);
+        }
+        let out = fuse(reqs);
+        let shape: Vec<(&str, usize)> = out
+            .iter()
+            .map(|r| (r.kind.name(), r.kind.meta().count as usize))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("send", 1),
+                ("all_reduce", 3), // the two f32 sums, fused
+                ("all_reduce", 1), // max
+                ("recv", 1),
+                ("all_reduce", 1), // f32 sum after the recv
+                ("all_reduce", 1), // i32 sum
+            ]
+        );
+        // The fused request completes its members with their own parts.
+        let mut out = out.into_iter();
+        let _send = out.next();
+        let fused = out.next().expect("fused request");
+        assert_eq!(
+            fused.ctx.seq, 1,
+            "a fused op carries its first member's seq"
+        );
+        fused
+            .completer
+            .complete(Ok(vec![HostBuffer::F32(vec![10.0, 20.0, 30.0])]));
+        let a = futures::executor::block_on(works.remove(0)).expect("member 1");
+        let b = futures::executor::block_on(works.remove(0)).expect("member 2");
+        assert_eq!(a, vec![HostBuffer::F32(vec![10.0, 20.0])]);
+        assert_eq!(b, vec![HostBuffer::F32(vec![30.0])]);
+    }
+}
