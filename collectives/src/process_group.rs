@@ -406,7 +406,15 @@ impl ProcessGroup {
             })),
         });
         let propagation = propagate.then(|| {
-            ErrorPropagation::start(prop_store, epoch, &registry, name.clone(), rank, policy)
+            ErrorPropagation::start(
+                prop_store,
+                epoch,
+                &registry,
+                name.clone(),
+                rank,
+                size,
+                policy,
+            )
         });
         tracing::debug!(group = %name, rank, size, "group ready");
         Ok(ProcessGroup {

@@ -17,7 +17,10 @@
 //!   store that is gone costs a warning, never a hang. It starts before any
 //!   work of the group is failed ([`Registry::set_error_hook`]), and
 //!   dropping the group waits up to [`FLUSH_WAIT`] for it, so a rank that
-//!   exits as soon as it sees its error still tells its peers.
+//!   exits as soon as it sees its error still tells its peers. The
+//!   publisher then waits up to [`ACK_WAIT`] for every peer to acknowledge
+//!   (a counter under the key), so the store — often hosted by the failing
+//!   rank — stays up until the failure was delivered.
 //! * **watches** that key with one background `get` on chorus's runtime
 //!   (woken by the `set`, never polling; re-armed every [`WATCH_WAIT`]). When
 //!   a peer's failure appears, the group's pending works fail at once with
@@ -69,6 +72,13 @@ pub const WATCH_WAIT: Duration = Duration::from_secs(60);
 /// peers).
 pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a rank that published its failure waits for its peers to
+/// acknowledge it (each watcher adds 1 to `error/{epoch}/acks` before it
+/// acts), so that the store — often hosted by the failing rank itself —
+/// outlives the delivery; bounded, since a dead or stopped peer never
+/// acknowledges.
+pub const ACK_WAIT: Duration = Duration::from_millis(500);
+
 /// Whether [`ENV`] switches propagation on (`1` or `true`).
 pub fn enabled_from_env() -> bool {
     std::env::var(ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true"))
@@ -114,6 +124,8 @@ struct Shared {
     key: String,
     group: Arc<str>,
     rank: usize,
+    /// Ranks of the group besides this one (acknowledgements to wait for).
+    peers: usize,
     stopped: AtomicBool,
     /// Signalled when the publish in flight is done.
     publishing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
@@ -147,7 +159,8 @@ impl ErrorPropagation {
     /// `registry`: sets the registry's error hook (publish) and starts the
     /// watcher on chorus's runtime. `store` is the group's own (prefixed)
     /// store; `epoch` is the same on every rank of the group; `rank` is this
-    /// rank in the group; `policy` is applied when a peer's failure arrives.
+    /// rank in the group, `size` the group's size; `policy` is applied when
+    /// a peer's failure arrives.
     ///
     /// If chorus's runtime cannot start, logs a warning and propagates
     /// nothing.
@@ -157,6 +170,7 @@ impl ErrorPropagation {
         registry: &Arc<Registry>,
         group: Arc<str>,
         rank: usize,
+        size: usize,
         policy: ErrorPolicy,
     ) -> ErrorPropagation {
         let shared = Arc::new(Shared {
@@ -164,6 +178,7 @@ impl ErrorPropagation {
             key: key(epoch),
             group,
             rank,
+            peers: size.saturating_sub(1),
             stopped: AtomicBool::new(false),
             publishing: Mutex::new(None),
             watcher: Mutex::new(None),
@@ -269,6 +284,7 @@ fn publish(shared: &Arc<Shared>, err: &WorkError) {
         match tokio::time::timeout(PUBLISH_TIMEOUT, set).await {
             Ok(Ok(stored)) if stored == value => {
                 tracing::warn!(group = %s.group, rank = s.rank, key = %s.key, "published this rank's failure for its peers");
+                await_acks(&s).await;
             }
             Ok(Ok(_)) => {
                 tracing::debug!(group = %s.group, rank = s.rank, "a peer published its failure first");
@@ -282,6 +298,30 @@ fn publish(shared: &Arc<Shared>, err: &WorkError) {
         }
         let _ = tx.send(());
     });
+}
+
+/// The acknowledgement counter of the published failure.
+fn ack_key(key: &str) -> String {
+    format!("{key}/acks")
+}
+
+/// Waits (at most [`ACK_WAIT`]) until every peer acknowledged the
+/// published failure.
+async fn await_acks(s: &Shared) {
+    let key = ack_key(&s.key);
+    let t0 = tokio::time::Instant::now();
+    loop {
+        match s.store.add(&key, 0).await {
+            Ok(n) if n >= s.peers as i64 => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        if t0.elapsed() >= ACK_WAIT {
+            tracing::debug!(group = %s.group, "not every peer acknowledged the published failure");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// The watcher: waits for a peer's failure and applies the policy.
@@ -312,8 +352,14 @@ async fn watch(shared: Arc<Shared>, registry: Weak<Registry>, policy: ErrorPolic
             return;
         }
     };
-    if origin == shared.rank || reg.errored().is_some() {
-        // Our own failure, or the group failed here already.
+    if origin == shared.rank {
+        return;
+    }
+    // Acknowledge first: the publisher keeps the store up until its peers
+    // did (bounded), and this rank may exit as soon as its works fail.
+    let _ = tokio::time::timeout(PUBLISH_TIMEOUT, shared.store.add(&ack_key(&shared.key), 1)).await;
+    if reg.errored().is_some() {
+        // The group failed here already.
         return;
     }
     let err = WorkError::Remote {

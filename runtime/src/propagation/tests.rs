@@ -32,7 +32,7 @@ fn rank(
     policy: ErrorPolicy,
 ) -> (Arc<Registry>, ErrorPropagation) {
     let reg = Arc::new(Registry::new());
-    let p = ErrorPropagation::start(store.clone(), epoch, &reg, "g".into(), r, policy);
+    let p = ErrorPropagation::start(store.clone(), epoch, &reg, "g".into(), r, 2, policy);
     (reg, p)
 }
 
