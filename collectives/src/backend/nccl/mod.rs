@@ -191,25 +191,34 @@ impl CommFactory for NcclFactory {
 }
 
 /// Splits a blocking twin of the fresh non-blocking `comm` (see
-/// [`NcclOptions::blocking_ops`]) on a thread of its own, which the split
-/// blocks until every rank calls it; after `timeout` the parent is aborted,
-/// which ends that wait.
+/// [`NcclOptions::blocking_ops`]).
 async fn blocking_twin(
     comm: Communicator,
     opts: CommOptions,
     timeout: Duration,
 ) -> Result<Communicator, NcclInitError> {
     let parent = Arc::new(comm);
-    let (tx, rx) = std::sync::mpsc::channel();
     let p = parent.clone();
+    off_thread(&parent, timeout, move || p.split_blocking(opts)).await
+}
+
+/// Runs `f`, a call that may block until every rank made it (a split of a
+/// blocking communicator), on a thread of its own; after `timeout` aborts
+/// `parent`, which ends that wait, and fails.
+async fn off_thread<T: Send + 'static>(
+    parent: &Arc<Communicator>,
+    timeout: Duration,
+    f: impl FnOnce() -> Result<T, NcclCommError> + Send + 'static,
+) -> Result<T, NcclInitError> {
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("chorus-nccl-split".into())
         .spawn(move || {
-            let _ = tx.send(p.split_blocking(opts));
+            let _ = tx.send(f());
         })
         .map_err(|e| {
             NcclInitError::Nccl(NcclCommError::InvalidArgument(format!(
-                "cannot start the thread that makes a blocking communicator: {e}"
+                "cannot start the thread of a communicator split: {e}"
             )))
         })?;
     let t0 = Instant::now();
@@ -219,13 +228,13 @@ async fn blocking_twin(
             Ok(r) => return r.map_err(NcclInitError::from),
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
                 return Err(NcclInitError::Nccl(NcclCommError::InvalidArgument(
-                    "the blocking-communicator thread ended without a result".into(),
+                    "the communicator split's thread ended without a result".into(),
                 )))
             }
             Err(std::sync::mpsc::TryRecvError::Empty) => {}
         }
         if t0.elapsed() > timeout {
-            parent.abort("making its blocking twin timed out");
+            parent.abort("a communicator split did not finish in time");
             return Err(NcclInitError::Timeout(timeout));
         }
         pause(d).await;
@@ -471,15 +480,21 @@ pub(crate) async fn split(
     let rank = parent.rank();
     let t0 = Instant::now();
     let work = async move {
-        let mut p = PendingComm::split(
-            &parent,
-            member.map(|_| 0),
-            member.unwrap_or(rank),
-            sub_size,
-            member.unwrap_or(0),
-            opts,
-        )?;
-        await_pending_split(&mut p, timeout).await
+        // A blocking parent (a blocking twin) blocks the split call until
+        // every rank made it: on a thread of its own, under the timeout.
+        let p2 = parent.clone();
+        let mut p = off_thread(&parent, timeout, move || {
+            PendingComm::split(
+                &p2,
+                member.map(|_| 0),
+                member.unwrap_or(rank),
+                sub_size,
+                member.unwrap_or(0),
+                opts,
+            )
+        })
+        .await?;
+        await_pending_split(&mut p, timeout.saturating_sub(t0.elapsed())).await
     };
     let r = chorus_runtime::rt::run(work)
         .await
