@@ -47,6 +47,36 @@ fn signal_self(sig: i32) {
     }
 }
 
+/// Two all_reduces, then the victim stops itself (SIGSTOP); the others run
+/// a third on `op_pg` and report how it ended.
+async fn stop_scenario(
+    pg: &ProcessGroup,
+    op_pg: ProcessGroup,
+    rank: usize,
+    victim: usize,
+) -> Result<i32, chorus::Error> {
+    pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+    pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
+    if rank == victim {
+        println!(
+            "VICTIM rank={rank} pid={} stopping itself",
+            std::process::id()
+        );
+        signal_self(libc::SIGSTOP);
+    }
+    let start = Instant::now();
+    match op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
+        Ok(_) => {
+            report(rank, start, "none", "the op succeeded");
+            Ok(3)
+        }
+        Err(e) => {
+            report(rank, start, e.kind(), &e.to_string());
+            Ok(0)
+        }
+    }
+}
+
 async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 1000));
     let victim = env_num("FAULT_RANK", 1) as usize;
@@ -103,38 +133,8 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 }
             }
         }
-        "stop" => {
-            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
-            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
-            if rank == victim {
-                println!(
-                    "VICTIM rank={rank} pid={} stopping itself",
-                    std::process::id()
-                );
-                signal_self(libc::SIGSTOP);
-            }
-            let start = Instant::now();
-            match pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
-                Ok(_) => {
-                    report(rank, start, "none", "the op succeeded");
-                    Ok(3)
-                }
-                Err(e) => {
-                    report(rank, start, e.kind(), &e.to_string());
-                    Ok(0)
-                }
-            }
-        }
+        "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "propagate" => {
-            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
-            pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await?;
-            if rank == victim {
-                println!(
-                    "VICTIM rank={rank} pid={} stopping itself",
-                    std::process::id()
-                );
-                signal_self(libc::SIGSTOP);
-            }
             // Rank 0 alone gives up soon; the others would wait the long
             // group timeout but for rank 0's published failure.
             let op_pg = if rank == 0 {
@@ -142,17 +142,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             } else {
                 pg.clone()
             };
-            let start = Instant::now();
-            match op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
-                Ok(_) => {
-                    report(rank, start, "none", "the op succeeded");
-                    Ok(3)
-                }
-                Err(e) => {
-                    report(rank, start, e.kind(), &e.to_string());
-                    Ok(0)
-                }
-            }
+            stop_scenario(&pg, op_pg, rank, victim).await
         }
         "mismatch" => {
             let start = Instant::now();

@@ -316,20 +316,11 @@ impl Worker {
                 self.check(op, peer, &f.hdr, idx, dst.len())?;
                 dst.copy_from_slice(f.payload.bytes());
             }
-            Got::Lent(Lent { hdr, mut rd, back }) => {
+            Got::Lent(Lent { hdr, rd, back }) => {
                 // On a bad header the read side is dropped with the error:
                 // the op fails, and with it the group.
                 self.check(op, peer, &hdr, idx, dst.len())?;
-                if let Err(e) = rd.read_exact(dst).await {
-                    let cause = format!("read failed mid-frame: {e}");
-                    let _ = back.send(Err(cause.clone()));
-                    return Err(WorkError::PeerLost {
-                        ctx: op.ctx.clone(),
-                        peer,
-                        cause,
-                    });
-                }
-                let _ = back.send(Ok(rd));
+                read_lent(op, peer, rd, back, dst).await?;
             }
         }
         Ok(())
@@ -338,18 +329,9 @@ impl Worker {
     /// Reads a lent frame's payload into a pool buffer and gives the read
     /// side back.
     async fn absorb(&mut self, op: &Op<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
-        let Lent { hdr, mut rd, back } = l;
+        let Lent { hdr, rd, back } = l;
         let mut payload = self.inner.pool.get(hdr.len as usize);
-        if let Err(e) = rd.read_exact(payload.bytes_mut()).await {
-            let cause = format!("read failed mid-frame: {e}");
-            let _ = back.send(Err(cause.clone()));
-            return Err(WorkError::PeerLost {
-                ctx: op.ctx.clone(),
-                peer,
-                cause,
-            });
-        }
-        let _ = back.send(Ok(rd));
+        read_lent(op, peer, rd, back, payload.bytes_mut()).await?;
         Ok(Frame { hdr, payload })
     }
 
@@ -492,4 +474,27 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// Reads a lent frame's payload into `dst` and gives the read side back to
+/// its reader (or, if the read failed, the reason, and fails the op with
+/// the peer lost).
+async fn read_lent(
+    op: &Op<'_>,
+    peer: usize,
+    mut rd: super::conn::Rd,
+    back: tokio::sync::oneshot::Sender<Result<super::conn::Rd, String>>,
+    dst: &mut [u8],
+) -> Result<(), WorkError> {
+    if let Err(e) = rd.read_exact(dst).await {
+        let cause = format!("read failed mid-frame: {e}");
+        let _ = back.send(Err(cause.clone()));
+        return Err(WorkError::PeerLost {
+            ctx: op.ctx.clone(),
+            peer,
+            cause,
+        });
+    }
+    let _ = back.send(Ok(rd));
+    Ok(())
 }
