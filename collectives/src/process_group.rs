@@ -908,17 +908,7 @@ impl ProcessGroup {
         DeviceWork<(DeviceBuffer<T>, DeviceBuffer<T>)>,
         Rejected<(DeviceBuffer<T>, DeviceBuffer<T>)>,
     > {
-        self.device_submit(CommOp::SendRecv { peer }, vec![send, recv])
-            .map_err(|(error, bufs)| {
-                let mut it = bufs.into_iter();
-                match (it.next(), it.next()) {
-                    (Some(a), Some(b)) => Rejected {
-                        error,
-                        buffers: (a, b),
-                    },
-                    _ => unreachable!("a refused send_recv gives both buffers back"),
-                }
-            })
+        crate::device::two(self.device_submit(CommOp::SendRecv { peer }, vec![send, recv]))
     }
 
     /// Creates the group's NCCL communicator on `device` now (eager init)

@@ -221,20 +221,35 @@ async fn off_thread<T: Send + 'static>(
                 "cannot start the thread of a communicator split: {e}"
             )))
         })?;
+    let res = poll_backoff(timeout, move || match rx.try_recv() {
+        Ok(r) => Ok(Some(r.map_err(NcclInitError::from))),
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+            Err(NcclInitError::Nccl(NcclCommError::InvalidArgument(
+                "the communicator split's thread ended without a result".into(),
+            )))
+        }
+        Err(std::sync::mpsc::TryRecvError::Empty) => Ok(None),
+    })
+    .await;
+    if matches!(res, Err(NcclInitError::Timeout(_))) {
+        parent.abort("a communicator split did not finish in time");
+    }
+    res?
+}
+
+/// Calls `poll` until it yields a value, pausing on a timer between calls
+/// (50 µs doubling to 5 ms); [`NcclInitError::Timeout`] after `timeout`.
+async fn poll_backoff<T>(
+    timeout: Duration,
+    mut poll: impl FnMut() -> Result<Option<T>, NcclInitError>,
+) -> Result<T, NcclInitError> {
     let t0 = Instant::now();
     let mut d = Duration::from_micros(50);
     loop {
-        match rx.try_recv() {
-            Ok(r) => return r.map_err(NcclInitError::from),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                return Err(NcclInitError::Nccl(NcclCommError::InvalidArgument(
-                    "the communicator split's thread ended without a result".into(),
-                )))
-            }
-            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+        if let Some(v) = poll()? {
+            return Ok(v);
         }
         if t0.elapsed() > timeout {
-            parent.abort("a communicator split did not finish in time");
             return Err(NcclInitError::Timeout(timeout));
         }
         pause(d).await;
@@ -260,17 +275,9 @@ async fn await_pending_split(
     pending: &mut PendingComm,
     timeout: Duration,
 ) -> Result<Option<Communicator>, NcclInitError> {
-    let mut d = Duration::from_micros(50);
-    loop {
-        if let Some(c) = pending.poll()? {
-            return Ok(c);
-        }
-        if pending.elapsed() > timeout {
-            return Err(NcclInitError::Timeout(timeout));
-        }
-        pause(d).await;
-        d = (d * 2).min(Duration::from_millis(5));
-    }
+    // The limit counts from the start of the init or split.
+    let left = timeout.saturating_sub(pending.elapsed());
+    poll_backoff(left, || pending.poll().map_err(NcclInitError::from)).await
 }
 
 /// The NCCL side of one group.
@@ -494,7 +501,7 @@ pub(crate) async fn split(
             )
         })
         .await?;
-        await_pending_split(&mut p, timeout.saturating_sub(t0.elapsed())).await
+        await_pending_split(&mut p, timeout).await
     };
     let r = chorus_runtime::rt::run(work)
         .await
