@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +72,30 @@ fn now_us() -> u64 {
         .unwrap_or(0)
 }
 
+/// `at` as microseconds since the Unix epoch, without reading the clock:
+/// each thread keeps an (`Instant`, wall-clock) anchor, read anew once a
+/// second (so the monotonic clock's drift from wall time stays small).
+fn wall_us(at: Instant) -> u64 {
+    thread_local! {
+        static ANCHOR: std::cell::Cell<Option<(Instant, u64)>> = const { std::cell::Cell::new(None) };
+    }
+    ANCHOR.with(|a| {
+        let (i0, w0) = match a.get() {
+            Some((i0, w0)) if at >= i0 && at - i0 < Duration::from_secs(1) => (i0, w0),
+            _ => {
+                let anchor = (Instant::now(), now_us());
+                a.set(Some(anchor));
+                anchor
+            }
+        };
+        if at >= i0 {
+            w0.saturating_add((at - i0).as_micros() as u64)
+        } else {
+            w0.saturating_sub((i0 - at).as_micros() as u64)
+        }
+    })
+}
+
 struct Ring {
     /// Id of `entries[0]`.
     first_id: u64,
@@ -107,6 +131,32 @@ impl FlightRecorder {
 
     /// Records a submitted op; returns its id for the later state changes.
     pub fn scheduled(&self, seq: u64, op: &'static str, collective: bool, meta: OpMeta) -> u64 {
+        self.push(seq, op, collective, meta, now_us(), false)
+    }
+
+    /// Records an op that was submitted and started at `at` (a backend that
+    /// starts ops as it submits them); returns its id. Reads no clock:
+    /// `at` becomes wall-clock time through a per-thread anchor.
+    pub fn started_at(
+        &self,
+        seq: u64,
+        op: &'static str,
+        collective: bool,
+        meta: OpMeta,
+        at: Instant,
+    ) -> u64 {
+        self.push(seq, op, collective, meta, wall_us(at), true)
+    }
+
+    fn push(
+        &self,
+        seq: u64,
+        op: &'static str,
+        collective: bool,
+        meta: OpMeta,
+        at_us: u64,
+        started: bool,
+    ) -> u64 {
         let mut ring = lock(&self.ring);
         if ring.entries.len() == self.capacity {
             ring.entries.pop_front();
@@ -117,9 +167,13 @@ impl FlightRecorder {
             op: Cow::Borrowed(op),
             collective,
             meta,
-            state: OpState::Scheduled,
-            scheduled_us: now_us(),
-            started_us: None,
+            state: if started {
+                OpState::Started
+            } else {
+                OpState::Scheduled
+            },
+            scheduled_us: at_us,
+            started_us: started.then_some(at_us),
             completed_us: None,
             error: None,
         });
@@ -370,6 +424,27 @@ mod tests {
             count,
             peer: None,
         }
+    }
+
+    #[test]
+    fn started_at_records_both_times_from_the_instant_given() {
+        let fr = FlightRecorder::new(4);
+        let before = now_us();
+        let t = Instant::now();
+        let id = fr.started_at(7, "all_reduce", true, meta(3), t);
+        // An instant 2 s in the past re-anchors and still maps back.
+        let earlier = t.checked_sub(Duration::from_secs(2)).unwrap_or(t);
+        fr.started_at(8, "broadcast", true, meta(1), earlier);
+        let after = now_us();
+        let snap = fr.snapshot();
+        let r = &snap[id as usize];
+        assert_eq!(r.state, OpState::Started);
+        assert_eq!(r.started_us, Some(r.scheduled_us));
+        // Within a millisecond of the wall clock around the call.
+        assert!(r.scheduled_us + 1_000 >= before && r.scheduled_us <= after + 1_000);
+        let gap = r.scheduled_us.saturating_sub(snap[1].scheduled_us);
+        let want = t.saturating_duration_since(earlier).as_micros() as u64;
+        assert!(gap.abs_diff(want) < 1_000, "gap {gap} µs, want {want} µs");
     }
 
     #[test]

@@ -498,6 +498,29 @@ impl Stream {
             .map_err(|e| driver_error("cuStreamWaitEvent", e))
     }
 
+    /// [`wait_event`](Self::wait_event) for a caller that has already made
+    /// the stream's context current on this thread
+    /// ([`Device::bind_to_thread`]): one driver call, no context check
+    /// (the op path binds once per op, not once per call).
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Driver`] when the driver refuses (for example when
+    /// another context is current).
+    pub(crate) fn wait_event_bound(&self, event: &Event) -> Result<(), CudaError> {
+        // SAFETY: both handles are alive (owned by `self` and `event`); a
+        // wrong current context is reported by the driver as an error.
+        let rc = unsafe {
+            sys::cuStreamWaitEvent(
+                self.as_raw(),
+                event.as_raw(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT as u32,
+            )
+        };
+        rc.result()
+            .map_err(|e| driver_error("cuStreamWaitEvent", e))
+    }
+
     /// Blocks the calling thread until all work on the stream is done.
     /// For tests and shutdown, not for the op path.
     ///
@@ -606,6 +629,26 @@ impl Event {
         self.inner
             .record(&stream.inner)
             .map_err(|e| driver_error("cuEventRecord", e))
+    }
+
+    /// [`record`](Self::record) for a caller that has already made the
+    /// stream's context current on this thread ([`Device::bind_to_thread`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`record`](Self::record).
+    pub(crate) fn record_bound(&self, stream: &Stream) -> Result<(), CudaError> {
+        if stream.device.ordinal() != self.device {
+            return Err(CudaError::DeviceMismatch {
+                what: "Event::record",
+                event_device: self.device,
+                stream_device: stream.device.ordinal(),
+            });
+        }
+        // SAFETY: both handles are alive (owned by `self` and `stream`); a
+        // wrong current context is reported by the driver as an error.
+        let rc = unsafe { sys::cuEventRecord(self.as_raw(), stream.as_raw()) };
+        rc.result().map_err(|e| driver_error("cuEventRecord", e))
     }
 
     /// Whether the captured work has completed, without waiting

@@ -1154,12 +1154,14 @@ impl Communicator {
         end: &EndEvent,
     ) -> Result<(), NcclCommError> {
         let comm = self.live_outside_capture()?;
+        // One context bind for the op's driver calls.
+        self.device.bind_to_thread()?;
         // Input-ready: the comm stream waits for the producers.
-        st.ready[0].record(bufs[0].stream())?;
-        self.stream.wait_event(&st.ready[0])?;
+        st.ready[0].record_bound(bufs[0].stream())?;
+        self.stream.wait_event_bound(&st.ready[0])?;
         if bufs.len() > 1 && bufs[1].stream().as_raw() != bufs[0].stream().as_raw() {
-            st.ready[1].record(bufs[1].stream())?;
-            self.stream.wait_event(&st.ready[1])?;
+            st.ready[1].record_bound(bufs[1].stream())?;
+            self.stream.wait_event_bound(&st.ready[1])?;
         }
         let raw = RawOp::new(op, bufs);
         let t_call = nccl_profile_on().then(Instant::now);
@@ -1174,7 +1176,7 @@ impl Communicator {
             NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
         }
         self.settle(call, rc)?;
-        end.event().record(&self.stream)?;
+        end.event().record_bound(&self.stream)?;
         Ok(())
     }
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
-use crate::flight_recorder::OpMeta;
+use crate::flight_recorder::{FlightRecorder, OpMeta};
 use crate::sync::Arc;
 use registry::Fail;
 use slot::Slot;
@@ -121,13 +121,53 @@ impl<T: Send + 'static> Work<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        Self::register(ctx, registry, Instant::now(), deadline, |r, ctx| {
+            r.scheduled(ctx.seq, ctx.op, collective, meta)
+        })
+    }
+
+    /// Like [`new_recorded`](Self::new_recorded), for a backend that starts
+    /// the op as it submits it (an NCCL enqueue): the deadline (`now +
+    /// timeout`), the registry entry and the flight record (scheduled and
+    /// started at once) all take the one clock reading `now`, which the
+    /// caller makes just before.
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_started(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        now: Instant,
+        timeout: Option<std::time::Duration>,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Result<(Work<T>, Completer<T>), WorkError> {
+        let deadline = timeout.and_then(|t| now.checked_add(t));
+        Self::register(ctx, registry, now, deadline, |r, ctx| {
+            r.started_at(ctx.seq, ctx.op, collective, meta, now)
+        })
+    }
+
+    /// Registers the op, then records it with `record` in the registry's
+    /// flight recorder, if any.
+    fn register(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        now: Instant,
+        deadline: Option<Instant>,
+        record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
+    ) -> Result<(Work<T>, Completer<T>), WorkError> {
         // The registry's fail handle holds the slot alone, so that the
         // registry never keeps the shared state (and the registry) alive.
         let slot = Arc::new(Slot::new());
-        let id = registry.insert(ctx.clone(), deadline, Box::new(FailHandle(slot.clone())))?;
-        let rec = registry
-            .recorder()
-            .map(|r| r.scheduled(ctx.seq, ctx.op, collective, meta));
+        let id = registry.insert(
+            ctx.clone(),
+            now,
+            deadline,
+            Box::new(FailHandle(slot.clone())),
+        )?;
+        let rec = registry.recorder().map(|r| record(r, &ctx));
         let shared = Arc::new(Shared {
             ctx,
             id,

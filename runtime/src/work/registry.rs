@@ -139,9 +139,11 @@ impl Registry {
         }
     }
 
+    /// Adds a pending op submitted at `submitted`.
     pub(crate) fn insert(
         &self,
         ctx: OpContext,
+        submitted: Instant,
         deadline: Option<Instant>,
         fail: Box<dyn Fail>,
     ) -> Result<u64, WorkError> {
@@ -158,7 +160,7 @@ impl Registry {
             id,
             Entry {
                 ctx,
-                submitted: Instant::now(),
+                submitted,
                 deadline,
                 fail,
             },
