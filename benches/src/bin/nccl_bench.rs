@@ -52,6 +52,10 @@ struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run only the enqueue / stream-ordered loop and print its figures
+    /// (for profiling the enqueue path, e.g. under `perf record`).
+    #[arg(long)]
+    enqueue_only: bool,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -147,6 +151,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let so_mean = mean(&so);
     let (enq_med, enq_p99) = (pct(&mut enq, 0.5), pct(&mut enq, 0.99));
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
+    if args.enqueue_only {
+        let (phases, profiled) = chorus::nccl_enqueue_profile();
+        println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us");
+        if profiled > 0 {
+            println!(
+                "profile: lookup {:.2} work+registry {:.2} events+NCCL {:.2} hand-off {:.2} us",
+                phases[0], phases[1], phases[2], phases[3]
+            );
+        }
+        return Ok(());
+    }
 
     let in_progress = chorus_runtime::cuda::nccl::in_progress_returns();
 

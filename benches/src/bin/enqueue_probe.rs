@@ -1,0 +1,308 @@
+//! Where the host time of a device all_reduce goes: the same small
+//! all_reduce on a 1-rank communicator, built up layer by layer, each layer
+//! timed over many calls (median). One GPU; no NCCL, no GPU: an error.
+//!
+//! ```text
+//! enqueue_probe [--iters N] [--count C]
+//! ```
+//!
+//! Layers: (1) a bare `ncclAllReduce`; (2) + input-ready record, stream wait
+//! and end record as raw driver calls (the floor of DESIGN §2 rule 3);
+//! (3) the same through chorus's `Event`/`Stream` wrappers; (4)
+//! `Communicator::submit` (checks, event pool, lock); (5) + hand-off to the
+//! completion reactor and a stream-ordered take; (6) `Work::new_recorded`
+//! alone (registry, flight recorder, completion); (7) the full
+//! `ProcessGroup::all_reduce` + `stream_ordered`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus_runtime::cuda::nccl::{CommOp, CommOptions, Communicator, NcclRedOp, PendingComm};
+use chorus_runtime::cuda::{Device, StreamPriority};
+use chorus_runtime::store::{InMemoryStore, Store};
+use clap::Parser;
+use cudarc::driver::sys;
+use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
+
+#[derive(Parser, Debug)]
+#[command(about = "Layer-by-layer host cost of a device all_reduce (1 rank, device 0)")]
+struct Args {
+    /// Calls per layer.
+    #[arg(long, default_value_t = 50000)]
+    iters: usize,
+    /// Elements (f32).
+    #[arg(long, default_value_t = 256)]
+    count: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Times `f` per call (median, µs); `sync` runs every 256 calls, untimed.
+fn layer(name: &str, iters: usize, mut f: impl FnMut(), sync: impl FnMut()) -> f64 {
+    layer_timed(
+        name,
+        iters,
+        || {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed()
+        },
+        sync,
+    )
+}
+
+/// Like [`layer`], but `f` returns the time of its timed part.
+fn layer_timed(
+    name: &str,
+    iters: usize,
+    mut f: impl FnMut() -> Duration,
+    mut sync: impl FnMut(),
+) -> f64 {
+    let mut t = Vec::with_capacity(iters);
+    for i in 0..iters {
+        t.push(f().as_secs_f64() * 1e6);
+        if i % 256 == 255 {
+            sync();
+        }
+    }
+    sync();
+    let m = median(&mut t);
+    println!("{name:<58} {m:6.3} us");
+    m
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let dev = Device::get(0)?;
+    dev.bind_to_thread()?;
+    let prod = dev.new_stream(StreamPriority::Normal)?;
+    let nccl = nccl_sys::nccl()?;
+
+    // Raw communicator and stream.
+    let cs = dev.new_stream(StreamPriority::Normal)?;
+    let mut id = ncclUniqueId::zeroed();
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    // SAFETY: `id` and `comm` are valid for writes; one rank of one.
+    unsafe {
+        nccl.check((nccl.ncclGetUniqueId)(&mut id))?;
+        nccl.check((nccl.ncclCommInitRank)(&mut comm, 1, id, 0))?;
+    }
+    let buf = DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count])?)?;
+    let p = chorus_runtime::cuda::nccl::DeviceMem::device_ptr(&buf) as *mut std::ffi::c_void;
+    let count = args.count;
+    let raw_ar = || {
+        // SAFETY: `p` is `count` live f32 on this device; comm and stream live.
+        let rc = unsafe {
+            (nccl.ncclAllReduce)(
+                p,
+                p,
+                count,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                comm,
+                cs.as_raw() as cudaStream_t,
+            )
+        };
+        assert!(rc.is_success());
+    };
+    let sync_all = || {
+        cs.synchronize().expect("sync");
+        prod.synchronize().expect("sync");
+    };
+    for _ in 0..2000 {
+        raw_ar();
+    }
+    sync_all();
+    println!(
+        "enqueue_probe: {} x f32, {} calls per layer",
+        count, args.iters
+    );
+    layer("1 ncclAllReduce", args.iters, raw_ar, sync_all);
+    let ready = dev.new_event()?;
+    let end = dev.new_event()?;
+    layer(
+        "2 + record/wait/record, raw driver calls",
+        args.iters,
+        || {
+            // SAFETY: live events and streams of the current context.
+            unsafe {
+                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+            }
+            raw_ar();
+            // SAFETY: as above.
+            unsafe {
+                sys::cuEventRecord(end.as_raw(), cs.as_raw());
+            }
+        },
+        sync_all,
+    );
+    layer(
+        "3 + the same through chorus Event/Stream (cudarc)",
+        args.iters,
+        || {
+            ready.record(&prod).expect("record");
+            cs.wait_event(&ready).expect("wait");
+            raw_ar();
+            end.record(&cs).expect("record");
+        },
+        sync_all,
+    );
+    layer(
+        "3b record/wait/record alone, chorus wrappers",
+        args.iters,
+        || {
+            ready.record(&prod).expect("record");
+            cs.wait_event(&ready).expect("wait");
+            end.record(&cs).expect("record");
+        },
+        sync_all,
+    );
+    layer(
+        "3c Instant::now",
+        args.iters,
+        || {
+            std::hint::black_box(Instant::now());
+        },
+        || {},
+    );
+
+    // A chorus communicator (non-blocking init, then polled).
+    let mut pending = PendingComm::init(
+        &dev,
+        1,
+        0,
+        &chorus_runtime::cuda::nccl::unique_id()?,
+        CommOptions::default(),
+    )?;
+    let t0 = Instant::now();
+    let c: Communicator = loop {
+        if let Some(r) = pending.poll()? {
+            break r.ok_or("no communicator")?;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("communicator init timed out".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let ccs = c.stream().clone();
+    let op = CommOp::AllReduce(NcclRedOp::Sum);
+    let mut held = Some(buf);
+    layer_timed(
+        "4 Communicator::submit (checks, pool, lock, events, NCCL)",
+        args.iters,
+        || {
+            let b = held.take().expect("buffer");
+            let t0 = Instant::now();
+            let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+            let dt = t0.elapsed();
+            held = Some(f.wait().expect("wait").remove(0));
+            dt
+        },
+        || {},
+    );
+    let (btx, brx) = std::sync::mpsc::channel();
+    layer(
+        "5 + reactor hand-off (watch) and stream-ordered take",
+        args.iters,
+        || {
+            let b = held.take().expect("buffer");
+            let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+            let tx = btx.clone();
+            let w = f.watch(move |(_, bufs)| {
+                if let Some(b) = bufs {
+                    let _ = tx.send(b);
+                }
+            });
+            held = Some(match w.take_stream_ordered(None).expect("take") {
+                Some(mut b) => b.remove(0),
+                // Finished already: the callback has the buffer.
+                None => brx.recv().expect("buffer").remove(0),
+            });
+        },
+        || {
+            ccs.synchronize().expect("sync");
+            prod.synchronize().expect("sync");
+        },
+    );
+    let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
+        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    )));
+    let group: Arc<str> = "probe".into();
+    let mut seq = 0u64;
+    layer(
+        "6 Work::new_recorded + complete + drop (no GPU)",
+        args.iters,
+        || {
+            seq += 1;
+            let ctx = chorus_runtime::OpContext {
+                rank: 0,
+                group: group.clone(),
+                seq,
+                op: "all_reduce",
+            };
+            let (w, cpl) = chorus_runtime::Work::<u32>::new_recorded(
+                ctx,
+                &reg,
+                Some(Instant::now() + Duration::from_secs(60)),
+                true,
+                Default::default(),
+            )
+            .expect("work");
+            cpl.started();
+            cpl.complete(Ok(1));
+            drop(w);
+        },
+        || {},
+    );
+    drop(c);
+
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = futures::executor::block_on(
+        ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .name("probe")
+            .device(0)
+            .build(),
+    )?;
+    let mut buf = Some(held.take().ok_or("buffer")?);
+    for _ in 0..2000 {
+        let b = buf.take().ok_or("buffer")?;
+        buf = Some(futures::executor::block_on(
+            pg.all_reduce(b, ReduceOp::Sum)?,
+        )?);
+    }
+    layer(
+        "7 ProcessGroup::all_reduce + stream_ordered",
+        args.iters,
+        || {
+            let b = buf.take().expect("buffer");
+            let w = pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce");
+            buf = Some(w.stream_ordered().expect("stream_ordered"));
+        },
+        || prod.synchronize().expect("sync"),
+    );
+    layer_timed(
+        "7b ProcessGroup::all_reduce alone (then awaited, untimed)",
+        args.iters,
+        || {
+            let b = buf.take().expect("buffer");
+            let t0 = Instant::now();
+            let w = pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce");
+            let dt = t0.elapsed();
+            buf = Some(futures::executor::block_on(w).expect("await"));
+            dt
+        },
+        || {},
+    );
+    prod.synchronize()?;
+    // SAFETY: the raw communicator is ours and idle.
+    unsafe { (nccl.ncclCommDestroy)(comm) };
+    Ok(())
+}
