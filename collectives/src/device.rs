@@ -22,7 +22,7 @@ use crate::dtype::{Element, ReduceOp};
 use crate::error::Rejected;
 use crate::process_group::group::{Group, Grouped};
 use crate::process_group::ProcessGroup;
-use crate::work::{OpResult, Work};
+use crate::work::{split, CoalescedWork, OpResult, Work};
 
 mod sealed {
     pub trait Sealed {}
@@ -60,6 +60,22 @@ impl<T: NcclElement> DeviceResult for (DeviceBuffer<T>, DeviceBuffer<T>) {
     fn from_bufs(bufs: Vec<Self::Buf>) -> Option<Self> {
         let mut it = bufs.into_iter();
         Some((it.next()?, it.next()?))
+    }
+}
+impl<T: NcclElement> sealed::Sealed for Vec<DeviceBuffer<T>> {}
+/// The buffers of a coalesced op, in order.
+impl<T: NcclElement> DeviceResult for Vec<DeviceBuffer<T>> {
+    type Buf = DeviceBuffer<T>;
+    fn from_bufs(bufs: Vec<Self::Buf>) -> Option<Self> {
+        Some(bufs)
+    }
+}
+impl sealed::Sealed for Vec<RawDeviceBuffer> {}
+/// The buffers of a coalesced op, in order.
+impl DeviceResult for Vec<RawDeviceBuffer> {
+    type Buf = RawDeviceBuffer;
+    fn from_bufs(bufs: Vec<Self::Buf>) -> Option<Self> {
+        Some(bufs)
     }
 }
 impl sealed::Sealed for RawDeviceBuffer {}
@@ -390,6 +406,9 @@ pub trait OpBuffer: Sized + Send + 'static + sealed::Sealed {
     type Work: Send + 'static;
     /// The work of a two-buffer op (all_gather, reduce_scatter, all_to_all).
     type PairWork: Send + 'static;
+    /// The work of a coalesced op on several buffers
+    /// ([`ProcessGroup::all_reduce_coalesced`]).
+    type ManyWork: Send + 'static;
     #[doc(hidden)]
     fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>>;
     #[doc(hidden)]
@@ -399,6 +418,12 @@ pub trait OpBuffer: Sized + Send + 'static + sealed::Sealed {
         o: Self,
         op: Op2,
     ) -> Result<Self::PairWork, Rejected<(Self, Self)>>;
+    #[doc(hidden)]
+    fn submit_many(
+        pg: &ProcessGroup,
+        bufs: Vec<Self>,
+        op: Op1,
+    ) -> Result<Self::ManyWork, Rejected<Vec<Self>>>;
     #[doc(hidden)]
     fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>>;
     #[doc(hidden)]
@@ -418,6 +443,7 @@ where
 {
     type Work = Work<Vec<T>>;
     type PairWork = Work<(Vec<T>, Vec<T>)>;
+    type ManyWork = CoalescedWork<T>;
     fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>> {
         let kind = pg.host_one(b, op)?;
         pg.host_submit(kind, one_host::<T>)
@@ -430,6 +456,27 @@ where
     ) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
         let kind = pg.host_two(i, o, op)?;
         pg.host_submit(kind, two_host::<T>)
+    }
+    fn submit_many(
+        pg: &ProcessGroup,
+        bufs: Vec<Self>,
+        op: Op1,
+    ) -> Result<Self::ManyWork, Rejected<Vec<Self>>> {
+        if bufs.is_empty() {
+            return Err(Rejected {
+                error: pg.invalid_coalesced(op),
+                buffers: bufs,
+            });
+        }
+        // One op on the concatenation: one message exchange for all.
+        let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
+        match Self::submit1(pg, bufs.concat(), op) {
+            Ok(work) => Ok(CoalescedWork::new(work, lens)),
+            Err(r) => Err(Rejected {
+                error: r.error,
+                buffers: split(r.buffers, &lens),
+            }),
+        }
     }
     fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>> {
         let kind = g.process_group().host_one(b, op)?;
@@ -484,11 +531,16 @@ macro_rules! device_op_buffer {
         impl<$($g)*> OpBuffer for $t {
             type Work = DeviceWork<$t>;
             type PairWork = DeviceWork<($t, $t)>;
+            type ManyWork = DeviceWork<Vec<$t>>;
             fn submit1(pg: &ProcessGroup, b: Self, op: Op1) -> Result<Self::Work, Rejected<Self>> {
                 one(pg.device_submit(op.comm_op(), vec![b]))
             }
             fn submit2(pg: &ProcessGroup, i: Self, o: Self, op: Op2) -> Result<Self::PairWork, Rejected<(Self, Self)>> {
                 two(pg.device_submit(op.comm_op(), vec![i, o]))
+            }
+            fn submit_many(pg: &ProcessGroup, bufs: Vec<Self>, op: Op1) -> Result<Self::ManyWork, Rejected<Vec<Self>>> {
+                pg.device_submit_coalesced(op.comm_op(), bufs)
+                    .map_err(|(error, buffers)| Rejected { error, buffers })
             }
             fn stage1(g: &mut Group<'_>, b: Self, op: Op1) -> Result<Grouped<Self::Work>, Rejected<Self>> {
                 one(g.stage_device(op.comm_op(), vec![b]))

@@ -43,4 +43,4 @@ pub use error::{Error, Rejected};
 pub use process_group::capture::{Capture, CaptureGroup, Graph};
 pub use process_group::group::{Group, Grouped};
 pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
-pub use work::{OpResult, Work};
+pub use work::{CoalescedWork, OpResult, Work};

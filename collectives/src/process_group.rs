@@ -619,6 +619,15 @@ impl ProcessGroup {
         }
     }
 
+    /// The error of a coalesced op given no buffer.
+    pub(crate) fn invalid_coalesced(&self, op: Op1) -> WorkError {
+        self.invalid(
+            0,
+            coalesced_op_name(op.comm_op()),
+            "a coalesced op needs at least one buffer".into(),
+        )
+    }
+
     fn invalid(&self, seq: u64, op: &'static str, msg: String) -> WorkError {
         WorkError::InvalidArgument {
             ctx: self.ctx(seq, op),
@@ -835,6 +844,42 @@ impl ProcessGroup {
         B::submit1(self, buf, Op1::AllReduce(op))
     }
 
+    /// Reduces each buffer of `bufs` across all ranks, as one op with one
+    /// work (PyTorch's `all_reduce_coalesced`): every rank passes buffers of
+    /// the same lengths and dtypes in the same order, and the work yields
+    /// them back in that order. For many small buffers (gradient buckets)
+    /// this costs one op where [`group`](Self::group) costs one work per
+    /// buffer.
+    ///
+    /// * **NCCL** (device buffers): one `ncclGroupStart` … `ncclGroupEnd`
+    ///   with one `ncclAllReduce` per buffer (NCCL fuses them into one
+    ///   launch), one input-ready wait per producer stream and one end event;
+    ///   the [`DeviceWork`] has the usual completion
+    ///   levels.
+    /// * **TCP** (host buffers): one all_reduce of the concatenation,
+    ///   split back when it finishes ([`CoalescedWork`](crate::work::CoalescedWork)).
+    ///
+    /// The op takes one sequence number.
+    ///
+    /// # Errors
+    ///
+    /// No buffer, a buffer that does not fit, or a failed group: the
+    /// buffers come back untouched in the [`Rejected`]. On NCCL, a failure
+    /// inside the NCCL group (after part of it may have been enqueued)
+    /// keeps the buffers until the stream has passed it, and the rejection
+    /// holds none.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for every op: dropping the work detaches it.
+    pub fn all_reduce_coalesced<B: OpBuffer>(
+        &self,
+        bufs: Vec<B>,
+        op: ReduceOp,
+    ) -> Result<B::ManyWork, Rejected<Vec<B>>> {
+        B::submit_many(self, bufs, Op1::AllReduce(op))
+    }
+
     /// Copies `root`'s `buf` into every rank's `buf` (same length on every
     /// rank).
     pub fn broadcast<B: OpBuffer>(&self, buf: B, root: usize) -> Result<B::Work, Rejected<B>> {
@@ -946,13 +991,40 @@ impl ProcessGroup {
         op: CommOp,
         bufs: Vec<R::Buf>,
     ) -> Result<DeviceWork<R>, (WorkError, Vec<R::Buf>)> {
+        self.device_submit_as(op, bufs, false)
+    }
+
+    /// Registers and enqueues a coalesced device op: the one-buffer `op` on
+    /// each of `bufs` inside one NCCL group, as one op with one work.
+    pub(crate) fn device_submit_coalesced<R: DeviceResult>(
+        &self,
+        op: CommOp,
+        bufs: Vec<R::Buf>,
+    ) -> Result<DeviceWork<R>, (WorkError, Vec<R::Buf>)> {
+        self.device_submit_as(op, bufs, true)
+    }
+
+    fn device_submit_as<R: DeviceResult>(
+        &self,
+        op: CommOp,
+        bufs: Vec<R::Buf>,
+        coalesced: bool,
+    ) -> Result<DeviceWork<R>, (WorkError, Vec<R::Buf>)> {
         let g = &self.inner;
-        let name = device_op_name(op);
+        let name = if coalesced {
+            coalesced_op_name(op)
+        } else {
+            device_op_name(op)
+        };
         let Some(first) = bufs.first() else {
             return Err((self.invalid(0, name, "no buffer given".into()), bufs));
         };
         let dev = first.stream().device().ordinal() as u32;
-        let count = first.count();
+        let count = if coalesced {
+            bufs.iter().map(|b| b.count()).sum()
+        } else {
+            first.count()
+        };
         let dtype = first.nccl_type().name();
         // Key and the op in the communicator's ranks.
         let (key, cop, peer) = match op {
@@ -1006,7 +1078,12 @@ impl ProcessGroup {
             Err(e) => return Err((e, bufs)),
         };
         let t2 = prof.then(Instant::now);
-        match comm.submit(cop, bufs) {
+        let submitted = if coalesced {
+            comm.submit_coalesced(cop, bufs)
+        } else {
+            comm.submit(cop, bufs)
+        };
+        match submitted {
             Ok(inflight) => {
                 let t3 = prof.then(Instant::now);
                 counters.bump_device(op, seq);
@@ -1055,7 +1132,8 @@ impl Counters {
 }
 
 impl ProcessGroup {
-    /// Registers the work of a device op (flight recorder, deadline).
+    /// Registers the work of a device op (flight recorder, deadline),
+    /// recorded as started: it is enqueued right after.
     fn register_device<R: DeviceResult>(
         &self,
         ctx: OpContext,
@@ -1066,11 +1144,11 @@ impl ProcessGroup {
             op,
             CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
         );
-        let deadline = Instant::now() + self.timeout;
-        chorus_runtime::Work::new_recorded(
+        chorus_runtime::Work::new_started(
             ctx,
             &self.inner.registry,
-            Some(deadline),
+            Instant::now(),
+            Some(self.timeout),
             collective,
             meta,
         )
@@ -1090,7 +1168,8 @@ fn watch_device<B: DeviceMem>(
     completer: chorus_runtime::Completer<Option<Vec<B>>>,
     set: Option<&mut chorus_runtime::cuda::nccl::WatchSet>,
 ) -> chorus_runtime::cuda::nccl::Watched<B> {
-    completer.started();
+    // Device works are recorded as started when registered (the enqueue
+    // follows at once).
     let done = move |(res, bufs): chorus_runtime::cuda::nccl::Finished<B>| match res {
         Ok(()) => completer.complete(Ok(bufs)),
         Err(e) => {
@@ -1145,6 +1224,16 @@ fn lookup_error(
             ctx,
             msg: e.to_string(),
         }
+    }
+}
+
+/// The name of a coalesced device op (flight recorder, errors).
+fn coalesced_op_name(op: CommOp) -> &'static str {
+    match op {
+        CommOp::AllReduce(_) => "all_reduce_coalesced",
+        CommOp::Broadcast { .. } => "broadcast_coalesced",
+        CommOp::Reduce { .. } => "reduce_coalesced",
+        _ => "coalesced",
     }
 }
 

@@ -132,3 +132,85 @@ impl<T: OpResult> Future for Work<T> {
         Poll::Ready(convert(self.inner.context(), r))
     }
 }
+
+/// The work of [`ProcessGroup::all_reduce_coalesced`] on host buffers: one
+/// all_reduce of the buffers' concatenation (one message exchange), split
+/// back into one buffer per input, in order, when it has finished.
+///
+/// # Cancel safety
+///
+/// As [`Work`]: dropping it detaches the op, which still runs.
+///
+/// [`ProcessGroup::all_reduce_coalesced`]: crate::ProcessGroup::all_reduce_coalesced
+#[must_use = "the op runs anyway, but its buffers come back only through the work"]
+#[derive(Debug)]
+pub struct CoalescedWork<T> {
+    inner: Work<Vec<T>>,
+    lens: Vec<usize>,
+}
+
+impl<T> CoalescedWork<T>
+where
+    Vec<T>: OpResult,
+{
+    pub(crate) fn new(inner: Work<Vec<T>>, lens: Vec<usize>) -> Self {
+        CoalescedWork { inner, lens }
+    }
+
+    /// The op's rank, group, sequence number and name.
+    pub fn context(&self) -> &OpContext {
+        self.inner.context()
+    }
+
+    /// Sequence number of the op in its group (one for all the buffers).
+    pub fn seq(&self) -> u64 {
+        self.inner.seq()
+    }
+
+    /// Where the op stands, without waiting.
+    pub fn status(&self) -> WorkStatus {
+        self.inner.status()
+    }
+
+    /// True once the op has finished or failed.
+    pub fn is_done(&self) -> bool {
+        self.inner.is_done()
+    }
+
+    /// Blocks until the op is done (as [`Work::wait_timeout`]).
+    ///
+    /// # Errors
+    ///
+    /// The op's error, or [`WorkError::OpTimeout`] after `timeout` (the
+    /// group is then aborted).
+    pub fn wait_timeout(self, timeout: Duration) -> Result<Vec<Vec<T>>, WorkError> {
+        let lens = self.lens;
+        self.inner
+            .wait_timeout(timeout)
+            .map(|flat| split(flat, &lens))
+    }
+}
+
+impl<T> Future for CoalescedWork<T>
+where
+    Vec<T>: OpResult,
+{
+    type Output = Result<Vec<Vec<T>>, WorkError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        Poll::Ready(r.map(|flat| split(flat, &self.lens)))
+    }
+}
+
+/// Cuts `flat` into consecutive buffers of `lens` elements (their sum is
+/// `flat.len()`; a shorter `flat` gives shorter trailing buffers).
+pub(crate) fn split<T>(mut flat: Vec<T>, lens: &[usize]) -> Vec<Vec<T>> {
+    let mut out = Vec::with_capacity(lens.len());
+    for &len in lens.iter().rev() {
+        let at = flat.len().saturating_sub(len);
+        out.push(flat.split_off(at));
+    }
+    out.reverse();
+    out
+}

@@ -239,3 +239,64 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         "capture: group of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_coalesced_all_reduce_is_one_op_with_its_buffers_in_order() {
+    let dev = device0();
+    let s1 = dev.new_stream(StreamPriority::Normal).unwrap();
+    let s2 = dev.new_stream(StreamPriority::Normal).unwrap();
+    let pg = group("coalesced");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let lens = [1usize, 4099, 13, 262_144, 7];
+    for (round, op) in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg]
+        .into_iter()
+        .enumerate()
+    {
+        let host: Vec<Vec<f32>> = lens.iter().map(|&n| random(&mut rng, n)).collect();
+        // Two producer streams: the op waits for both.
+        let bufs: Vec<DeviceBuffer<f32>> = host
+            .iter()
+            .enumerate()
+            .map(|(i, v)| upload(if i % 2 == 0 { &s1 } else { &s2 }, v))
+            .collect();
+        let w = pg.all_reduce_coalesced(bufs, op).unwrap();
+        let seq = w.seq();
+        assert_eq!(w.context().op, "all_reduce_coalesced");
+        let out = if round == 1 {
+            // StreamOrdered: the buffers come back at once; reading them on
+            // their own streams is ordered after the op.
+            w.stream_ordered().unwrap()
+        } else {
+            block_on(w).unwrap()
+        };
+        assert_eq!(out.len(), lens.len());
+        for (i, (b, v)) in out.iter().zip(&host).enumerate() {
+            assert_eq!(download(b), reduced(op, v), "round {round}, buffer {i}");
+        }
+        // One sequence number for the whole op.
+        let next = pg
+            .all_reduce(upload(&s1, &[1f32, 2.0]), ReduceOp::Sum)
+            .unwrap();
+        assert_eq!(next.seq(), seq + 1);
+        block_on(next).unwrap();
+    }
+    // No buffer: refused with nothing lost, and the group still works.
+    let rej = pg
+        .all_reduce_coalesced(Vec::<DeviceBuffer<f32>>::new(), ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        matches!(rej.error, WorkError::InvalidArgument { .. }),
+        "{}",
+        rej.error
+    );
+    let w = pg
+        .all_reduce_coalesced(vec![upload(&s1, &[3i32, 4])], ReduceOp::Sum)
+        .unwrap();
+    let out = block_on(w).unwrap();
+    assert_eq!(download(&out[0]), vec![3, 4]);
+    eprintln!(
+        "coalesced: 3 rounds of {} buffers on 2 streams OK",
+        lens.len()
+    );
+}

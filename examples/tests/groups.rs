@@ -193,3 +193,56 @@ async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_all_reduce_matches_the_reference_and_takes_one_seq() {
+    for n in [1usize, 3] {
+        let groups = local_groups(n, T).await;
+        on_all(&groups, move |pg| async move {
+            let r = pg.rank();
+            // Lengths 0, 1, a prime and a larger one, each its own data.
+            let lens = [5usize, 0, 1, 13, 1000];
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
+                let bufs: Vec<Vec<f32>> = lens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &len)| data::<f32>(20 + i as u64, r, len, op))
+                    .collect();
+                let w = pg.all_reduce_coalesced(bufs, op).unwrap();
+                let seq = w.seq();
+                let got = w.await.unwrap();
+                assert_eq!(got.len(), lens.len());
+                for (i, (&len, g)) in lens.iter().zip(&got).enumerate() {
+                    assert_eq!(
+                        *g,
+                        reference::<f32>(20 + i as u64, n, len, op),
+                        "buffer {i}"
+                    );
+                }
+                // One sequence number for the whole op.
+                let next = pg.all_reduce(vec![1i64; 2], ReduceOp::Sum).unwrap();
+                assert_eq!(next.seq(), seq + 1);
+                assert_eq!(next.await.unwrap(), vec![n as i64; 2]);
+            }
+            // No buffer: refused, nothing taken, the group still works.
+            let rej = pg
+                .all_reduce_coalesced(Vec::<Vec<f32>>::new(), ReduceOp::Sum)
+                .unwrap_err();
+            assert!(
+                matches!(rej.error, WorkError::InvalidArgument { .. }),
+                "{}",
+                rej.error
+            );
+            assert!(
+                rej.error.to_string().contains("all_reduce_coalesced"),
+                "{}",
+                rej.error
+            );
+            let w = pg
+                .all_reduce_coalesced(vec![vec![2u8; 3]], ReduceOp::Sum)
+                .unwrap();
+            assert_eq!(w.await.unwrap(), vec![vec![2 * n as u8; 3]]);
+        })
+        .await;
+    }
+}

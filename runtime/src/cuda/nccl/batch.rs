@@ -211,6 +211,98 @@ impl Batch {
 }
 
 impl Communicator {
+    /// Enqueues the one-buffer op `op` once on each of `bufs`, all inside
+    /// one `ncclGroupStart`/`ncclGroupEnd` (NCCL fuses them into one plan
+    /// and launch): one input-ready wait per producer stream and one end
+    /// event for all of them. The returned [`InFlight`] holds every buffer,
+    /// in order. This is the coalesced op (one op for the caller, one
+    /// work), where a [`Batch`] stages ops that each keep their own.
+    ///
+    /// # Errors
+    ///
+    /// Refused before NCCL was called (a buffer that does not fit, a
+    /// two-buffer `op`, no buffer, an aborted or capturing communicator,
+    /// a CUDA error of the input-ready wait): the buffers come back
+    /// untouched. If the group failed inside NCCL, part of it may have been
+    /// enqueued: the buffers are then kept until the stream has passed the
+    /// group (the completion reactor releases them) and the error comes
+    /// back with none.
+    pub fn submit_coalesced<B: DeviceMem>(
+        &self,
+        op: CommOp,
+        bufs: Vec<B>,
+    ) -> Result<InFlight<B>, Refused<B>> {
+        let checked = if op.buffers() != 1 {
+            Err(NcclCommError::InvalidArgument(format!(
+                "{op:?} takes two buffers; only one-buffer ops can be coalesced"
+            )))
+        } else if bufs.is_empty() {
+            Err(NcclCommError::InvalidArgument(
+                "a coalesced op needs at least one buffer".into(),
+            ))
+        } else {
+            self.live().and_then(|_| {
+                bufs.iter()
+                    .try_for_each(|b| self.check(op, std::slice::from_ref(b)))
+            })
+        };
+        if let Err(e) = checked {
+            return Err((e, bufs));
+        }
+        let mut producers: Vec<Stream> = Vec::new();
+        for b in &bufs {
+            let s = b.stream();
+            if !producers.iter().any(|p| p.as_raw() == s.as_raw()) {
+                producers.push(s.clone());
+            }
+        }
+        let ops: Vec<RawOp> = bufs
+            .iter()
+            .map(|b| RawOp::new(op, std::slice::from_ref(b)))
+            .collect();
+        let end = match self.end_event() {
+            Ok(e) => e,
+            Err(e) => return Err((e.into(), bufs)),
+        };
+        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let res = match self.live_outside_capture() {
+            Ok(raw) => self.enqueue_group(&guard, raw, &ops, &producers, &end, None),
+            Err(e) => Err((e, false)),
+        };
+        let failed = match res {
+            Ok(()) => None,
+            Err((e, false)) => return Err((e, bufs)),
+            Err((e, true)) => {
+                // Part of the group may be on the stream: the buffers wait
+                // for it (dropping the in-flight op below hands them to the
+                // reactor).
+                if end.event().record(&self.stream).is_err() {
+                    drop(guard);
+                    tracing::error!("cannot order the release of a failed coalesced op's buffers after the stream; they are leaked");
+                    std::mem::forget(bufs);
+                    return Err((e, Vec::new()));
+                }
+                Some(e)
+            }
+        };
+        guard.ops += 1;
+        let pos = guard.ops;
+        drop(guard);
+        let inflight = InFlight {
+            device: self.device.clone(),
+            order: (self.stream.as_raw() as u64, pos),
+            end: Arc::new(end),
+            bufs: Some(bufs),
+        };
+        match failed {
+            None => Ok(inflight),
+            Some(e) => {
+                drop(inflight);
+                Err((e, Vec::new()))
+            }
+        }
+    }
+
     /// Waits for the producers, issues `ops` as one NCCL group, records `end`
     /// (and makes `join` wait on it). The caller holds the enqueue lock
     /// (`st`). The error says whether NCCL was called.
