@@ -1,8 +1,15 @@
 //! Sequential vs grouped all_reduces on one GPU (issue 7): host submit time
 //! and total time (submit until the GPU finished) for chorus and for raw
 //! NCCL calls (`ncclAllReduce` in a loop, and inside `ncclGroupStart/End`),
-//! at widths 1, 2, 4, 8, 16 of 1 MiB each. PyTorch's coalescing manager is
+//! at widths 1, 2, 4, 8, 16 of 1 MiB each, and chorus's coalesced
+//! all_reduce (`all_reduce_coalesced`: the same NCCL group, one work). PyTorch's coalescing manager is
 //! measured by `benches/compare/torch_coalesce.py` in the same call.
+//!
+//! A third pair of columns, "raw + events", is the floor of any library that
+//! follows DESIGN §2 rule 3: the same raw NCCL calls plus, per op (one by
+//! one) or per group, an input-ready event recorded on a producer stream,
+//! the communicator's stream waiting on it, and an end event recorded after
+//! the op(s); the total waits on the end event.
 //!
 //! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
 
@@ -59,6 +66,10 @@ struct Raw {
     nccl: &'static nccl_sys::Nccl,
     comm: ncclComm_t,
     stream: Stream,
+    /// For the "raw + events" floor: a producer stream and the two events.
+    producer: Stream,
+    ready: chorus_runtime::cuda::Event,
+    end: chorus_runtime::cuda::Event,
     ptrs: Vec<u64>,
     _bufs: Vec<chorus_runtime::cuda::CudaSlice<f32>>,
     count: usize,
@@ -92,6 +103,9 @@ impl Raw {
         Ok(Raw {
             nccl,
             comm,
+            producer: dev.new_stream(StreamPriority::Normal)?,
+            ready: dev.new_event()?,
+            end: dev.new_event()?,
             stream,
             ptrs,
             _bufs: bufs,
@@ -135,6 +149,44 @@ impl Raw {
         let _ = self.stream.synchronize();
         (t1, Instant::now())
     }
+
+    /// The DESIGN §2 rule 3 floor: `run` plus the input-ready record and
+    /// stream wait and the end record, per op (`grouped` false) or once
+    /// around the group; the total waits on the end event.
+    fn run_events(&self, grouped: bool) -> (Instant, Instant) {
+        let events = |before: bool| {
+            let r = if before {
+                self.ready
+                    .record(&self.producer)
+                    .and_then(|()| self.stream.wait_event(&self.ready))
+            } else {
+                self.end.record(&self.stream)
+            };
+            if let Err(e) = r {
+                eprintln!("event: {e}");
+            }
+        };
+        if grouped {
+            events(true);
+            // SAFETY: paired with ncclGroupEnd below on this thread.
+            let _ = unsafe { (self.nccl.ncclGroupStart)() };
+            for &p in &self.ptrs {
+                self.all_reduce(p);
+            }
+            // SAFETY: closes the group opened above.
+            let _ = unsafe { (self.nccl.ncclGroupEnd)() };
+            events(false);
+        } else {
+            for &p in &self.ptrs {
+                events(true);
+                self.all_reduce(p);
+                events(false);
+            }
+        }
+        let t1 = Instant::now();
+        let _ = self.end.synchronize();
+        (t1, Instant::now())
+    }
 }
 
 impl Drop for Raw {
@@ -169,8 +221,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     producer.synchronize()?;
     println!(
-        "{:>5} {:>22} {:>22} {:>22} {:>22}",
-        "width", "chorus seq sub/tot", "chorus grp sub/tot", "raw seq sub/tot", "raw grp sub/tot"
+        "{:>5} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
+        "width",
+        "chorus seq sub/tot",
+        "chorus grp sub/tot",
+        "chorus coal sub/tot",
+        "raw seq sub/tot",
+        "raw grp sub/tot",
+        "raw+ev seq sub/tot",
+        "raw+ev grp sub/tot"
     );
     let mut rows = Vec::new();
     for &w in &args.widths {
@@ -203,23 +262,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             (t1, Instant::now())
         });
+        let coal = measure(args.iters, || {
+            let taken: Vec<_> = bufs[..w].iter_mut().filter_map(Option::take).collect();
+            let work = match pg.all_reduce_coalesced(taken, ReduceOp::Sum) {
+                Ok(work) => Some(work),
+                Err(r) => {
+                    for (slot, b) in bufs.iter_mut().zip(r.buffers) {
+                        *slot = Some(b);
+                    }
+                    None
+                }
+            };
+            let t1 = Instant::now();
+            if let Some(Ok(out)) = work.map(block_on) {
+                for (slot, b) in bufs.iter_mut().zip(out) {
+                    *slot = Some(b);
+                }
+            }
+            (t1, Instant::now())
+        });
         if bufs.iter().any(Option::is_none) {
             return Err("an op failed during the benchmark".into());
         }
         let raw = Raw::new(&dev, w, args.count)?;
         let rseq = measure(args.iters, || raw.run(false));
         let rgrp = measure(args.iters, || raw.run(true));
+        let eseq = measure(args.iters, || raw.run_events(false));
+        let egrp = measure(args.iters, || raw.run_events(true));
         drop(raw);
         println!(
-            "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
-            seq.0, seq.1, grp.0, grp.1, rseq.0, rseq.1, rgrp.0, rgrp.1
+            "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
+            seq.0, seq.1, grp.0, grp.1, coal.0, coal.1, rseq.0, rseq.1, rgrp.0, rgrp.1, eseq.0, eseq.1, egrp.0, egrp.1
         );
         rows.push(serde_json::json!({
             "width": w,
             "chorus_seq": {"submit_us": seq.0, "total_us": seq.1},
             "chorus_grouped": {"submit_us": grp.0, "total_us": grp.1},
+            "chorus_coalesced": {"submit_us": coal.0, "total_us": coal.1},
             "raw_seq": {"submit_us": rseq.0, "total_us": rseq.1},
             "raw_grouped": {"submit_us": rgrp.0, "total_us": rgrp.1},
+            "raw_events_seq": {"submit_us": eseq.0, "total_us": eseq.1},
+            "raw_events_grouped": {"submit_us": egrp.0, "total_us": egrp.1},
         }));
     }
     if let Some(p) = args.json {
