@@ -274,7 +274,10 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
     /// before returning `Pending` (`CHORUS_POLL_SPIN_US`, default 10; 0
     /// turns it off): a small GPU op finishes within that, and resolving it
     /// then saves the park and wake-up of the awaiting thread (~5 µs), which
-    /// otherwise dominates the round trip. Later polls never wait.
+    /// otherwise dominates the round trip. While it watches, it queries the
+    /// end event itself and, once that completed, takes the buffers at once
+    /// (the reactor completes the work's bookkeeping afterwards). Later
+    /// polls never wait.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;
@@ -283,7 +286,20 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
                 chorus_runtime::reactor::global().nudge();
                 let t0 = std::time::Instant::now();
                 while !self.inner.is_done() && t0.elapsed() < spin {
-                    std::hint::spin_loop();
+                    match self.watched.take_finished() {
+                        Ok(Some(bufs)) => {
+                            let ctx = self.inner.context();
+                            return Poll::Ready(R::from_bufs(bufs).ok_or_else(|| missing(ctx)));
+                        }
+                        // Running, or the reactor is completing it.
+                        Ok(None) => {}
+                        // The reactor fails the work with it.
+                        Err(_) => break,
+                    }
+                    // Leave the driver to the enqueueing threads a moment.
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
                 }
             }
         }

@@ -1619,6 +1619,26 @@ impl<B: DeviceMem> Watched<B> {
         self.cell.end.event()
     }
 
+    /// GpuFinished without the reactor: if the end event has completed,
+    /// takes the buffers. `Ok(None)` while the op runs, or when the buffers
+    /// are gone already (taken before, or handed to the completion
+    /// callback, which then completes the work).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the event query (the reactor reports it too).
+    pub fn take_finished(&self) -> Result<Option<Vec<B>>, CudaError> {
+        if !self.cell.end.event().query()? {
+            return Ok(None);
+        }
+        Ok(self
+            .cell
+            .bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take())
+    }
+
     /// A shared handle on the end event (e.g. for another thread to watch).
     pub fn end_event_handle(&self) -> Arc<EndEvent> {
         self.cell.end.clone()
