@@ -1,2 +1,34 @@
 //! Benchmark support code.
 pub mod store;
+
+/// One device op's CPU bookkeeping without the GPU, as the NCCL path does
+/// it: a work registered with one clock reading (registry entry, flight
+/// record), completed and dropped. For the enqueue breakdowns of
+/// `nccl_bench` and `enqueue_probe`.
+///
+/// # Errors
+///
+/// The registry refuses new works once its group failed.
+pub fn work_bookkeeping_round(
+    registry: &std::sync::Arc<chorus_runtime::Registry>,
+    group: &std::sync::Arc<str>,
+    seq: u64,
+) -> Result<(), chorus_runtime::WorkError> {
+    let ctx = chorus_runtime::OpContext {
+        rank: 0,
+        group: group.clone(),
+        seq,
+        op: "all_reduce",
+    };
+    let (w, c) = chorus_runtime::Work::<u32>::new_started(
+        ctx,
+        registry,
+        std::time::Instant::now(),
+        Some(std::time::Duration::from_secs(60)),
+        true,
+        Default::default(),
+    )?;
+    c.complete(Ok(1));
+    drop(w);
+    Ok(())
+}

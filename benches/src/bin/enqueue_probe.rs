@@ -10,7 +10,7 @@
 //! and end record as raw driver calls (the floor of DESIGN §2 rule 3);
 //! (3) the same through chorus's `Event`/`Stream` wrappers; (4)
 //! `Communicator::submit` (checks, event pool, lock); (5) + hand-off to the
-//! completion reactor and a stream-ordered take; (6) `Work::new_recorded`
+//! completion reactor and a stream-ordered take; (6) `Work::new_started`
 //! alone (registry, flight recorder, completion); (7) the full
 //! `ProcessGroup::all_reduce` + `stream_ordered`.
 
@@ -235,27 +235,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let group: Arc<str> = "probe".into();
     let mut seq = 0u64;
     layer(
-        "6 Work::new_recorded + complete + drop (no GPU)",
+        "6 Work::new_started + complete + drop (no GPU)",
         args.iters,
         || {
             seq += 1;
-            let ctx = chorus_runtime::OpContext {
-                rank: 0,
-                group: group.clone(),
-                seq,
-                op: "all_reduce",
-            };
-            let (w, cpl) = chorus_runtime::Work::<u32>::new_recorded(
-                ctx,
-                &reg,
-                Some(Instant::now() + Duration::from_secs(60)),
-                true,
-                Default::default(),
-            )
-            .expect("work");
-            cpl.started();
-            cpl.complete(Ok(1));
-            drop(w);
+            chorus_benches::work_bookkeeping_round(&reg, &group, seq).expect("work");
         },
         || {},
     );

@@ -190,24 +190,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
         chorus_runtime::flight_recorder::FlightRecorder::new(1024),
     )));
+    let group: Arc<str> = "b".into();
     let t = Instant::now();
     for seq in 0..k as u64 {
-        let ctx = chorus_runtime::OpContext {
-            rank: 0,
-            group: "b".into(),
-            seq,
-            op: "all_reduce",
-        };
-        let (w, c) = chorus_runtime::Work::<u32>::new_recorded(
-            ctx,
-            &reg,
-            Some(Instant::now() + Duration::from_secs(60)),
-            true,
-            Default::default(),
-        )?;
-        c.started();
-        c.complete(Ok(1));
-        drop(w);
+        chorus_benches::work_bookkeeping_round(&reg, &group, seq)?;
     }
     let book_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
 
