@@ -1628,15 +1628,16 @@ impl<B: DeviceMem> Watched<B> {
     ///
     /// The CUDA error of the event query (the reactor reports it too).
     pub fn take_finished(&self) -> Result<Option<Vec<B>>, CudaError> {
+        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(first) = g.as_ref().and_then(|b| b.first()) else {
+            return Ok(None);
+        };
+        // The calling thread may never have used this device.
+        first.stream().device().bind_to_thread()?;
         if !self.cell.end.event().query()? {
             return Ok(None);
         }
-        Ok(self
-            .cell
-            .bufs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take())
+        Ok(g.take())
     }
 
     /// A shared handle on the end event (e.g. for another thread to watch).
