@@ -120,6 +120,7 @@ mod algo;
 mod conn;
 mod group;
 mod setup;
+mod shm;
 mod wire;
 mod worker;
 
@@ -128,7 +129,7 @@ mod tests;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -165,6 +166,13 @@ pub struct TcpOptions {
     /// (Linux only; elsewhere every peer uses TCP). Peers on other hosts, or
     /// whose Unix socket cannot be reached, use TCP. Default true.
     pub local_unix_sockets: bool,
+    /// Move large payloads to peers on the same host through shared memory
+    /// (Linux only; needs `local_unix_sockets`, which carries the control
+    /// messages): see "Shared memory" in the module docs. Used for a pair
+    /// of ranks only when both have it on; otherwise, or if setting it up
+    /// fails, payloads go through the socket. Default true, unless the
+    /// environment variable `CHORUS_SHM` is `0`.
+    pub shared_memory: bool,
 }
 
 impl Default for TcpOptions {
@@ -175,6 +183,7 @@ impl Default for TcpOptions {
             chunk_bytes: 256 << 10,
             connect_timeout: Duration::from_secs(60),
             local_unix_sockets: true,
+            shared_memory: std::env::var("CHORUS_SHM").map_or(true, |v| v.trim() != "0"),
         }
     }
 }
@@ -203,6 +212,11 @@ struct Inner {
     lost: Mutex<Option<(usize, String)>>,
     peers: Mutex<Vec<PeerState>>,
     readers: Mutex<Vec<AbortHandle>>,
+    /// Frames sent through shared memory.
+    shm_frames: AtomicU64,
+    /// Frames that could have gone through shared memory but found every
+    /// slot in use (sent through the socket).
+    shm_full: AtomicU64,
 }
 
 impl fmt::Debug for Inner {
@@ -430,22 +444,29 @@ impl TcpBackend {
             lost: Mutex::new(None),
             peers: Mutex::new(vec![PeerState::Open; size]),
             readers: Mutex::new(Vec::new()),
+            shm_frames: AtomicU64::new(0),
+            shm_full: AtomicU64::new(0),
         });
         let mut writers = Vec::with_capacity(size);
+        let mut shm_tx = Vec::with_capacity(size);
         let mut coll = Vec::with_capacity(size);
         let mut p2p = Vec::with_capacity(size);
         let mut readers = Vec::new();
-        for (peer, s) in streams.into_iter().enumerate() {
-            let Some(s) = s else {
+        let mut shm_peers = 0;
+        for (peer, c) in streams.into_iter().enumerate() {
+            let Some(c) = c else {
                 writers.push(None);
+                shm_tx.push(None);
                 coll.push(None);
                 p2p.push(None);
                 continue;
             };
-            let (rd, wr) = s.split();
+            let (rd, wr) = c.stream.split();
+            shm_peers += usize::from(c.shm.tx.is_some());
+            shm_tx.push(c.shm.tx);
             let (ctx, crx) = mpsc::unbounded_channel();
             let (ptx, prx) = mpsc::unbounded_channel();
-            let h = handle.spawn(conn::reader(peer, rd, ctx, ptx, inner.clone()));
+            let h = handle.spawn(conn::reader(peer, rd, ctx, ptx, c.shm.rx, inner.clone()));
             readers.push(h.abort_handle());
             writers.push(Some(conn::Writer::new(wr)));
             coll.push(Some(crx));
@@ -455,12 +476,12 @@ impl TcpBackend {
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);
-        let w = worker::Worker::new(inner.clone(), writers, coll, p2p);
+        let w = worker::Worker::new(inner.clone(), writers, shm_tx, coll, p2p);
         handle.spawn(async move {
             w.run(rx, stop_rx, close_rx).await;
             done_tx.send_replace(true);
         });
-        tracing::debug!(group = %inner.group, rank, size, "TCP backend connected");
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, "TCP backend connected");
         Ok(Arc::new(TcpBackend {
             inner,
             tx,
@@ -479,6 +500,16 @@ impl TcpBackend {
     #[allow(dead_code)]
     pub(crate) fn size(&self) -> usize {
         self.inner.size
+    }
+
+    /// Frames sent through shared memory so far, and frames that would have
+    /// been but found every slot in use.
+    #[allow(dead_code)]
+    pub(crate) fn shm_stats(&self) -> (u64, u64) {
+        (
+            self.inner.shm_frames.load(Ordering::Relaxed),
+            self.inner.shm_full.load(Ordering::Relaxed),
+        )
     }
 
     /// The options the backend was created with.

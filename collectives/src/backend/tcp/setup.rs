@@ -19,7 +19,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
-use super::wire::{Hello, HELLO_FIXED};
+use super::shm;
+use super::wire::{Hello, HELLO_FIXED, HELLO_SHM};
 use super::TcpOptions;
 
 /// Who this rank is, for the handshake.
@@ -40,7 +41,20 @@ impl Me {
             size: self.size as u32,
             crossover: self.opts.crossover_bytes as u64,
             chunk: self.opts.chunk_bytes as u64,
+            flags: if self.wants_shm() { HELLO_SHM } else { 0 },
         }
+    }
+
+    /// Whether this rank offers shared memory to local peers.
+    fn wants_shm(&self) -> bool {
+        self.opts.shared_memory
+            && (shm::SHM_MIN..=shm::SHM_MAX_CHUNK).contains(&self.opts.chunk_bytes)
+    }
+
+    /// Whether a pair whose peer sent `h` uses shared memory (if its
+    /// connection is a Unix socket): both ends must offer it.
+    fn pair_shm(&self, h: &Hello) -> bool {
+        self.wants_shm() && h.flags & HELLO_SHM != 0
     }
 
     /// Checks a peer's hello; `from` is the rank we expect, if known.
@@ -95,6 +109,22 @@ impl Me {
 pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+/// A connection and, for a local peer, its shared-memory segments.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) stream: Stream,
+    pub(super) shm: shm::Pair,
+}
+
+impl Conn {
+    fn plain(stream: Stream) -> Conn {
+        Conn {
+            stream,
+            shm: shm::Pair::default(),
+        }
+    }
 }
 
 /// The read half of a [`Stream`].
@@ -170,7 +200,7 @@ struct Refused {
 async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     mut s: S,
-) -> Result<(usize, S), Refused> {
+) -> Result<(usize, S, Hello), Refused> {
     let stray = |msg: String| Refused { msg, fatal: false };
     let h = read_hello(&mut s).await.map_err(stray)?;
     // Answer before checking, so that the peer sees our side and reports the
@@ -182,7 +212,7 @@ async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
         msg,
         fatal: h.group == *me.group,
     })?;
-    Ok((peer, s))
+    Ok((peer, s, h))
 }
 
 /// Sends our hello to `peer` and checks the answer.
@@ -191,7 +221,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     peer: usize,
     s: &mut S,
     addr: &str,
-) -> Result<(), String> {
+) -> Result<Hello, String> {
     s.write_all(&me.hello(peer).encode())
         .await
         .map_err(|e| format!("writing the handshake to rank {peer}: {e}"))?;
@@ -199,7 +229,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| format!("rank {peer} at {addr}: {e}"))?;
     me.check(&h, Some(peer))?;
-    Ok(())
+    Ok(h)
 }
 
 /// The next incoming connection on either listener, with where it came from.
@@ -220,16 +250,29 @@ async fn accept_any(
 }
 
 /// Runs the acceptor's side of the handshake on either kind of stream.
-async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Stream), Refused> {
+async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
     match s {
         Stream::Tcp(s) => {
             tune(&s).map_err(|msg| Refused { msg, fatal: false })?;
-            let (peer, s) = accept_one(me, s).await?;
-            Ok((peer, Stream::Tcp(s)))
+            let (peer, s, _) = accept_one(me, s).await?;
+            Ok((peer, Conn::plain(Stream::Tcp(s))))
         }
         Stream::Unix(s) => {
-            let (peer, s) = accept_one(me, s).await?;
-            Ok((peer, Stream::Unix(s)))
+            let (peer, mut s, h) = accept_one(me, s).await?;
+            let shm = if me.pair_shm(&h) {
+                shm::exchange(&mut s, peer, me.opts.chunk_bytes)
+                    .await
+                    .map_err(|msg| Refused { msg, fatal: true })?
+            } else {
+                shm::Pair::default()
+            };
+            Ok((
+                peer,
+                Conn {
+                    stream: Stream::Unix(s),
+                    shm,
+                },
+            ))
         }
     }
 }
@@ -366,15 +409,23 @@ async fn connect_one(
     addr: &PeerAddr,
     host: Option<&str>,
     deadline: Instant,
-) -> Result<Stream, String> {
+) -> Result<Conn, String> {
     if let (Some((their_host, name)), Some(host)) = (&addr.unix, host) {
         if their_host == host {
             match connect_unix(peer, name).await {
                 Ok(mut s) => {
                     // A failed handshake is final: the peer is there but
                     // disagrees.
-                    handshake(me, peer, &mut s, &format!("unix:{name}")).await?;
-                    return Ok(Stream::Unix(s));
+                    let h = handshake(me, peer, &mut s, &format!("unix:{name}")).await?;
+                    let shm = if me.pair_shm(&h) {
+                        shm::exchange(&mut s, peer, me.opts.chunk_bytes).await?
+                    } else {
+                        shm::Pair::default()
+                    };
+                    return Ok(Conn {
+                        stream: Stream::Unix(s),
+                        shm,
+                    });
                 }
                 Err(e) => {
                     tracing::debug!(peer, error = %e, "Unix socket connect failed; using TCP")
@@ -382,9 +433,9 @@ async fn connect_one(
             }
         }
     }
-    Ok(Stream::Tcp(
+    Ok(Conn::plain(Stream::Tcp(
         connect_tcp(me, peer, addr.tcp, deadline).await?,
-    ))
+    )))
 }
 
 fn listener(ip: std::net::IpAddr) -> Result<TcpListener, String> {
@@ -424,8 +475,8 @@ impl From<String> for SetupError {
 ///
 /// [`SetupError::Store`] if the store fails, else what failed and what to
 /// check.
-pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Stream>>, SetupError> {
-    let mut streams: Vec<Option<Stream>> = (0..me.size).map(|_| None).collect();
+pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Conn>>, SetupError> {
+    let mut streams: Vec<Option<Conn>> = (0..me.size).map(|_| None).collect();
     if me.size == 1 {
         return Ok(streams);
     }
@@ -542,7 +593,8 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
 
     let (acc, con) = tokio::try_join!(accept, connect)?;
     for (peer, s) in acc.into_iter().chain(con) {
-        s.tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
+        s.stream
+            .tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
         streams[peer] = Some(s);
     }
     Ok(streams)

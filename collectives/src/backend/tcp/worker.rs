@@ -13,7 +13,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::conn::{Frame, Incoming, Lent, Link, PeerState, Writer};
+use super::conn::{Frame, Incoming, Lent, Link, Payload, PeerState, Writer};
+use super::shm;
 use super::wire::{op_name, Header, Sig, CLASS_BYE, CLASS_P2P, NONE32, NONE8};
 use super::Inner;
 use crate::backend::{OpKind, OpRequest};
@@ -37,6 +38,8 @@ pub(super) struct Op<'a> {
 pub(super) struct Worker {
     pub(super) inner: Arc<Inner>,
     writers: Vec<Option<Writer>>,
+    /// Shared-memory segment to each peer, if any.
+    shm: Vec<Option<shm::Tx>>,
     coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
@@ -87,6 +90,7 @@ impl Worker {
     pub(super) fn new(
         inner: Arc<Inner>,
         writers: Vec<Option<Writer>>,
+        shm: Vec<Option<shm::Tx>>,
         coll: Vec<Option<UnboundedReceiver<Incoming>>>,
         p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     ) -> Worker {
@@ -94,6 +98,7 @@ impl Worker {
         Worker {
             inner,
             writers,
+            shm,
             coll,
             p2p,
             links: vec![None; n],
@@ -220,6 +225,7 @@ impl Worker {
             },
             frame: 0,
             len: 0,
+            shm: 0,
         }
         .encode();
         // Best effort: peers that are gone or stuck hold us up for one
@@ -258,12 +264,32 @@ impl Worker {
         if self.inner.peer_state(peer) != PeerState::Open {
             return Err(self.inner.lost_error(op.ctx, peer));
         }
+        // A large payload to a peer with shared memory goes into a free
+        // slot, and only the header through the socket; with every slot in
+        // use it goes through the socket.
+        let mut slot = 0;
+        let mut body = payload;
+        if payload.len() >= shm::SHM_MIN {
+            if let Some(tx) = self.shm.get_mut(peer).and_then(Option::as_mut) {
+                match tx.try_put(payload) {
+                    Some(i) => {
+                        slot = i + 1;
+                        body = &[];
+                        self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => {
+                        self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
         let hdr = Header {
             group: self.inner.group_hash,
             class: op.class,
             sig: op.sig,
             frame,
             len: payload.len() as u64,
+            shm: slot,
         }
         .encode();
         let Some(w) = self.writers.get_mut(peer).and_then(Option::as_mut) else {
@@ -272,7 +298,7 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
-        w.write_frame(&hdr, payload)
+        w.write_frame(&hdr, body)
             .await
             .map_err(|e| WorkError::PeerLost {
                 ctx: op.ctx.clone(),
@@ -332,7 +358,10 @@ impl Worker {
         let Lent { hdr, rd, back } = l;
         let mut payload = self.inner.pool.get(hdr.len as usize);
         read_lent(op, peer, rd, back, payload.bytes_mut()).await?;
-        Ok(Frame { hdr, payload })
+        Ok(Frame {
+            hdr,
+            payload: Payload::Pool(payload),
+        })
     }
 
     /// The next item of `op`'s class from `peer`. With `direct`, a large
