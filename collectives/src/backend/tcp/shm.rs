@@ -52,7 +52,7 @@ use std::sync::Arc;
 pub(super) const SHM_MIN: usize = 16 << 10;
 /// Largest `chunk_bytes` with which shared memory is used.
 pub(super) const SHM_MAX_CHUNK: usize = 16 << 20;
-/// Most slots per direction.
+/// Most slots per direction (at most 64: [`Tx`] keeps a bit mask).
 const MAX_SLOTS: usize = 16;
 /// Target size of a segment's slots together.
 const SEGMENT_BUDGET: usize = 8 << 20;
@@ -262,28 +262,74 @@ impl Segment {
 #[derive(Debug)]
 pub(super) struct Tx {
     seg: Arc<Segment>,
+    /// Bit `i`: slot `i` is FREE but reserved by a [`Reserved`] not yet
+    /// published.
+    reserved: u64,
+}
+
+/// A free slot this sender reserved to fill in place (see
+/// [`Tx::reserve`]); publish it with [`Tx::publish`].
+#[derive(Debug)]
+pub(super) struct Reserved {
+    idx: usize,
+    len: usize,
+}
+
+impl Reserved {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Tx {
+    fn new(seg: Segment) -> Tx {
+        Tx {
+            seg: Arc::new(seg),
+            reserved: 0,
+        }
+    }
+
+    /// Reserves a free slot for a payload of `len` bytes, to be written
+    /// through [`Tx::slot_mut`] and sent with [`Tx::publish`]; `None` if
+    /// `len` exceeds a slot or every slot is in use.
+    pub(super) fn reserve(&mut self, len: usize) -> Option<Reserved> {
+        if len > self.seg.slot_bytes {
+            return None;
+        }
+        let i = (0..self.seg.slots).find(|&i| {
+            self.reserved & (1 << i) == 0 && self.seg.state(i).load(Ordering::Acquire) == FREE
+        })?;
+        self.reserved |= 1 << i;
+        Some(Reserved { idx: i, len })
+    }
+
+    /// The bytes of a reserved slot.
+    pub(super) fn slot_mut(&mut self, r: &Reserved) -> &mut [u8] {
+        // SAFETY: slot `r.idx` is FREE and reserved by this sender (the only
+        // writer of this direction; `&mut self` makes this the only
+        // reference into it here), so by the slot protocol nobody else
+        // touches it until `publish` marks it FULL; the receiver's last read
+        // of it happened before its release store of FREE, which the
+        // acquire load in `reserve` observed. `r.len <= slot_bytes` keeps
+        // the slice inside the mapping, which `self.seg` keeps alive.
+        unsafe { std::slice::from_raw_parts_mut(self.seg.slot_ptr(r.idx), r.len) }
+    }
+
+    /// Marks a reserved slot FULL (its payload written); returns its
+    /// number, to send in the frame header.
+    pub(super) fn publish(&mut self, r: Reserved) -> u16 {
+        self.reserved &= !(1 << r.idx);
+        self.seg.state(r.idx).store(FULL, Ordering::Release);
+        r.idx as u16
+    }
+
     /// Copies `payload` (at most a slot) into a free slot and marks it
     /// `FULL`; returns the slot, or `None` if every slot is in use (send the
     /// payload through the socket then).
     pub(super) fn try_put(&mut self, payload: &[u8]) -> Option<u16> {
-        if payload.len() > self.seg.slot_bytes {
-            return None;
-        }
-        let i = (0..self.seg.slots).find(|&i| self.seg.state(i).load(Ordering::Acquire) == FREE)?;
-        // SAFETY: slot `i` is FREE, so by the slot protocol only this sender
-        // (the single writer of this direction, `&mut self`) may touch it
-        // until it marks it FULL; the receiver's last read of it happened
-        // before its release store of FREE, which the acquire load above
-        // observed. `payload.len() <= slot_bytes`, so the copy stays in the
-        // slot; the regions cannot overlap (`payload` is local memory).
-        unsafe {
-            std::ptr::copy_nonoverlapping(payload.as_ptr(), self.seg.slot_ptr(i), payload.len());
-        }
-        self.seg.state(i).store(FULL, Ordering::Release);
-        Some(i as u16)
+        let r = self.reserve(payload.len())?;
+        self.slot_mut(&r).copy_from_slice(payload);
+        Some(self.publish(r))
     }
 }
 
@@ -470,7 +516,7 @@ pub(super) async fn exchange(
     let acked = parse(&ack, "acknowledgement")? == 1;
     // Our descriptor is closed here; the mappings keep the memory.
     let tx = match mine {
-        Some((seg, _fd)) if acked => Some(Tx { seg: Arc::new(seg) }),
+        Some((seg, _fd)) if acked => Some(Tx::new(seg)),
         _ => None,
     };
     Ok(Pair { tx, rx })

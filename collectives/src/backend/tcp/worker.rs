@@ -259,23 +259,15 @@ impl Worker {
         peer: usize,
         payload: &[u8],
     ) -> Result<(), WorkError> {
-        let frame = self.sent[peer];
-        self.sent[peer] = frame.wrapping_add(1);
-        if self.inner.peer_state(peer) != PeerState::Open {
-            return Err(self.inner.lost_error(op.ctx, peer));
-        }
         // A large payload to a peer with shared memory goes into a free
         // slot, and only the header through the socket; with every slot in
         // use it goes through the socket.
-        let mut slot = 0;
-        let mut body = payload;
         if payload.len() >= shm::SHM_MIN {
             if let Some(tx) = self.shm.get_mut(peer).and_then(Option::as_mut) {
                 match tx.try_put(payload) {
                     Some(i) => {
-                        slot = i + 1;
-                        body = &[];
                         self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+                        return self.write(op, peer, payload.len(), i + 1, &[]).await;
                     }
                     None => {
                         self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
@@ -283,12 +275,74 @@ impl Worker {
                 }
             }
         }
+        self.write(op, peer, payload.len(), 0, payload).await
+    }
+
+    /// A shared-memory slot to `peer` for a payload of `len` bytes, to be
+    /// filled in place (through [`Worker::slot_mut`]) and sent with
+    /// [`Worker::send_reserved`]; `None` when the payload is small, `peer`
+    /// has no shared memory or every slot is in use.
+    pub(super) fn reserve(&mut self, peer: usize, len: usize) -> Option<shm::Reserved> {
+        if len < shm::SHM_MIN {
+            return None;
+        }
+        let r = self.shm.get_mut(peer)?.as_mut()?.reserve(len);
+        if r.is_none() {
+            self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The bytes of a slot reserved for `peer`.
+    pub(super) fn slot_mut(&mut self, peer: usize, r: &shm::Reserved) -> &mut [u8] {
+        match self.shm.get_mut(peer).and_then(Option::as_mut) {
+            Some(tx) => tx.slot_mut(r),
+            // `reserve` only hands out slots of existing segments.
+            None => &mut [],
+        }
+    }
+
+    /// Sends a frame of `op` whose payload was written into a slot reserved
+    /// for `peer`.
+    pub(super) async fn send_reserved(
+        &mut self,
+        op: &Op<'_>,
+        peer: usize,
+        r: shm::Reserved,
+    ) -> Result<(), WorkError> {
+        let len = r.len();
+        let Some(tx) = self.shm.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(WorkError::Backend {
+                ctx: op.ctx.clone(),
+                msg: format!("no shared memory to rank {peer}"),
+            });
+        };
+        let i = tx.publish(r);
+        self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+        self.write(op, peer, len, i + 1, &[]).await
+    }
+
+    /// Writes one frame header (`len` payload bytes, shared-memory slot
+    /// field `slot`) and `body` to `peer`.
+    async fn write(
+        &mut self,
+        op: &Op<'_>,
+        peer: usize,
+        len: usize,
+        slot: u16,
+        body: &[u8],
+    ) -> Result<(), WorkError> {
+        let frame = self.sent[peer];
+        self.sent[peer] = frame.wrapping_add(1);
+        if self.inner.peer_state(peer) != PeerState::Open {
+            return Err(self.inner.lost_error(op.ctx, peer));
+        }
         let hdr = Header {
             group: self.inner.group_hash,
             class: op.class,
             sig: op.sig,
             frame,
-            len: payload.len() as u64,
+            len: len as u64,
             shm: slot,
         }
         .encode();
