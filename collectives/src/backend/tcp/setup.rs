@@ -7,7 +7,9 @@
 //! host and network namespace, `name` an abstract Unix socket. A peer with
 //! the same `host` connects through the Unix socket (several times faster
 //! than loopback TCP); any other peer, or one whose Unix connect fails, uses
-//! TCP.
+//! TCP. Over a Unix socket, when both hellos offer shared memory, both ends
+//! then exchange their shared-memory segments (`shm::exchange`) before the
+//! connection carries frames.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -31,8 +31,9 @@
 //! with the slot number in it. The receiver's reader checks that the slot is
 //! `FULL` and queues a frame whose payload *is* the slot; the worker checks
 //! the header as usual and then reduces or copies straight from the slot
-//! into the op's buffer (the reduce-scatter even keeps its partial sums in
-//! the slot); dropping the frame frees the slot.
+//! into the op's buffer; dropping the frame frees the slot. The ring's
+//! reduce-scatter reserves a slot of the next rank ([`Tx::reserve`]) and
+//! reduces a received partial sum straight into it.
 //!
 //! A sender that finds every slot in use does not wait: it sends that
 //! frame's payload through the socket, as without shared memory. So this
