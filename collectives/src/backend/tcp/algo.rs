@@ -8,7 +8,8 @@ use chorus_runtime::{OpContext, WorkError};
 use super::conn::Frame;
 use super::shm::Reserved;
 use super::wire::{
-    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST, CLASS_COLL, CLASS_P2P, NONE32,
+    NONE8,
 };
 use super::worker::{Op, Worker};
 use crate::backend::OpKind;
@@ -164,7 +165,7 @@ impl Worker {
     }
 
     /// The other ranks, starting after this one (spreads the load).
-    fn others(&self) -> impl Iterator<Item = usize> {
+    pub(super) fn others(&self) -> impl Iterator<Item = usize> {
         let (n, me) = (self.n(), self.me());
         (1..n).map(move |s| (me + s) % n)
     }
@@ -358,20 +359,63 @@ impl Worker {
             finish_avg(op, buf, 0..count, n);
             return Ok(());
         }
+        if n > 2 && self.all_local() {
+            // Every rank on this host with shared memory: the ring's
+            // reduce-scatter, then every rank writes its reduced block once
+            // into its broadcast segment and every other rank copies it
+            // from there (the ring's all-gather copies each block into a
+            // slot at every hop).
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RS_BCAST),
+            );
+            let blk = |i| block(count, n, i);
+            self.ring_in_place(&o, buf, Some(op), blk, ce, false)
+                .await?;
+            return self.gather_from_owners(&o, buf, blk, ce).await;
+        }
         // Ring: reduce-scatter (rank r ends with block r reduced), then
         // all-gather.
         let o = Self::op(
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RING),
         );
-        self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce)
+        self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce, true)
             .await
+    }
+
+    /// All-gather by owners: this rank sends each chunk of its block `blk(me)`
+    /// of `buf` to every other rank at once ([`Worker::send_to_all`]), then
+    /// receives every other rank's block from its owner.
+    async fn gather_from_owners(
+        &mut self,
+        o: &Op<'_>,
+        buf: &mut HostBuffer,
+        blk: impl Fn(usize) -> Range<usize>,
+        ce: usize,
+    ) -> Result<(), WorkError> {
+        let es = buf.dtype().size();
+        let mine = blk(self.me());
+        for k in 0..nchunks(mine.len(), ce) {
+            let c = chunk(&mine, ce, k);
+            self.send_to_all(o, &buf.as_bytes()[bytes(&c, es)]).await?;
+        }
+        let others: Vec<usize> = self.others().collect();
+        for p in others {
+            let b = blk(p);
+            for k in 0..nchunks(b.len(), ce) {
+                let c = chunk(&b, ce, k);
+                self.recv_into(o, p, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Pipelined ring on `buf`, whose block `i` is `blk(i)`. With `op`, a
     /// reduce-scatter (`n - 1` steps, after which this rank's block is
-    /// reduced and, for `Avg`, divided) comes first; then an all-gather
-    /// (`n - 1` steps) spreads every rank's block.
+    /// reduced and, for `Avg`, divided) comes first; then, with `gather`, an
+    /// all-gather (`n - 1` steps) spreads every rank's block.
     ///
     /// At step `s` this rank sends one block to the right and receives one
     /// from the left; the block received at step `s` is the one sent at step
@@ -386,12 +430,16 @@ impl Worker {
         op: Option<ReduceOp>,
         blk: impl Fn(usize) -> Range<usize>,
         ce: usize,
+        gather: bool,
     ) -> Result<(), WorkError> {
         let (n, me) = (self.n(), self.me());
         let es = buf.dtype().size();
         let (left, right) = ((me + n - 1) % n, (me + 1) % n);
         let rs = if op.is_some() { n - 1 } else { 0 };
-        let steps = rs + n - 1;
+        let steps = rs + if gather { n - 1 } else { 0 };
+        if steps == 0 {
+            return Ok(());
+        }
         // Block sent / received at step s.
         let sid = |s: usize| {
             if s < rs {
@@ -608,7 +656,7 @@ impl Worker {
         if self.large(n * k * es) {
             let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_RING));
             return self
-                .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce)
+                .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce, true)
                 .await;
         }
         let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_DIRECT));

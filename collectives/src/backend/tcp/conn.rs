@@ -198,6 +198,7 @@ pub(super) async fn reader(
     coll: UnboundedSender<Incoming>,
     p2p: UnboundedSender<Frame>,
     shm: Option<shm::Rx>,
+    bcast: Option<shm::Rx>,
     inner: Arc<Inner>,
 ) {
     let link = Arc::new(Link::default());
@@ -231,13 +232,19 @@ pub(super) async fn reader(
             ));
         }
         if hdr.shm != 0 {
-            let Some(rx) = &shm else {
+            let seg = if hdr.shm & shm::BCAST_BIT != 0 {
+                &bcast
+            } else {
+                &shm
+            };
+            let Some(rx) = seg else {
                 break PeerState::Lost(
-                    "the peer sent a shared-memory frame, but this pair has no shared memory (corrupt stream?)"
+                    "the peer sent a shared-memory frame, but this pair has no such segment (corrupt stream?)"
                         .into(),
                 );
             };
-            let payload = match rx.take(hdr.shm - 1, hdr.len) {
+            let slot = (hdr.shm & !shm::BCAST_BIT).wrapping_sub(1);
+            let payload = match rx.take(slot, hdr.len) {
                 Ok(slot) => Payload::Shm(slot),
                 Err(msg) => break PeerState::Lost(msg),
             };

@@ -115,17 +115,29 @@
 //!   acknowledges. Nothing is ever created in `/dev/shm` or elsewhere in
 //!   the file system, so there is nothing to unlink and nothing can leak,
 //!   even if a rank is SIGKILLed: the memory goes away with the last
-//!   mapping. A segment is a header page and `min(16, 8 MiB / chunk)` slots
+//!   mapping. A segment is a header page and `min(32, 8 MiB / chunk)` slots
 //!   (at least 2) of `chunk_bytes` each: with the default 256 KiB chunks,
-//!   16 slots, 4 MiB per direction. Shared memory is only offered when
-//!   `chunk_bytes` is between 16 KiB and 16 MiB.
+//!   32 slots, 8 MiB per direction (pages are only allocated once used;
+//!   the lowest free slot is taken first). Shared memory is only offered
+//!   when `chunk_bytes` is between 16 KiB and 16 MiB.
+//! * **Broadcast segments.** Each rank also creates one segment of the
+//!   same layout that every local peer maps, read by several peers (a
+//!   slot's state counts its readers). When every rank of the group is on
+//!   this host and offers shared memory (each rank publishes `shm` beside
+//!   its Unix socket, so every rank reads the same answer from the store)
+//!   and there are at least 3 ranks, a large all_reduce runs the ring's
+//!   reduce-scatter and then, instead of the ring's all-gather (which
+//!   copies every block into a slot at every hop), each rank writes each
+//!   chunk of its reduced block once into its broadcast segment and sends
+//!   every peer only the header; each peer copies it out (algorithm
+//!   `ALGO_RS_BCAST` in the header).
 //! * **Frames.** A frame whose payload is at least 16 KiB goes into a free
 //!   slot; only its header (with the slot number) goes through the socket,
 //!   in order with every other frame. The receiver checks the header as
 //!   always (mismatches are reported the same way), then reduces or copies
-//!   straight from the slot into the op's buffer and frees the slot; the
-//!   ring's reduce-scatter reduces a received partial sum straight into a
-//!   slot of the next rank. Smaller frames, peers on other hosts and peers
+//!   straight from the slot into the op's buffer and frees the slot (its
+//!   share of it, for a broadcast slot); the ring's reduce-scatter reduces
+//!   a received partial sum straight into a slot of the next rank. Smaller frames, peers on other hosts and peers
 //!   without a segment use the socket.
 //! * **No new waits.** A sender that finds every slot of a peer in use
 //!   sends that payload through the socket instead of waiting, so shared
@@ -140,7 +152,8 @@
 //!   socket.
 //!
 //! On the 2-core development VM this takes the 4-rank 16 MiB all_reduce
-//! from about 19-21 ms to 12-15 ms (figures in `benches/RESULTS.md`).
+//! from about 19-21 ms to 11-13 ms on a quiet machine (figures in
+//! `benches/RESULTS.md`).
 //!
 //! ## Crossover and chunk size
 //!
@@ -456,8 +469,9 @@ impl TcpBackend {
             size,
             group: group.clone(),
             opts: opts.clone(),
+            bcast: None,
         };
-        let streams = chorus_runtime::rt::run(setup::mesh(store, me))
+        let mesh = chorus_runtime::rt::run(setup::mesh(store, me))
             .await
             .map_err(setup_err)?
             .map_err(|e| match e {
@@ -492,7 +506,8 @@ impl TcpBackend {
         let mut p2p = Vec::with_capacity(size);
         let mut readers = Vec::new();
         let mut shm_peers = 0;
-        for (peer, c) in streams.into_iter().enumerate() {
+        let mut bcast_ok = vec![false; size];
+        for (peer, c) in mesh.conns.into_iter().enumerate() {
             let Some(c) = c else {
                 writers.push(None);
                 shm_tx.push(None);
@@ -503,9 +518,18 @@ impl TcpBackend {
             let (rd, wr) = c.stream.split();
             shm_peers += usize::from(c.shm.tx.is_some());
             shm_tx.push(c.shm.tx);
+            bcast_ok[peer] = c.shm.bcast_ok;
             let (ctx, crx) = mpsc::unbounded_channel();
             let (ptx, prx) = mpsc::unbounded_channel();
-            let h = handle.spawn(conn::reader(peer, rd, ctx, ptx, c.shm.rx, inner.clone()));
+            let h = handle.spawn(conn::reader(
+                peer,
+                rd,
+                ctx,
+                ptx,
+                c.shm.rx,
+                c.shm.brx,
+                inner.clone(),
+            ));
             readers.push(h.abort_handle());
             writers.push(Some(conn::Writer::new(wr)));
             coll.push(Some(crx));
@@ -515,12 +539,18 @@ impl TcpBackend {
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);
-        let w = worker::Worker::new(inner.clone(), writers, shm_tx, coll, p2p);
+        let shm = worker::Shm {
+            tx: shm_tx,
+            bcast: mesh.bcast,
+            bcast_ok,
+            all_local: mesh.all_local,
+        };
+        let w = worker::Worker::new(inner.clone(), writers, shm, coll, p2p);
         handle.spawn(async move {
             w.run(rx, stop_rx, close_rx).await;
             done_tx.send_replace(true);
         });
-        tracing::debug!(group = %inner.group, rank, size, shm_peers, "TCP backend connected");
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, "TCP backend connected");
         Ok(Arc::new(TcpBackend {
             inner,
             tx,

@@ -32,6 +32,8 @@ pub(super) struct Me {
     pub(super) size: usize,
     pub(super) group: Arc<str>,
     pub(super) opts: TcpOptions,
+    /// This rank's broadcast segment, offered to every local peer.
+    pub(super) bcast: Option<Arc<shm::Bcast>>,
 }
 
 impl Me {
@@ -48,7 +50,7 @@ impl Me {
     }
 
     /// Whether this rank offers shared memory to local peers.
-    fn wants_shm(&self) -> bool {
+    pub(super) fn wants_shm(&self) -> bool {
         self.opts.shared_memory
             && (shm::SHM_MIN..=shm::SHM_MAX_CHUNK).contains(&self.opts.chunk_bytes)
     }
@@ -262,7 +264,7 @@ async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
         Stream::Unix(s) => {
             let (peer, mut s, h) = accept_one(me, s).await?;
             let shm = if me.pair_shm(&h) {
-                shm::exchange(&mut s, peer, me.opts.chunk_bytes)
+                shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
                     .await
                     .map_err(|msg| Refused { msg, fatal: true })?
             } else {
@@ -381,6 +383,8 @@ struct PeerAddr {
     tcp: SocketAddr,
     /// (host id, abstract socket name)
     unix: Option<(String, String)>,
+    /// The peer offers shared memory (its broadcast segment exists).
+    shm: bool,
 }
 
 fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
@@ -390,17 +394,20 @@ fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
     };
     let mut parts = text.split_whitespace();
     let tcp: SocketAddr = parts.next().and_then(|a| a.parse().ok()).ok_or_else(bad)?;
-    let unix = match parts.next() {
-        None => None,
-        Some(u) => {
-            let (host, name) = u
-                .strip_prefix("unix=")
-                .and_then(|u| u.split_once('/'))
-                .ok_or_else(bad)?;
-            Some((host.to_string(), name.to_string()))
+    let mut unix = None;
+    let mut shm = false;
+    for part in parts {
+        if part == "shm" {
+            shm = true;
+            continue;
         }
-    };
-    Ok(PeerAddr { tcp, unix })
+        let (host, name) = part
+            .strip_prefix("unix=")
+            .and_then(|u| u.split_once('/'))
+            .ok_or_else(bad)?;
+        unix = Some((host.to_string(), name.to_string()));
+    }
+    Ok(PeerAddr { tcp, unix, shm })
 }
 
 /// Connects to `peer`: through its Unix socket if it is on this host, else
@@ -420,7 +427,8 @@ async fn connect_one(
                     // disagrees.
                     let h = handshake(me, peer, &mut s, &format!("unix:{name}")).await?;
                     let shm = if me.pair_shm(&h) {
-                        shm::exchange(&mut s, peer, me.opts.chunk_bytes).await?
+                        shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
+                            .await?
                     } else {
                         shm::Pair::default()
                     };
@@ -471,16 +479,20 @@ impl From<String> for SetupError {
     }
 }
 
-/// Builds the mesh. Returns one stream per rank (`None` for this rank).
+/// Builds the mesh: one connection per rank, and the shared-memory state.
 ///
 /// # Errors
 ///
 /// [`SetupError::Store`] if the store fails, else what failed and what to
 /// check.
-pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Conn>>, SetupError> {
+pub(super) async fn mesh(store: Arc<dyn Store>, mut me: Me) -> Result<Mesh, SetupError> {
     let mut streams: Vec<Option<Conn>> = (0..me.size).map(|_| None).collect();
     if me.size == 1 {
-        return Ok(streams);
+        return Ok(Mesh {
+            conns: streams,
+            bcast: None,
+            all_local: false,
+        });
     }
     let timeout = me.opts.connect_timeout;
     let deadline = Instant::now() + timeout;
@@ -503,6 +515,17 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Con
                 ulst = Some(l);
             }
             Err(e) => tracing::debug!(error = %e, "no Unix socket for local peers; using TCP"),
+        }
+    }
+    if ulst.is_some() && me.wants_shm() {
+        match shm::Bcast::create(me.opts.chunk_bytes) {
+            Ok(b) => {
+                me.bcast = Some(Arc::new(b));
+                published.push_str(" shm");
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "no shared-memory broadcast segment; this rank uses the ring")
+            }
         }
     }
     let host = host.filter(|_| ulst.is_some());
@@ -599,5 +622,36 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Con
             .tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
         streams[peer] = Some(s);
     }
-    Ok(streams)
+    // Every rank reads the same published addresses, so every rank comes
+    // to the same answer (the addresses of connected ranks are all there).
+    let mut all_local = host.is_some() && me.bcast.is_some();
+    for peer in (0..me.size).filter(|&p| p != me.rank) {
+        if !all_local {
+            break;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let raw = store
+            .get(&format!("addr/{peer}"), left)
+            .await
+            .map_err(SetupError::Store)?;
+        let a = parse_addr(peer, &raw)?;
+        all_local = a.shm && a.unix.is_some_and(|(h, _)| Some(h.as_str()) == host);
+    }
+    Ok(Mesh {
+        conns: streams,
+        bcast: me.bcast.as_ref().map(|b| b.tx()),
+        all_local,
+    })
+}
+
+/// What setup built.
+#[derive(Debug)]
+pub(super) struct Mesh {
+    /// One connection per rank (`None` for this rank).
+    pub(super) conns: Vec<Option<Conn>>,
+    /// This rank's broadcast segment, if it has one.
+    pub(super) bcast: Option<shm::Tx>,
+    /// Every rank of the group is on this host and offers shared memory:
+    /// the all_reduce's all-gather phase goes through broadcast segments.
+    pub(super) all_local: bool,
 }

@@ -17,13 +17,20 @@
 //! acknowledged.
 //!
 //! A segment is one 4 KiB header page followed by [`slot_count`] slots of
-//! `chunk_bytes` (rounded up to whole pages): 16 slots, or fewer when that
+//! `chunk_bytes` (rounded up to whole pages): 32 slots, or fewer when that
 //! would exceed 8 MiB per direction (at least 2). Each slot has a state
-//! word in the header page (its own cache line): `FREE` or `FULL`. Only
-//! the sender turns `FREE` into `FULL` (after writing the payload, with
-//! release ordering), only the receiver turns `FULL` into `FREE` (after
-//! its last read, with release ordering), so slot contents always have a
-//! single owner.
+//! word in the header page (its own cache line): `FREE` (0) or `FULL` (the
+//! number of readers that have not read it yet: 1 in a pair's segment).
+//! Only the sender turns `FREE` into `FULL` (after writing the payload,
+//! with release ordering), only the receivers count it down to `FREE`
+//! (after their last read, with release ordering), so a slot is written
+//! only while no one reads it.
+//!
+//! Each rank also has one **broadcast segment** of the same layout, whose
+//! descriptor goes to every local peer with the pair's: a slot there is
+//! written once and read by several peers (the all-gather phase of an
+//! all_reduce whose ranks are all on this host; see the module docs of
+//! [`tcp`](super)).
 //!
 //! A frame whose payload is at least [`SHM_MIN`] bytes goes to a peer with a
 //! segment like this: the sender copies the payload into the lowest free
@@ -46,6 +53,10 @@ use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+/// Bit of a frame header's `shm` field: the slot is in the sender's
+/// broadcast segment (else in the pair's segment).
+pub(super) const BCAST_BIT: u16 = 0x8000;
+
 /// Frames with at least this many payload bytes go through shared memory
 /// when the peer has a segment. Smaller frames are mostly header and
 /// system-call cost: one `write` of header and payload together is as
@@ -54,7 +65,7 @@ pub(super) const SHM_MIN: usize = 16 << 10;
 /// Largest `chunk_bytes` with which shared memory is used.
 pub(super) const SHM_MAX_CHUNK: usize = 16 << 20;
 /// Most slots per direction (at most 64: [`Tx`] keeps a bit mask).
-const MAX_SLOTS: usize = 16;
+const MAX_SLOTS: usize = 32;
 /// Target size of a segment's slots together.
 const SEGMENT_BUDGET: usize = 8 << 20;
 /// Size of the header page.
@@ -68,7 +79,6 @@ const fn state_off(i: usize) -> usize {
 }
 
 const FREE: u32 = 0;
-const FULL: u32 = 1;
 
 /// Slots per direction for a chunk size.
 pub(super) fn slot_count(chunk_bytes: usize) -> usize {
@@ -316,11 +326,17 @@ impl Tx {
         unsafe { std::slice::from_raw_parts_mut(self.seg.slot_ptr(r.idx), r.len) }
     }
 
-    /// Marks a reserved slot FULL (its payload written); returns its
-    /// number, to send in the frame header.
+    /// Marks a reserved slot FULL for one reader (its payload written);
+    /// returns its number, to send in the frame header.
     pub(super) fn publish(&mut self, r: Reserved) -> u16 {
+        self.publish_for(r, 1)
+    }
+
+    /// Marks a reserved slot FULL for `readers` readers (a broadcast
+    /// segment's slot is read by several peers; each frees its share).
+    pub(super) fn publish_for(&mut self, r: Reserved, readers: u32) -> u16 {
         self.reserved &= !(1 << r.idx);
-        self.seg.state(r.idx).store(FULL, Ordering::Release);
+        self.seg.state(r.idx).store(readers, Ordering::Release);
         r.idx as u16
     }
 
@@ -356,7 +372,7 @@ impl Rx {
                 self.seg.slots, self.seg.slot_bytes
             ));
         }
-        if self.seg.state(i).load(Ordering::Acquire) != FULL {
+        if self.seg.state(i).load(Ordering::Acquire) == FREE {
             return Err(format!(
                 "shared-memory frame names slot {i}, which the peer did not fill"
             ));
@@ -403,9 +419,11 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // Every read of the slot happens before this release store; the
-        // sender's acquire load of FREE then sees them done.
-        self.seg.state(self.idx).store(FREE, Ordering::Release);
+        // One reader fewer. Every read of the slot happens before this
+        // release decrement; the sender's acquire load of FREE (0) then sees
+        // every reader's reads done (the decrements form a release
+        // sequence).
+        self.seg.state(self.idx).fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -416,6 +434,49 @@ pub(super) struct Pair {
     pub(super) tx: Option<Tx>,
     /// From the peer.
     pub(super) rx: Option<Rx>,
+    /// The peer's broadcast segment.
+    pub(super) brx: Option<Rx>,
+    /// Whether the peer mapped this rank's broadcast segment.
+    pub(super) bcast_ok: bool,
+}
+
+/// A rank's broadcast segment: written once, read by every local peer
+/// (the all-gather phase of the all-local all_reduce). Created before the
+/// mesh; its descriptor goes to every local peer with the pair's.
+#[derive(Debug)]
+pub(super) struct Bcast {
+    seg: Arc<Segment>,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Bcast {
+    /// Creates the broadcast segment for `chunk_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// A description if it cannot be created.
+    #[cfg(target_os = "linux")]
+    pub(super) fn create(chunk_bytes: usize) -> Result<Bcast, String> {
+        let (seg, fd) = Segment::create(chunk_bytes)?;
+        Ok(Bcast {
+            seg: Arc::new(seg),
+            fd,
+        })
+    }
+
+    /// Without Linux, never shared memory.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn create(_: usize) -> Result<Bcast, String> {
+        Err("shared memory is only used on Linux".into())
+    }
+
+    /// The sending end (used once the mesh is built).
+    pub(super) fn tx(&self) -> Tx {
+        Tx {
+            seg: self.seg.clone(),
+            reserved: 0,
+        }
+    }
 }
 
 /// Length of the two setup messages.
@@ -438,8 +499,9 @@ fn parse(m: &[u8; MSG_LEN], what: &str) -> Result<u32, String> {
 }
 
 /// Sets up the segments with a peer over a fresh (handshaken) Unix socket,
-/// both ends at once: each creates its outgoing segment and sends its
-/// descriptor (or that it has none), maps the peer's and acknowledges it.
+/// Both ends at once: each creates its outgoing segment and sends its
+/// descriptor and that of `bcast`, this rank's broadcast segment (or that
+/// it has none), maps the peer's and acknowledges them.
 /// Failures to create or map are not errors: that direction uses the
 /// socket (logged). Errors are socket failures, which end setup.
 ///
@@ -451,6 +513,7 @@ pub(super) async fn exchange(
     s: &mut tokio::net::UnixStream,
     peer: usize,
     chunk_bytes: usize,
+    bcast: Option<&Bcast>,
 ) -> Result<Pair, String> {
     use std::os::fd::AsRawFd;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -462,11 +525,18 @@ pub(super) async fn exchange(
             None
         }
     };
-    let offer = msg(u32::from(mine.is_some()));
-    let fd = mine.as_ref().map(|(_, fd)| fd.as_raw_fd());
+    // Status bits: 1 = the pair segment's descriptor, 2 = the broadcast
+    // segment's (attached in that order).
+    let offer = msg(u32::from(mine.is_some()) | (u32::from(bcast.is_some()) << 1));
+    let fds: Vec<i32> = mine
+        .as_ref()
+        .map(|(_, fd)| fd.as_raw_fd())
+        .into_iter()
+        .chain(bcast.map(|b| b.fd.as_raw_fd()))
+        .collect();
     let raw = s.as_raw_fd();
     let sent = s
-        .async_io(Interest::WRITABLE, || send_with_fd(raw, &offer, fd))
+        .async_io(Interest::WRITABLE, || send_with_fds(raw, &offer, &fds))
         .await
         .map_err(|e| format!("sending the shared-memory offer to rank {peer}: {e}"))?;
     if sent < MSG_LEN {
@@ -475,8 +545,8 @@ pub(super) async fn exchange(
             .map_err(|e| format!("sending the shared-memory offer to rank {peer}: {e}"))?;
     }
     let mut got = [0u8; MSG_LEN];
-    let (n, their_fd) = s
-        .async_io(Interest::READABLE, || recv_with_fd(raw, &mut got))
+    let (n, their_fds) = s
+        .async_io(Interest::READABLE, || recv_with_fds(raw, &mut got))
         .await
         .map_err(|e| format!("reading the shared-memory offer of rank {peer}: {e}"))?;
     if n == 0 {
@@ -489,38 +559,50 @@ pub(super) async fn exchange(
             .await
             .map_err(|e| format!("reading the shared-memory offer of rank {peer}: {e}"))?;
     }
-    let offered = parse(&got, "offer")? == 1;
-    let rx = match (offered, their_fd) {
-        (true, Some(fd)) => match Segment::map_fd(&fd, chunk_bytes) {
-            Ok(seg) => Some(Rx { seg: Arc::new(seg) }),
-            Err(e) => {
-                tracing::info!(peer, error = %e, "cannot map the peer's shared-memory segment; it uses the socket");
-                None
-            }
-        },
-        (true, None) => {
+    let status = parse(&got, "offer")?;
+    let mut their_fds = their_fds.into_iter();
+    let mut map = |bit: u32, what: &str| {
+        if status & bit == 0 {
+            return None;
+        }
+        let Some(fd) = their_fds.next() else {
             tracing::info!(
                 peer,
-                "the peer's shared-memory descriptor did not arrive; it uses the socket"
+                "the peer's {what} descriptor did not arrive; not used"
             );
-            None
+            return None;
+        };
+        match Segment::map_fd(&fd, chunk_bytes) {
+            Ok(seg) => Some(Rx { seg: Arc::new(seg) }),
+            Err(e) => {
+                tracing::info!(peer, error = %e, "cannot map the peer's {what}; not used");
+                None
+            }
         }
-        (false, _) => None,
     };
-    s.write_all(&msg(u32::from(rx.is_some())))
-        .await
-        .map_err(|e| format!("acknowledging rank {peer}'s shared memory: {e}"))?;
+    let rx = map(1, "shared-memory segment");
+    let brx = map(2, "broadcast segment");
+    s.write_all(&msg(
+        u32::from(rx.is_some()) | (u32::from(brx.is_some()) << 1)
+    ))
+    .await
+    .map_err(|e| format!("acknowledging rank {peer}'s shared memory: {e}"))?;
     let mut ack = [0u8; MSG_LEN];
     s.read_exact(&mut ack)
         .await
         .map_err(|e| format!("reading rank {peer}'s shared-memory acknowledgement: {e}"))?;
-    let acked = parse(&ack, "acknowledgement")? == 1;
+    let acked = parse(&ack, "acknowledgement")?;
     // Our descriptor is closed here; the mappings keep the memory.
     let tx = match mine {
-        Some((seg, _fd)) if acked => Some(Tx::new(seg)),
+        Some((seg, _fd)) if acked & 1 != 0 => Some(Tx::new(seg)),
         _ => None,
     };
-    Ok(Pair { tx, rx })
+    Ok(Pair {
+        tx,
+        rx,
+        brx,
+        bcast_ok: bcast.is_some() && acked & 2 != 0,
+    })
 }
 
 /// Without Linux, never shared memory.
@@ -529,15 +611,16 @@ pub(super) async fn exchange(
     _: &mut tokio::net::UnixStream,
     _: usize,
     _: usize,
+    _: Option<&Bcast>,
 ) -> Result<Pair, String> {
     Ok(Pair::default())
 }
 
-/// One `sendmsg` of `data` with `fd` attached (`SCM_RIGHTS`); returns the
-/// bytes sent.
+/// One `sendmsg` of `data` with `fds` (at most 2) attached (`SCM_RIGHTS`);
+/// returns the bytes sent.
 #[cfg(target_os = "linux")]
-fn send_with_fd(sock: i32, data: &[u8], fd: Option<i32>) -> io::Result<usize> {
-    // Room for one descriptor's control message, u64-aligned.
+fn send_with_fds(sock: i32, data: &[u8], fds: &[i32]) -> io::Result<usize> {
+    // Room for a control message of two descriptors, u64-aligned.
     let mut cbuf = [0u64; 4];
     let mut iov = libc::iovec {
         iov_base: data.as_ptr() as *mut libc::c_void,
@@ -547,21 +630,29 @@ fn send_with_fd(sock: i32, data: &[u8], fd: Option<i32>) -> io::Result<usize> {
     let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
     mh.msg_iov = &mut iov;
     mh.msg_iovlen = 1;
-    if let Some(fd) = fd {
+    let fds = &fds[..fds.len().min(2)];
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
         // SAFETY: CMSG_SPACE/CMSG_LEN are pure size computations;
-        // CMSG_FIRSTHDR points into `cbuf`, which is large enough for one
-        // `c_int` payload (checked by the assert) and outlives the call;
-        // CMSG_DATA points inside that header's data area.
+        // CMSG_FIRSTHDR points into `cbuf`, which is large enough for two
+        // `c_int`s (CMSG_SPACE(8) = 24 <= 32 bytes, checked) and outlives
+        // the call; CMSG_DATA points inside that header's data area, which
+        // holds `fds.len() <= 2` descriptors.
         unsafe {
-            let space = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as usize;
-            assert!(space <= std::mem::size_of_val(&cbuf));
+            let space = libc::CMSG_SPACE(bytes) as usize;
+            if space > std::mem::size_of_val(&cbuf) {
+                return Err(io::Error::other("control buffer too small"));
+            }
             mh.msg_control = cbuf.as_mut_ptr().cast();
             mh.msg_controllen = space as _;
             let c = libc::CMSG_FIRSTHDR(&mh);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
-            libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd);
+            (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
+            let data = libc::CMSG_DATA(c).cast::<i32>();
+            for (k, fd) in fds.iter().enumerate() {
+                data.add(k).write_unaligned(*fd);
+            }
         }
     }
     // SAFETY: `mh` points at `iov` (valid for `data.len()` bytes) and, if
@@ -573,10 +664,10 @@ fn send_with_fd(sock: i32, data: &[u8], fd: Option<i32>) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-/// One `recvmsg` into `buf`; returns the bytes read and a descriptor if one
-/// was attached.
+/// One `recvmsg` into `buf`; returns the bytes read and the descriptors
+/// attached, in order.
 #[cfg(target_os = "linux")]
-fn recv_with_fd(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Option<std::os::fd::OwnedFd>)> {
+fn recv_with_fds(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Vec<std::os::fd::OwnedFd>)> {
     use std::os::fd::{FromRawFd, OwnedFd};
     let mut cbuf = [0u64; 8];
     let mut iov = libc::iovec {
@@ -595,7 +686,7 @@ fn recv_with_fd(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Option<std::os:
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut fd = None;
+    let mut fds = Vec::new();
     // SAFETY: the kernel filled `mh.msg_control`/`msg_controllen`; the
     // CMSG_* helpers walk only within that buffer. A SCM_RIGHTS message
     // carries `c_int` descriptors that now belong to this process: each is
@@ -608,10 +699,7 @@ fn recv_with_fd(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Option<std::os:
                 let bytes = (*c).cmsg_len as usize - (data as usize - c as usize);
                 for k in 0..bytes / std::mem::size_of::<i32>() {
                     let raw = data.cast::<i32>().add(k).read_unaligned();
-                    let owned = OwnedFd::from_raw_fd(raw);
-                    if fd.is_none() {
-                        fd = Some(owned);
-                    }
+                    fds.push(OwnedFd::from_raw_fd(raw));
                 }
             }
             c = libc::CMSG_NXTHDR(&mh, c);
@@ -620,5 +708,5 @@ fn recv_with_fd(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Option<std::os:
     if mh.msg_flags & libc::MSG_CTRUNC != 0 {
         return Err(io::Error::other("control message truncated"));
     }
-    Ok((n as usize, fd))
+    Ok((n as usize, fds))
 }

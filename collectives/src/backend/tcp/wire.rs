@@ -17,10 +17,12 @@
 //! | 41     | op     | op code ([`op_code`])                               |
 //! | 42     | dtype  | dtype byte, or [`NONE8`]                            |
 //! | 43     | redop  | reduce-op byte, or [`NONE8`]                        |
-//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`] or [`ALGO_CHAIN`]    |
+//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`], [`ALGO_CHAIN`] or   |
+//! |        |        | [`ALGO_RS_BCAST`]                                   |
 //! | 45     | -      | zero                                                |
 //! | 46..48 | shm    | 0: the payload follows; `k + 1`: the payload is in  |
-//! |        |        | shared-memory slot `k` and nothing follows (`shm`)  |
+//! |        |        | shared-memory slot `k` and nothing follows (`shm`); |
+//! |        |        | bit 15 set: of the sender's broadcast segment       |
 
 use crate::dtype::{DType, ReduceOp};
 
@@ -51,6 +53,9 @@ pub(super) const ALGO_DIRECT: u8 = 0;
 pub(super) const ALGO_RING: u8 = 1;
 /// Pipelined chain (broadcast).
 pub(super) const ALGO_CHAIN: u8 = 2;
+/// Ring reduce-scatter, then every rank's block from its owner through
+/// shared memory (all_reduce with every rank on one host).
+pub(super) const ALGO_RS_BCAST: u8 = 3;
 
 const OPS: [&str; 9] = [
     "all_reduce",

@@ -33,13 +33,27 @@ pub(super) struct Op<'a> {
     pub(super) class: u8,
 }
 
+/// The worker's shared-memory state.
+#[derive(Debug)]
+pub(super) struct Shm {
+    /// Segment to each peer, if any.
+    pub(super) tx: Vec<Option<shm::Tx>>,
+    /// This rank's broadcast segment, if any.
+    pub(super) bcast: Option<shm::Tx>,
+    /// Whether each peer mapped the broadcast segment.
+    pub(super) bcast_ok: Vec<bool>,
+    /// Every rank is on this host and offers shared memory (the same on
+    /// every rank).
+    pub(super) all_local: bool,
+}
+
 /// The worker task's state. It alone writes to the connections.
 #[derive(Debug)]
 pub(super) struct Worker {
     pub(super) inner: Arc<Inner>,
     writers: Vec<Option<Writer>>,
-    /// Shared-memory segment to each peer, if any.
-    shm: Vec<Option<shm::Tx>>,
+    /// Shared-memory segments.
+    shm: Shm,
     coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
@@ -90,7 +104,7 @@ impl Worker {
     pub(super) fn new(
         inner: Arc<Inner>,
         writers: Vec<Option<Writer>>,
-        shm: Vec<Option<shm::Tx>>,
+        shm: Shm,
         coll: Vec<Option<UnboundedReceiver<Incoming>>>,
         p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     ) -> Worker {
@@ -263,7 +277,7 @@ impl Worker {
         // slot, and only the header through the socket; with every slot in
         // use it goes through the socket.
         if payload.len() >= shm::SHM_MIN {
-            if let Some(tx) = self.shm.get_mut(peer).and_then(Option::as_mut) {
+            if let Some(tx) = self.shm.tx.get_mut(peer).and_then(Option::as_mut) {
                 match tx.try_put(payload) {
                     Some(i) => {
                         self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
@@ -278,6 +292,50 @@ impl Worker {
         self.write(op, peer, payload.len(), 0, payload).await
     }
 
+    /// Whether the all-gather phase of large all_reduces goes through the
+    /// broadcast segments (the same answer on every rank).
+    pub(super) fn all_local(&self) -> bool {
+        self.shm.all_local
+    }
+
+    /// Sends one frame of `op` with `payload` to every other rank: written
+    /// once into a slot of this rank's broadcast segment when it is large
+    /// and there is one free (each peer that mapped the segment gets only
+    /// the header), else to each peer with [`Worker::send`].
+    pub(super) async fn send_to_all(
+        &mut self,
+        op: &Op<'_>,
+        payload: &[u8],
+    ) -> Result<(), WorkError> {
+        let others: Vec<usize> = self.others().collect();
+        let readers = others.iter().filter(|&&p| self.shm.bcast_ok[p]).count();
+        let mut slot = None;
+        if payload.len() >= shm::SHM_MIN && readers > 0 {
+            if let Some(tx) = self.shm.bcast.as_mut() {
+                match tx.reserve(payload.len()) {
+                    Some(r) => {
+                        tx.slot_mut(&r).copy_from_slice(payload);
+                        slot = Some(tx.publish_for(r, readers as u32));
+                    }
+                    None => {
+                        self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        for p in others {
+            match slot {
+                Some(i) if self.shm.bcast_ok[p] => {
+                    self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+                    self.write(op, p, payload.len(), shm::BCAST_BIT | (i + 1), &[])
+                        .await?
+                }
+                _ => self.send(op, p, payload).await?,
+            }
+        }
+        Ok(())
+    }
+
     /// A shared-memory slot to `peer` for a payload of `len` bytes, to be
     /// filled in place (through [`Worker::slot_mut`]) and sent with
     /// [`Worker::send_reserved`]; `None` when the payload is small, `peer`
@@ -286,7 +344,7 @@ impl Worker {
         if len < shm::SHM_MIN {
             return None;
         }
-        let r = self.shm.get_mut(peer)?.as_mut()?.reserve(len);
+        let r = self.shm.tx.get_mut(peer)?.as_mut()?.reserve(len);
         if r.is_none() {
             self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
         }
@@ -295,7 +353,7 @@ impl Worker {
 
     /// The bytes of a slot reserved for `peer`.
     pub(super) fn slot_mut(&mut self, peer: usize, r: &shm::Reserved) -> &mut [u8] {
-        match self.shm.get_mut(peer).and_then(Option::as_mut) {
+        match self.shm.tx.get_mut(peer).and_then(Option::as_mut) {
             Some(tx) => tx.slot_mut(r),
             // `reserve` only hands out slots of existing segments.
             None => &mut [],
@@ -311,7 +369,7 @@ impl Worker {
         r: shm::Reserved,
     ) -> Result<(), WorkError> {
         let len = r.len();
-        let Some(tx) = self.shm.get_mut(peer).and_then(Option::as_mut) else {
+        let Some(tx) = self.shm.tx.get_mut(peer).and_then(Option::as_mut) else {
             return Err(WorkError::Backend {
                 ctx: op.ctx.clone(),
                 msg: format!("no shared memory to rank {peer}"),
