@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
 use super::shm;
-use super::wire::{Hello, HELLO_FIXED, HELLO_SHM};
+use super::wire::{Hello, HELLO_BCAST, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
 use super::TcpOptions;
 
 /// Who this rank is, for the handshake.
@@ -37,7 +37,9 @@ pub(super) struct Me {
 }
 
 impl Me {
-    fn hello(&self, to: usize) -> Hello {
+    /// Our hello to `to`; `same_host`: `to` published the same host as
+    /// this rank (only the connecting side knows).
+    fn hello(&self, to: usize, same_host: bool) -> Hello {
         Hello {
             group: self.group.to_string(),
             from: self.rank as u32,
@@ -45,7 +47,9 @@ impl Me {
             size: self.size as u32,
             crossover: self.opts.crossover_bytes as u64,
             chunk: self.opts.chunk_bytes as u64,
-            flags: if self.wants_shm() { HELLO_SHM } else { 0 },
+            flags: if self.wants_shm() { HELLO_SHM } else { 0 }
+                | if self.bcast.is_some() { HELLO_BCAST } else { 0 }
+                | if same_host { HELLO_SAME_HOST } else { 0 },
         }
     }
 
@@ -120,13 +124,16 @@ pub(super) enum Stream {
 pub(super) struct Conn {
     pub(super) stream: Stream,
     pub(super) shm: shm::Pair,
+    /// The peer published this rank's host and a broadcast segment.
+    pub(super) local_ok: bool,
 }
 
 impl Conn {
-    fn plain(stream: Stream) -> Conn {
+    fn plain(stream: Stream, local_ok: bool) -> Conn {
         Conn {
             stream,
             shm: shm::Pair::default(),
+            local_ok,
         }
     }
 }
@@ -209,7 +216,7 @@ async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     let h = read_hello(&mut s).await.map_err(stray)?;
     // Answer before checking, so that the peer sees our side and reports the
     // mismatch too.
-    s.write_all(&me.hello(h.from as usize).encode())
+    s.write_all(&me.hello(h.from as usize, false).encode())
         .await
         .map_err(|e| stray(format!("writing the handshake: {e}")))?;
     let peer = me.check(&h, None).map_err(|msg| Refused {
@@ -225,8 +232,9 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     peer: usize,
     s: &mut S,
     addr: &str,
+    same_host: bool,
 ) -> Result<Hello, String> {
-    s.write_all(&me.hello(peer).encode())
+    s.write_all(&me.hello(peer, same_host).encode())
         .await
         .map_err(|e| format!("writing the handshake to rank {peer}: {e}"))?;
     let h = read_hello(s)
@@ -253,13 +261,20 @@ async fn accept_any(
     }
 }
 
+/// What a lower rank's hello says about it: it published the same host as
+/// this rank and a broadcast segment (the same fact that rank read from
+/// the store about this rank).
+fn local_peer(h: &Hello) -> bool {
+    h.flags & HELLO_SAME_HOST != 0 && h.flags & HELLO_BCAST != 0
+}
+
 /// Runs the acceptor's side of the handshake on either kind of stream.
 async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
     match s {
         Stream::Tcp(s) => {
             tune(&s).map_err(|msg| Refused { msg, fatal: false })?;
-            let (peer, s, _) = accept_one(me, s).await?;
-            Ok((peer, Conn::plain(Stream::Tcp(s))))
+            let (peer, s, h) = accept_one(me, s).await?;
+            Ok((peer, Conn::plain(Stream::Tcp(s), local_peer(&h))))
         }
         Stream::Unix(s) => {
             let (peer, mut s, h) = accept_one(me, s).await?;
@@ -275,6 +290,7 @@ async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
                 Conn {
                     stream: Stream::Unix(s),
                     shm,
+                    local_ok: local_peer(&h),
                 },
             ))
         }
@@ -288,6 +304,7 @@ async fn connect_tcp(
     peer: usize,
     addr: SocketAddr,
     deadline: Instant,
+    same_host: bool,
 ) -> Result<TcpStream, String> {
     let mut backoff = Duration::from_millis(5);
     let mut s = loop {
@@ -302,7 +319,7 @@ async fn connect_tcp(
         }
     };
     tune(&s)?;
-    handshake(me, peer, &mut s, &addr.to_string()).await?;
+    handshake(me, peer, &mut s, &addr.to_string(), same_host).await?;
     Ok(s)
 }
 
@@ -419,13 +436,16 @@ async fn connect_one(
     host: Option<&str>,
     deadline: Instant,
 ) -> Result<Conn, String> {
+    // What the store says; the peer reads the same about this rank.
+    let same_host = matches!((&addr.unix, host), (Some((h, _)), Some(me)) if h == me);
+    let local_ok = same_host && addr.shm;
     if let (Some((their_host, name)), Some(host)) = (&addr.unix, host) {
         if their_host == host {
             match connect_unix(peer, name).await {
                 Ok(mut s) => {
                     // A failed handshake is final: the peer is there but
                     // disagrees.
-                    let h = handshake(me, peer, &mut s, &format!("unix:{name}")).await?;
+                    let h = handshake(me, peer, &mut s, &format!("unix:{name}"), same_host).await?;
                     let shm = if me.pair_shm(&h) {
                         shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
                             .await?
@@ -435,6 +455,7 @@ async fn connect_one(
                     return Ok(Conn {
                         stream: Stream::Unix(s),
                         shm,
+                        local_ok,
                     });
                 }
                 Err(e) => {
@@ -443,9 +464,10 @@ async fn connect_one(
             }
         }
     }
-    Ok(Conn::plain(Stream::Tcp(
-        connect_tcp(me, peer, addr.tcp, deadline).await?,
-    )))
+    Ok(Conn::plain(
+        Stream::Tcp(connect_tcp(me, peer, addr.tcp, deadline, same_host).await?),
+        local_ok,
+    ))
 }
 
 fn listener(ip: std::net::IpAddr) -> Result<TcpListener, String> {
@@ -622,21 +644,12 @@ pub(super) async fn mesh(store: Arc<dyn Store>, mut me: Me) -> Result<Mesh, Setu
             .tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
         streams[peer] = Some(s);
     }
-    // Every rank reads the same published addresses, so every rank comes
-    // to the same answer (the addresses of connected ranks are all there).
-    let mut all_local = host.is_some() && me.bcast.is_some();
-    for peer in (0..me.size).filter(|&p| p != me.rank) {
-        if !all_local {
-            break;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let raw = store
-            .get(&format!("addr/{peer}"), left)
-            .await
-            .map_err(SetupError::Store)?;
-        let a = parse_addr(peer, &raw)?;
-        all_local = a.shm && a.unix.is_some_and(|(h, _)| Some(h.as_str()) == host);
-    }
+    // Whether every rank published this host and a broadcast segment: from
+    // the store for higher ranks, from their hellos for lower ones (which
+    // say what they published and whether it matched what this rank
+    // published), so every rank comes to the same answer.
+    let all_local =
+        host.is_some() && me.bcast.is_some() && streams.iter().flatten().all(|c| c.local_ok);
     Ok(Mesh {
         conns: streams,
         bcast: me.bcast.as_ref().map(|b| b.tx()),

@@ -222,6 +222,12 @@ pub(super) struct Hello {
 
 /// [`Hello::flags`] bit: shared memory wanted (see `shm`).
 pub(super) const HELLO_SHM: u16 = 1;
+/// [`Hello::flags`] bit: the sender published a broadcast segment (` shm`
+/// in its address).
+pub(super) const HELLO_BCAST: u16 = 2;
+/// [`Hello::flags`] bit: the (connecting) sender read the receiver's
+/// published host and it is the sender's own.
+pub(super) const HELLO_SAME_HOST: u16 = 4;
 
 /// Fixed part of an encoded [`Hello`] (the group name follows).
 pub(super) const HELLO_FIXED: usize = 40;
