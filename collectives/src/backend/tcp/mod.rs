@@ -124,8 +124,10 @@
 //!   same layout that every local peer maps, read by several peers (a
 //!   slot's state counts its readers). When every rank of the group is on
 //!   this host and offers shared memory (each rank publishes `shm` beside
-//!   its Unix socket, so every rank reads the same answer from the store)
-//!   and there are at least 3 ranks, a large all_reduce runs the ring's
+//!   its Unix socket; a rank learns it about higher ranks from the store
+//!   and about lower ones from their hellos, which also say whether they
+//!   found this rank's published host equal to theirs, so every rank comes
+//!   to the same answer) and there are at least 3 ranks, a large all_reduce runs the ring's
 //!   reduce-scatter and then, instead of the ring's all-gather (which
 //!   copies every block into a slot at every hop), each rank writes each
 //!   chunk of its reduced block once into its broadcast segment and sends
