@@ -6,8 +6,10 @@ use std::ops::Range;
 use chorus_runtime::{OpContext, WorkError};
 
 use super::conn::Frame;
+use super::shm::Reserved;
 use super::wire::{
-    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST, CLASS_COLL, CLASS_P2P, NONE32,
+    NONE8,
 };
 use super::worker::{Op, Worker};
 use crate::backend::OpKind;
@@ -85,6 +87,59 @@ fn combine_raw<T: Reducible>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
     }
 }
 
+/// `out[i] = f(a[i], b[i])`, vectorised like [`zip_with`].
+#[inline(always)]
+fn zip3_with<T: Copy>(out: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((o, a), b) in out.iter_mut().zip(a).zip(b) {
+        *o = f(*a, *b);
+    }
+}
+
+fn combine3_raw<T: Reducible>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+    if let (Ok(o), Ok(x), Ok(y)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(out),
+        bytemuck::try_cast_slice::<u8, T>(a),
+        bytemuck::try_cast_slice::<u8, T>(b),
+    ) {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                zip3_with(o, x, y, |a, b| T::combine(ReduceOp::Sum, a, b))
+            }
+            ReduceOp::Prod => zip3_with(o, x, y, |a, b| T::combine(ReduceOp::Prod, a, b)),
+            ReduceOp::Min => zip3_with(o, x, y, |a, b| T::combine(ReduceOp::Min, a, b)),
+            ReduceOp::Max => zip3_with(o, x, y, |a, b| T::combine(ReduceOp::Max, a, b)),
+        }
+        return;
+    }
+    out.copy_from_slice(a);
+    combine_raw::<T>(op, out, b);
+}
+
+/// `out[i] = op(a[i], b[i])` on raw bytes of `dtype`: the same bits as
+/// copying `a` to `out` and then [`combine_bytes`]`(op, dtype, out, b)`.
+fn combine_to(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
+    use half::{bf16, f16};
+    match dtype {
+        DType::F32 => combine3_raw::<f32>(op, out, a, b),
+        DType::F64 => combine3_raw::<f64>(op, out, a, b),
+        DType::F16 => combine3_raw::<f16>(op, out, a, b),
+        DType::BF16 => combine3_raw::<bf16>(op, out, a, b),
+        DType::I8 => combine3_raw::<i8>(op, out, a, b),
+        DType::U8 => combine3_raw::<u8>(op, out, a, b),
+        DType::I32 => combine3_raw::<i32>(op, out, a, b),
+        DType::I64 => combine3_raw::<i64>(op, out, a, b),
+    }
+}
+
+/// A partial reduction of the ring's reduce-scatter, waiting to be sent on:
+/// in the received frame (reduced in place), or already in a shared-memory
+/// slot reserved for the next rank (reduced straight into it, which saves
+/// copying it there).
+enum Partial {
+    Frame(Frame),
+    Out(Reserved),
+}
+
 /// `dst[i] = op(dst[i], src[i])` on raw bytes of `dtype`.
 fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
     use half::{bf16, f16};
@@ -110,7 +165,7 @@ impl Worker {
     }
 
     /// The other ranks, starting after this one (spreads the load).
-    fn others(&self) -> impl Iterator<Item = usize> {
+    pub(super) fn others(&self) -> impl Iterator<Item = usize> {
         let (n, me) = (self.n(), self.me());
         (1..n).map(move |s| (me + s) % n)
     }
@@ -304,20 +359,63 @@ impl Worker {
             finish_avg(op, buf, 0..count, n);
             return Ok(());
         }
+        if n > 2 && self.all_local() {
+            // Every rank on this host with shared memory: the ring's
+            // reduce-scatter, then every rank writes its reduced block once
+            // into its broadcast segment and every other rank copies it
+            // from there (the ring's all-gather copies each block into a
+            // slot at every hop).
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RS_BCAST),
+            );
+            let blk = |i| block(count, n, i);
+            self.ring_in_place(&o, buf, Some(op), blk, ce, false)
+                .await?;
+            return self.gather_from_owners(&o, buf, blk, ce).await;
+        }
         // Ring: reduce-scatter (rank r ends with block r reduced), then
         // all-gather.
         let o = Self::op(
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RING),
         );
-        self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce)
+        self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce, true)
             .await
+    }
+
+    /// All-gather by owners: this rank sends each chunk of its block `blk(me)`
+    /// of `buf` to every other rank at once ([`Worker::send_to_all`]), then
+    /// receives every other rank's block from its owner.
+    async fn gather_from_owners(
+        &mut self,
+        o: &Op<'_>,
+        buf: &mut HostBuffer,
+        blk: impl Fn(usize) -> Range<usize>,
+        ce: usize,
+    ) -> Result<(), WorkError> {
+        let es = buf.dtype().size();
+        let mine = blk(self.me());
+        for k in 0..nchunks(mine.len(), ce) {
+            let c = chunk(&mine, ce, k);
+            self.send_to_all(o, &buf.as_bytes()[bytes(&c, es)]).await?;
+        }
+        let others: Vec<usize> = self.others().collect();
+        for p in others {
+            let b = blk(p);
+            for k in 0..nchunks(b.len(), ce) {
+                let c = chunk(&b, ce, k);
+                self.recv_into(o, p, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Pipelined ring on `buf`, whose block `i` is `blk(i)`. With `op`, a
     /// reduce-scatter (`n - 1` steps, after which this rank's block is
-    /// reduced and, for `Avg`, divided) comes first; then an all-gather
-    /// (`n - 1` steps) spreads every rank's block.
+    /// reduced and, for `Avg`, divided) comes first; then, with `gather`, an
+    /// all-gather (`n - 1` steps) spreads every rank's block.
     ///
     /// At step `s` this rank sends one block to the right and receives one
     /// from the left; the block received at step `s` is the one sent at step
@@ -332,12 +430,16 @@ impl Worker {
         op: Option<ReduceOp>,
         blk: impl Fn(usize) -> Range<usize>,
         ce: usize,
+        gather: bool,
     ) -> Result<(), WorkError> {
         let (n, me) = (self.n(), self.me());
         let es = buf.dtype().size();
         let (left, right) = ((me + n - 1) % n, (me + 1) % n);
         let rs = if op.is_some() { n - 1 } else { 0 };
-        let steps = rs + n - 1;
+        let steps = rs + if gather { n - 1 } else { 0 };
+        if steps == 0 {
+            return Ok(());
+        }
         // Block sent / received at step s.
         let sid = |s: usize| {
             if s < rs {
@@ -360,7 +462,7 @@ impl Worker {
         // from the receive buffer (still in cache). Only each rank's own
         // block is written to `buf`; the others are overwritten by the
         // all-gather anyway.
-        let mut partial: Vec<Option<Frame>> = (0..kmax).map(|_| None).collect();
+        let mut partial: Vec<Option<Partial>> = (0..kmax).map(|_| None).collect();
         for t in 0..kmax + steps - 1 {
             let lo = t.saturating_sub(kmax - 1);
             let hi = t.min(steps - 1);
@@ -368,7 +470,8 @@ impl Worker {
                 let (b, k) = (blk(sid(s)), t - s);
                 if k < nchunks(b.len(), ce) {
                     match partial[k].take() {
-                        Some(p) => self.send(o, right, p.payload.bytes()).await?,
+                        Some(Partial::Frame(p)) => self.send(o, right, p.payload.bytes()).await?,
+                        Some(Partial::Out(r)) => self.send_reserved(o, right, r).await?,
                         None => {
                             let c = chunk(&b, ce, k);
                             self.send(o, right, &buf.as_bytes()[bytes(&c, es)]).await?
@@ -384,8 +487,17 @@ impl Worker {
                         Some(op) if s + 1 < rs => {
                             let mut f = self.recv(o, left, c.len() * es).await?;
                             let own = &buf.as_bytes()[bytes(&c, es)];
-                            combine_bytes(op, dtype, f.payload.bytes_mut(), own);
-                            partial[k] = Some(f);
+                            partial[k] = Some(match self.reserve(right, own.len()) {
+                                Some(r) => {
+                                    let out = self.slot_mut(right, &r);
+                                    combine_to(op, dtype, out, f.payload.bytes(), own);
+                                    Partial::Out(r)
+                                }
+                                None => {
+                                    combine_bytes(op, dtype, f.payload.bytes_mut(), own);
+                                    Partial::Frame(f)
+                                }
+                            });
                         }
                         Some(op) if s < rs => {
                             let f = self.recv(o, left, c.len() * es).await?;
@@ -544,7 +656,7 @@ impl Worker {
         if self.large(n * k * es) {
             let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_RING));
             return self
-                .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce)
+                .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce, true)
                 .await;
         }
         let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_DIRECT));
@@ -616,7 +728,7 @@ impl Worker {
         let (left, right) = ((me + n - 1) % n, (me + 1) % n);
         let nck = nchunks(k, ce);
         let steps = n - 1;
-        let mut partial: Vec<Option<Frame>> = (0..nck).map(|_| None).collect();
+        let mut partial: Vec<Option<Partial>> = (0..nck).map(|_| None).collect();
         for t in 0..nck + steps - 1 {
             let lo = t.saturating_sub(nck - 1);
             let hi = t.min(steps - 1);
@@ -624,7 +736,8 @@ impl Worker {
                 let j = t - s;
                 let c = chunk(&all, ce, j);
                 match partial[j].take() {
-                    Some(p) => self.send(&o, right, p.payload.bytes()).await?,
+                    Some(Partial::Frame(p)) => self.send(&o, right, p.payload.bytes()).await?,
+                    Some(Partial::Out(r)) => self.send_reserved(&o, right, r).await?,
                     None => {
                         let sbi = (me + 2 * n - s - 1) % n;
                         self.send(&o, right, inb(sbi, &c)).await?;
@@ -637,8 +750,18 @@ impl Worker {
                 let mut f = self.recv(&o, left, c.len() * es).await?;
                 if s + 1 < steps {
                     let rbi = (me + 2 * n - s - 2) % n;
-                    combine_bytes(op, dtype, f.payload.bytes_mut(), inb(rbi, &c));
-                    partial[j] = Some(f);
+                    let own = inb(rbi, &c);
+                    partial[j] = Some(match self.reserve(right, own.len()) {
+                        Some(r) => {
+                            let out = self.slot_mut(right, &r);
+                            combine_to(op, dtype, out, f.payload.bytes(), own);
+                            Partial::Out(r)
+                        }
+                        None => {
+                            combine_bytes(op, dtype, f.payload.bytes_mut(), own);
+                            Partial::Frame(f)
+                        }
+                    });
                 } else {
                     copy_in(output, &c, inb(me, &c));
                     combine_into(op, output, c.clone(), f.payload.bytes());
@@ -795,6 +918,35 @@ mod tests {
                 }
                 assert_eq!(next, r.end);
             }
+        }
+    }
+
+    #[test]
+    fn combine_to_matches_copy_then_combine() {
+        let a: Vec<f32> = vec![1.5, -2.0, 3.25, 7.0];
+        let b: Vec<f32> = vec![0.5, 4.0, -1.0, -7.5];
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+            let mut want = bytemuck::cast_slice::<f32, u8>(&a).to_vec();
+            combine_bytes(op, DType::F32, &mut want, bytemuck::cast_slice(&b));
+            let mut out = vec![0u8; 16];
+            combine_to(
+                op,
+                DType::F32,
+                &mut out,
+                bytemuck::cast_slice(&a),
+                bytemuck::cast_slice(&b),
+            );
+            assert_eq!(out, want, "{op:?}");
+            // Unaligned output.
+            let mut u = [0u8; 17];
+            combine_to(
+                op,
+                DType::F32,
+                &mut u[1..],
+                bytemuck::cast_slice(&a),
+                bytemuck::cast_slice(&b),
+            );
+            assert_eq!(&u[1..], &want[..], "{op:?}");
         }
     }
 

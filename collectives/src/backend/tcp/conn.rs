@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
+use super::shm;
 use super::wire::{Header, CLASS_BYE, CLASS_COLL, CLASS_P2P, HEADER_LEN};
 use super::Inner;
 
@@ -89,11 +90,35 @@ impl Drop for PoolBuf {
     }
 }
 
+/// A received frame's payload: read from the socket into a pool buffer, or
+/// left by the peer in a shared-memory slot (freed when dropped).
+#[derive(Debug)]
+pub(super) enum Payload {
+    Pool(PoolBuf),
+    Shm(shm::Slot),
+}
+
+impl Payload {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Pool(p) => p.bytes(),
+            Payload::Shm(s) => s.bytes(),
+        }
+    }
+
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Payload::Pool(p) => p.bytes_mut(),
+            Payload::Shm(s) => s.bytes_mut(),
+        }
+    }
+}
+
 /// A received frame.
 #[derive(Debug)]
 pub(super) struct Frame {
     pub(super) hdr: Header,
-    pub(super) payload: PoolBuf,
+    pub(super) payload: Payload,
 }
 
 /// How a peer's connection ended.
@@ -162,6 +187,9 @@ const LEND_MIN: u64 = 32 << 10;
 /// Reads frames from `peer` as they arrive and queues them for the worker,
 /// so that a sender never waits for the receiver to reach the op.
 ///
+/// A frame whose header names a shared-memory slot carries no payload on
+/// the socket: its payload is the slot (`shm`, the segment from this peer).
+///
 /// Ends at the peer's goodbye, at EOF or on an error; an abrupt end fails the
 /// backend at once (even if no op is waiting on this peer).
 pub(super) async fn reader(
@@ -169,6 +197,8 @@ pub(super) async fn reader(
     rd: ReadHalf,
     coll: UnboundedSender<Incoming>,
     p2p: UnboundedSender<Frame>,
+    shm: Option<shm::Rx>,
+    bcast: Option<shm::Rx>,
     inner: Arc<Inner>,
 ) {
     let link = Arc::new(Link::default());
@@ -200,6 +230,30 @@ pub(super) async fn reader(
                 "frame of {} bytes exceeds the chunk size {} (corrupt stream, or the ranks' TcpOptions differ)",
                 hdr.len, inner.opts.chunk_bytes
             ));
+        }
+        if hdr.shm != 0 {
+            let seg = if hdr.shm & shm::BCAST_BIT != 0 {
+                &bcast
+            } else {
+                &shm
+            };
+            let Some(rx) = seg else {
+                break PeerState::Lost(
+                    "the peer sent a shared-memory frame, but this pair has no such segment (corrupt stream?)"
+                        .into(),
+                );
+            };
+            let slot = (hdr.shm & !shm::BCAST_BIT).wrapping_sub(1);
+            let payload = match rx.take(slot, hdr.len) {
+                Ok(slot) => Payload::Shm(slot),
+                Err(msg) => break PeerState::Lost(msg),
+            };
+            if hdr.class == CLASS_P2P {
+                let _ = p2p.send(Frame { hdr, payload });
+            } else {
+                let _ = coll.send(Incoming::Frame(Frame { hdr, payload }));
+            }
+            continue;
         }
         if hdr.class == CLASS_COLL
             && hdr.len >= LEND_MIN
@@ -235,6 +289,7 @@ pub(super) async fn reader(
         if let Err(e) = rd.read_exact(payload.bytes_mut()).await {
             break PeerState::Lost(format!("read failed mid-frame: {e}"));
         }
+        let payload = Payload::Pool(payload);
         // A closed queue means the worker is gone: drop the frame.
         if hdr.class == CLASS_P2P {
             let _ = p2p.send(Frame { hdr, payload });

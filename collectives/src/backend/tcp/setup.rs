@@ -7,7 +7,9 @@
 //! host and network namespace, `name` an abstract Unix socket. A peer with
 //! the same `host` connects through the Unix socket (several times faster
 //! than loopback TCP); any other peer, or one whose Unix connect fails, uses
-//! TCP.
+//! TCP. Over a Unix socket, when both hellos offer shared memory, both ends
+//! then exchange their shared-memory segments (`shm::exchange`) before the
+//! connection carries frames.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -19,7 +21,8 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
-use super::wire::{Hello, HELLO_FIXED};
+use super::shm;
+use super::wire::{Hello, HELLO_BCAST, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
 use super::TcpOptions;
 
 /// Who this rank is, for the handshake.
@@ -29,10 +32,14 @@ pub(super) struct Me {
     pub(super) size: usize,
     pub(super) group: Arc<str>,
     pub(super) opts: TcpOptions,
+    /// This rank's broadcast segment, offered to every local peer.
+    pub(super) bcast: Option<Arc<shm::Bcast>>,
 }
 
 impl Me {
-    fn hello(&self, to: usize) -> Hello {
+    /// Our hello to `to`; `same_host`: `to` published the same host as
+    /// this rank (only the connecting side knows).
+    fn hello(&self, to: usize, same_host: bool) -> Hello {
         Hello {
             group: self.group.to_string(),
             from: self.rank as u32,
@@ -40,7 +47,22 @@ impl Me {
             size: self.size as u32,
             crossover: self.opts.crossover_bytes as u64,
             chunk: self.opts.chunk_bytes as u64,
+            flags: if self.wants_shm() { HELLO_SHM } else { 0 }
+                | if self.bcast.is_some() { HELLO_BCAST } else { 0 }
+                | if same_host { HELLO_SAME_HOST } else { 0 },
         }
+    }
+
+    /// Whether this rank offers shared memory to local peers.
+    pub(super) fn wants_shm(&self) -> bool {
+        self.opts.shared_memory
+            && (shm::SHM_MIN..=shm::SHM_MAX_CHUNK).contains(&self.opts.chunk_bytes)
+    }
+
+    /// Whether a pair whose peer sent `h` uses shared memory (if its
+    /// connection is a Unix socket): both ends must offer it.
+    fn pair_shm(&self, h: &Hello) -> bool {
+        self.wants_shm() && h.flags & HELLO_SHM != 0
     }
 
     /// Checks a peer's hello; `from` is the rank we expect, if known.
@@ -95,6 +117,25 @@ impl Me {
 pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+/// A connection and, for a local peer, its shared-memory segments.
+#[derive(Debug)]
+pub(super) struct Conn {
+    pub(super) stream: Stream,
+    pub(super) shm: shm::Pair,
+    /// The peer published this rank's host and a broadcast segment.
+    pub(super) local_ok: bool,
+}
+
+impl Conn {
+    fn plain(stream: Stream, local_ok: bool) -> Conn {
+        Conn {
+            stream,
+            shm: shm::Pair::default(),
+            local_ok,
+        }
+    }
 }
 
 /// The read half of a [`Stream`].
@@ -170,19 +211,19 @@ struct Refused {
 async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     mut s: S,
-) -> Result<(usize, S), Refused> {
+) -> Result<(usize, S, Hello), Refused> {
     let stray = |msg: String| Refused { msg, fatal: false };
     let h = read_hello(&mut s).await.map_err(stray)?;
     // Answer before checking, so that the peer sees our side and reports the
     // mismatch too.
-    s.write_all(&me.hello(h.from as usize).encode())
+    s.write_all(&me.hello(h.from as usize, false).encode())
         .await
         .map_err(|e| stray(format!("writing the handshake: {e}")))?;
     let peer = me.check(&h, None).map_err(|msg| Refused {
         msg,
         fatal: h.group == *me.group,
     })?;
-    Ok((peer, s))
+    Ok((peer, s, h))
 }
 
 /// Sends our hello to `peer` and checks the answer.
@@ -191,15 +232,16 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     peer: usize,
     s: &mut S,
     addr: &str,
-) -> Result<(), String> {
-    s.write_all(&me.hello(peer).encode())
+    same_host: bool,
+) -> Result<Hello, String> {
+    s.write_all(&me.hello(peer, same_host).encode())
         .await
         .map_err(|e| format!("writing the handshake to rank {peer}: {e}"))?;
     let h = read_hello(s)
         .await
         .map_err(|e| format!("rank {peer} at {addr}: {e}"))?;
     me.check(&h, Some(peer))?;
-    Ok(())
+    Ok(h)
 }
 
 /// The next incoming connection on either listener, with where it came from.
@@ -219,17 +261,38 @@ async fn accept_any(
     }
 }
 
+/// What a lower rank's hello says about it: it published the same host as
+/// this rank and a broadcast segment (the same fact that rank read from
+/// the store about this rank).
+fn local_peer(h: &Hello) -> bool {
+    h.flags & HELLO_SAME_HOST != 0 && h.flags & HELLO_BCAST != 0
+}
+
 /// Runs the acceptor's side of the handshake on either kind of stream.
-async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Stream), Refused> {
+async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
     match s {
         Stream::Tcp(s) => {
             tune(&s).map_err(|msg| Refused { msg, fatal: false })?;
-            let (peer, s) = accept_one(me, s).await?;
-            Ok((peer, Stream::Tcp(s)))
+            let (peer, s, h) = accept_one(me, s).await?;
+            Ok((peer, Conn::plain(Stream::Tcp(s), local_peer(&h))))
         }
         Stream::Unix(s) => {
-            let (peer, s) = accept_one(me, s).await?;
-            Ok((peer, Stream::Unix(s)))
+            let (peer, mut s, h) = accept_one(me, s).await?;
+            let shm = if me.pair_shm(&h) {
+                shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
+                    .await
+                    .map_err(|msg| Refused { msg, fatal: true })?
+            } else {
+                shm::Pair::default()
+            };
+            Ok((
+                peer,
+                Conn {
+                    stream: Stream::Unix(s),
+                    shm,
+                    local_ok: local_peer(&h),
+                },
+            ))
         }
     }
 }
@@ -241,6 +304,7 @@ async fn connect_tcp(
     peer: usize,
     addr: SocketAddr,
     deadline: Instant,
+    same_host: bool,
 ) -> Result<TcpStream, String> {
     let mut backoff = Duration::from_millis(5);
     let mut s = loop {
@@ -255,7 +319,7 @@ async fn connect_tcp(
         }
     };
     tune(&s)?;
-    handshake(me, peer, &mut s, &addr.to_string()).await?;
+    handshake(me, peer, &mut s, &addr.to_string(), same_host).await?;
     Ok(s)
 }
 
@@ -336,6 +400,8 @@ struct PeerAddr {
     tcp: SocketAddr,
     /// (host id, abstract socket name)
     unix: Option<(String, String)>,
+    /// The peer offers shared memory (its broadcast segment exists).
+    shm: bool,
 }
 
 fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
@@ -345,17 +411,20 @@ fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
     };
     let mut parts = text.split_whitespace();
     let tcp: SocketAddr = parts.next().and_then(|a| a.parse().ok()).ok_or_else(bad)?;
-    let unix = match parts.next() {
-        None => None,
-        Some(u) => {
-            let (host, name) = u
-                .strip_prefix("unix=")
-                .and_then(|u| u.split_once('/'))
-                .ok_or_else(bad)?;
-            Some((host.to_string(), name.to_string()))
+    let mut unix = None;
+    let mut shm = false;
+    for part in parts {
+        if part == "shm" {
+            shm = true;
+            continue;
         }
-    };
-    Ok(PeerAddr { tcp, unix })
+        let (host, name) = part
+            .strip_prefix("unix=")
+            .and_then(|u| u.split_once('/'))
+            .ok_or_else(bad)?;
+        unix = Some((host.to_string(), name.to_string()));
+    }
+    Ok(PeerAddr { tcp, unix, shm })
 }
 
 /// Connects to `peer`: through its Unix socket if it is on this host, else
@@ -366,15 +435,28 @@ async fn connect_one(
     addr: &PeerAddr,
     host: Option<&str>,
     deadline: Instant,
-) -> Result<Stream, String> {
+) -> Result<Conn, String> {
+    // What the store says; the peer reads the same about this rank.
+    let same_host = matches!((&addr.unix, host), (Some((h, _)), Some(me)) if h == me);
+    let local_ok = same_host && addr.shm;
     if let (Some((their_host, name)), Some(host)) = (&addr.unix, host) {
         if their_host == host {
             match connect_unix(peer, name).await {
                 Ok(mut s) => {
                     // A failed handshake is final: the peer is there but
                     // disagrees.
-                    handshake(me, peer, &mut s, &format!("unix:{name}")).await?;
-                    return Ok(Stream::Unix(s));
+                    let h = handshake(me, peer, &mut s, &format!("unix:{name}"), same_host).await?;
+                    let shm = if me.pair_shm(&h) {
+                        shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
+                            .await?
+                    } else {
+                        shm::Pair::default()
+                    };
+                    return Ok(Conn {
+                        stream: Stream::Unix(s),
+                        shm,
+                        local_ok,
+                    });
                 }
                 Err(e) => {
                     tracing::debug!(peer, error = %e, "Unix socket connect failed; using TCP")
@@ -382,8 +464,9 @@ async fn connect_one(
             }
         }
     }
-    Ok(Stream::Tcp(
-        connect_tcp(me, peer, addr.tcp, deadline).await?,
+    Ok(Conn::plain(
+        Stream::Tcp(connect_tcp(me, peer, addr.tcp, deadline, same_host).await?),
+        local_ok,
     ))
 }
 
@@ -418,16 +501,20 @@ impl From<String> for SetupError {
     }
 }
 
-/// Builds the mesh. Returns one stream per rank (`None` for this rank).
+/// Builds the mesh: one connection per rank, and the shared-memory state.
 ///
 /// # Errors
 ///
 /// [`SetupError::Store`] if the store fails, else what failed and what to
 /// check.
-pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Stream>>, SetupError> {
-    let mut streams: Vec<Option<Stream>> = (0..me.size).map(|_| None).collect();
+pub(super) async fn mesh(store: Arc<dyn Store>, mut me: Me) -> Result<Mesh, SetupError> {
+    let mut streams: Vec<Option<Conn>> = (0..me.size).map(|_| None).collect();
     if me.size == 1 {
-        return Ok(streams);
+        return Ok(Mesh {
+            conns: streams,
+            bcast: None,
+            all_local: false,
+        });
     }
     let timeout = me.opts.connect_timeout;
     let deadline = Instant::now() + timeout;
@@ -450,6 +537,17 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
                 ulst = Some(l);
             }
             Err(e) => tracing::debug!(error = %e, "no Unix socket for local peers; using TCP"),
+        }
+    }
+    if ulst.is_some() && me.wants_shm() {
+        match shm::Bcast::create(me.opts.chunk_bytes) {
+            Ok(b) => {
+                me.bcast = Some(Arc::new(b));
+                published.push_str(" shm");
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "no shared-memory broadcast segment; this rank uses the ring")
+            }
         }
     }
     let host = host.filter(|_| ulst.is_some());
@@ -542,8 +640,31 @@ pub(super) async fn mesh(store: Arc<dyn Store>, me: Me) -> Result<Vec<Option<Str
 
     let (acc, con) = tokio::try_join!(accept, connect)?;
     for (peer, s) in acc.into_iter().chain(con) {
-        s.tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
+        s.stream
+            .tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
         streams[peer] = Some(s);
     }
-    Ok(streams)
+    // Whether every rank published this host and a broadcast segment: from
+    // the store for higher ranks, from their hellos for lower ones (which
+    // say what they published and whether it matched what this rank
+    // published), so every rank comes to the same answer.
+    let all_local =
+        host.is_some() && me.bcast.is_some() && streams.iter().flatten().all(|c| c.local_ok);
+    Ok(Mesh {
+        conns: streams,
+        bcast: me.bcast.as_ref().map(|b| b.tx()),
+        all_local,
+    })
+}
+
+/// What setup built.
+#[derive(Debug)]
+pub(super) struct Mesh {
+    /// One connection per rank (`None` for this rank).
+    pub(super) conns: Vec<Option<Conn>>,
+    /// This rank's broadcast segment, if it has one.
+    pub(super) bcast: Option<shm::Tx>,
+    /// Every rank of the group is on this host and offers shared memory:
+    /// the all_reduce's all-gather phase goes through broadcast segments.
+    pub(super) all_local: bool,
 }

@@ -151,10 +151,16 @@ impl Rank {
 static GROUPS: AtomicUsize = AtomicUsize::new(0);
 
 fn world(n: usize, opts: &TcpOptions) -> Vec<Rank> {
+    world_with(&vec![opts.clone(); n])
+}
+
+/// A world whose rank `r` uses `opts[r]`.
+fn world_with(opts: &[TcpOptions]) -> Vec<Rank> {
+    let n = opts.len();
     let store: Arc<dyn Store> = Arc::new(MemStore::default());
     let group: Arc<str> = format!("test-{}", GROUPS.fetch_add(1, Ordering::Relaxed)).into();
     let bes = block_on(join_all((0..n).map(|r| {
-        TcpBackend::connect(store.clone(), r, n, group.clone(), opts.clone())
+        TcpBackend::connect(store.clone(), r, n, group.clone(), opts[r].clone())
     })));
     bes.into_iter()
         .map(|b| Rank {
@@ -299,6 +305,9 @@ fn large_frames_read_straight_into_buffers() {
             crossover_bytes: 64 << 10,
             chunk_bytes: 64 << 10,
             local_unix_sockets: unix,
+            // Large payloads through the sockets (shared memory has tests
+            // of its own).
+            shared_memory: false,
             ..TcpOptions::default()
         };
         let mut w = world(n, &opts);
@@ -309,6 +318,143 @@ fn large_frames_read_straight_into_buffers() {
             check_batch(&mut w, &mut rng, dtype, len, salt + 2);
         }
     }
+}
+
+/// Local Unix sockets with shared memory, chunks well above
+/// [`shm::SHM_MIN`](super::shm::SHM_MIN).
+fn shm_opts() -> TcpOptions {
+    TcpOptions {
+        crossover_bytes: 64 << 10,
+        chunk_bytes: 64 << 10,
+        local_unix_sockets: true,
+        shared_memory: true,
+        ..TcpOptions::default()
+    }
+}
+
+/// Bytes all slots of one direction hold with [`shm_opts`].
+fn shm_capacity() -> usize {
+    super::shm::slot_count(64 << 10) * (64 << 10)
+}
+
+/// Shared-memory segments are anonymous (memfd): nothing of chorus's ever
+/// appears in `/dev/shm`.
+fn assert_no_shm_files() {
+    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            assert!(!name.contains("chorus"), "left in /dev/shm: {name}");
+        }
+    }
+}
+
+/// This process maps some chorus shared-memory segment.
+fn maps_a_segment() -> bool {
+    std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("chorus-tcp-shm"))
+}
+
+/// Every op (send/recv included) over shared memory, 2 to 4 ranks, with
+/// payloads just above the threshold, not a multiple of the slot size, and
+/// more than all slots of a direction hold together (every op of a batch is
+/// queued before any is awaited, so slots also run out and frames fall back
+/// to the socket), against serial references; the slots were really used.
+#[test]
+fn shared_memory_ops_match_reference() {
+    let mut rng = StdRng::seed_from_u64(0x5a3e);
+    let big = (shm_capacity() + 3 * (64 << 10)) / 4 + 13;
+    for n in 2..=4 {
+        let mut w = world(n, &shm_opts());
+        assert!(
+            cfg!(not(target_os = "linux")) || maps_a_segment(),
+            "no segment mapped"
+        );
+        for (salt, (dtype, len)) in [
+            (DType::F32, 5000),
+            (DType::F32, (3 * (64 << 10) + 4097) / 4),
+            (DType::I8, 70_001),
+            (DType::F64, big / 2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            check_batch(&mut w, &mut rng, dtype, len, salt + n);
+        }
+        for rk in &w {
+            let (sent, _) = rk.be.shm_stats();
+            assert!(
+                cfg!(not(target_os = "linux")) || sent > 0,
+                "rank {} of {n} sent nothing through shared memory",
+                rk.rank()
+            );
+        }
+    }
+    assert_no_shm_files();
+}
+
+/// With `shared_memory` off on every rank, or on one rank of a pair only,
+/// payloads go through the socket (and results stay right).
+#[test]
+fn shared_memory_can_be_turned_off() {
+    let mut rng = StdRng::seed_from_u64(0x0ff);
+    let off = TcpOptions {
+        shared_memory: false,
+        ..shm_opts()
+    };
+    for opts in [
+        vec![off.clone(), off.clone()],
+        vec![shm_opts(), off.clone(), shm_opts()],
+    ] {
+        let mut w = world_with(&opts);
+        check_batch(&mut w, &mut rng, DType::F32, 40_000, 1);
+        for (r, rk) in w.iter().enumerate() {
+            let (sent, full) = rk.be.shm_stats();
+            if !opts[r].shared_memory || opts.iter().all(|o| !o.shared_memory) {
+                assert_eq!((sent, full), (0, 0), "rank {r} used shared memory");
+            }
+        }
+        // Ranks 0 and 2 both offer it: that pair uses it.
+        if opts.len() == 3 && cfg!(target_os = "linux") {
+            assert!(w[0].be.shm_stats().0 > 0 && w[2].be.shm_stats().0 > 0);
+        }
+    }
+    assert_no_shm_files();
+}
+
+/// A receiver that stops reading never blocks the sender (slots that run
+/// out make it fall back to the socket), and when it then dies (abort: its
+/// connections close) with slots still full, the sender's next op fails
+/// with `PeerLost` naming it, well before the op's timeout.
+#[test]
+fn a_peer_that_dies_holding_slots_fails_the_sender_without_a_hang() {
+    let mut w = world(2, &shm_opts());
+    let mut rng = StdRng::seed_from_u64(0xdead);
+    // Twice what the slots hold, never received by rank 1.
+    let len = 2 * shm_capacity() / 4;
+    let s = w[0].p2p(OpKind::Send {
+        buf: gen(&mut rng, DType::F32, len, ReduceOp::Sum),
+        peer: 1,
+    });
+    wait_all(vec![s]);
+    let (sent, full) = w[0].be.shm_stats();
+    if cfg!(target_os = "linux") {
+        assert!(sent > 0 && full > 0, "sent {sent}, full {full}");
+    }
+    w[0].seq += 1;
+    let a = w[0].submit_at(
+        w[0].seq,
+        OpKind::AllReduce {
+            buf: gen(&mut rng, DType::F32, len, ReduceOp::Sum),
+            op: ReduceOp::Sum,
+        },
+        Duration::from_secs(600),
+    );
+    w[1].be.abort(&aborted(1));
+    let e = expect_err(a);
+    match e {
+        WorkError::PeerLost { peer, .. } => assert_eq!(peer, 1),
+        e => panic!("expected PeerLost, got {e}"),
+    }
+    assert_no_shm_files();
 }
 
 /// One batch: every op once (all_reduce with every reduce op) on every

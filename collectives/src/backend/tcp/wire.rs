@@ -17,8 +17,12 @@
 //! | 41     | op     | op code ([`op_code`])                               |
 //! | 42     | dtype  | dtype byte, or [`NONE8`]                            |
 //! | 43     | redop  | reduce-op byte, or [`NONE8`]                        |
-//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`] or [`ALGO_CHAIN`]    |
-//! | 45..48 | -      | zero                                                |
+//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`], [`ALGO_CHAIN`] or   |
+//! |        |        | [`ALGO_RS_BCAST`]                                   |
+//! | 45     | -      | zero                                                |
+//! | 46..48 | shm    | 0: the payload follows; `k + 1`: the payload is in  |
+//! |        |        | shared-memory slot `k` and nothing follows (`shm`); |
+//! |        |        | bit 15 set: of the sender's broadcast segment       |
 
 use crate::dtype::{DType, ReduceOp};
 
@@ -49,6 +53,9 @@ pub(super) const ALGO_DIRECT: u8 = 0;
 pub(super) const ALGO_RING: u8 = 1;
 /// Pipelined chain (broadcast).
 pub(super) const ALGO_CHAIN: u8 = 2;
+/// Ring reduce-scatter, then every rank's block from its owner through
+/// shared memory (all_reduce with every rank on one host).
+pub(super) const ALGO_RS_BCAST: u8 = 3;
 
 const OPS: [&str; 9] = [
     "all_reduce",
@@ -136,6 +143,8 @@ pub(super) struct Header {
     pub(super) sig: Sig,
     pub(super) frame: u32,
     pub(super) len: u64,
+    /// 0, or 1 + the shared-memory slot holding the payload.
+    pub(super) shm: u16,
 }
 
 impl Header {
@@ -153,6 +162,7 @@ impl Header {
         b[42] = self.sig.dtype;
         b[43] = self.sig.redop;
         b[44] = self.sig.algo;
+        b[46..48].copy_from_slice(&self.shm.to_le_bytes());
         b
     }
 
@@ -192,6 +202,7 @@ impl Header {
             },
             frame: u32_at(32),
             len: u64_at(24),
+            shm: u16::from_le_bytes([b[46], b[47]]),
         })
     }
 }
@@ -205,7 +216,18 @@ pub(super) struct Hello {
     pub(super) size: u32,
     pub(super) crossover: u64,
     pub(super) chunk: u64,
+    /// Bit [`HELLO_SHM`]: this rank offers shared memory to local peers.
+    pub(super) flags: u16,
 }
+
+/// [`Hello::flags`] bit: shared memory wanted (see `shm`).
+pub(super) const HELLO_SHM: u16 = 1;
+/// [`Hello::flags`] bit: the sender published a broadcast segment (` shm`
+/// in its address).
+pub(super) const HELLO_BCAST: u16 = 2;
+/// [`Hello::flags`] bit: the (connecting) sender read the receiver's
+/// published host and it is the sender's own.
+pub(super) const HELLO_SAME_HOST: u16 = 4;
 
 /// Fixed part of an encoded [`Hello`] (the group name follows).
 pub(super) const HELLO_FIXED: usize = 40;
@@ -215,7 +237,7 @@ impl Hello {
         let mut b = Vec::with_capacity(HELLO_FIXED + self.group.len());
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&0u16.to_le_bytes());
+        b.extend_from_slice(&self.flags.to_le_bytes());
         b.extend_from_slice(&self.from.to_le_bytes());
         b.extend_from_slice(&self.to.to_le_bytes());
         b.extend_from_slice(&self.size.to_le_bytes());
@@ -265,6 +287,7 @@ impl Hello {
                 size: u32_at(16),
                 crossover: u64_at(20),
                 chunk: u64_at(28),
+                flags: u16::from_le_bytes([b[6], b[7]]),
             },
             name_len,
         ))
@@ -291,6 +314,7 @@ mod tests {
             },
             frame: 7,
             len: 12345,
+            shm: 3,
         };
         assert_eq!(Header::decode(&h.encode()), Ok(h));
         let mut bad = h.encode();
@@ -307,6 +331,7 @@ mod tests {
             size: 3,
             crossover: 4,
             chunk: 5,
+            flags: HELLO_SHM,
         };
         let b = h.encode();
         let mut fixed = [0u8; HELLO_FIXED];

@@ -13,7 +13,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::conn::{Frame, Incoming, Lent, Link, PeerState, Writer};
+use super::conn::{Frame, Incoming, Lent, Link, Payload, PeerState, Writer};
+use super::shm;
 use super::wire::{op_name, Header, Sig, CLASS_BYE, CLASS_P2P, NONE32, NONE8};
 use super::Inner;
 use crate::backend::{OpKind, OpRequest};
@@ -32,11 +33,27 @@ pub(super) struct Op<'a> {
     pub(super) class: u8,
 }
 
+/// The worker's shared-memory state.
+#[derive(Debug)]
+pub(super) struct Shm {
+    /// Segment to each peer, if any.
+    pub(super) tx: Vec<Option<shm::Tx>>,
+    /// This rank's broadcast segment, if any.
+    pub(super) bcast: Option<shm::Tx>,
+    /// Whether each peer mapped the broadcast segment.
+    pub(super) bcast_ok: Vec<bool>,
+    /// Every rank is on this host and offers shared memory (the same on
+    /// every rank).
+    pub(super) all_local: bool,
+}
+
 /// The worker task's state. It alone writes to the connections.
 #[derive(Debug)]
 pub(super) struct Worker {
     pub(super) inner: Arc<Inner>,
     writers: Vec<Option<Writer>>,
+    /// Shared-memory segments.
+    shm: Shm,
     coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
@@ -87,6 +104,7 @@ impl Worker {
     pub(super) fn new(
         inner: Arc<Inner>,
         writers: Vec<Option<Writer>>,
+        shm: Shm,
         coll: Vec<Option<UnboundedReceiver<Incoming>>>,
         p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     ) -> Worker {
@@ -94,6 +112,7 @@ impl Worker {
         Worker {
             inner,
             writers,
+            shm,
             coll,
             p2p,
             links: vec![None; n],
@@ -220,6 +239,7 @@ impl Worker {
             },
             frame: 0,
             len: 0,
+            shm: 0,
         }
         .encode();
         // Best effort: peers that are gone or stuck hold us up for one
@@ -253,6 +273,123 @@ impl Worker {
         peer: usize,
         payload: &[u8],
     ) -> Result<(), WorkError> {
+        // A large payload to a peer with shared memory goes into a free
+        // slot, and only the header through the socket; with every slot in
+        // use it goes through the socket.
+        if payload.len() >= shm::SHM_MIN {
+            if let Some(tx) = self.shm.tx.get_mut(peer).and_then(Option::as_mut) {
+                match tx.try_put(payload) {
+                    Some(i) => {
+                        self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+                        return self.write(op, peer, payload.len(), i + 1, &[]).await;
+                    }
+                    None => {
+                        self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        self.write(op, peer, payload.len(), 0, payload).await
+    }
+
+    /// Whether the all-gather phase of large all_reduces goes through the
+    /// broadcast segments (the same answer on every rank).
+    pub(super) fn all_local(&self) -> bool {
+        self.shm.all_local
+    }
+
+    /// Sends one frame of `op` with `payload` to every other rank: written
+    /// once into a slot of this rank's broadcast segment when it is large
+    /// and there is one free (each peer that mapped the segment gets only
+    /// the header), else to each peer with [`Worker::send`].
+    pub(super) async fn send_to_all(
+        &mut self,
+        op: &Op<'_>,
+        payload: &[u8],
+    ) -> Result<(), WorkError> {
+        let others: Vec<usize> = self.others().collect();
+        let readers = others.iter().filter(|&&p| self.shm.bcast_ok[p]).count();
+        let mut slot = None;
+        if payload.len() >= shm::SHM_MIN && readers > 0 {
+            if let Some(tx) = self.shm.bcast.as_mut() {
+                match tx.reserve(payload.len()) {
+                    Some(r) => {
+                        tx.slot_mut(&r).copy_from_slice(payload);
+                        slot = Some(tx.publish_for(r, readers as u32));
+                    }
+                    None => {
+                        self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        for p in others {
+            match slot {
+                Some(i) if self.shm.bcast_ok[p] => {
+                    self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+                    self.write(op, p, payload.len(), shm::BCAST_BIT | (i + 1), &[])
+                        .await?
+                }
+                _ => self.send(op, p, payload).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A shared-memory slot to `peer` for a payload of `len` bytes, to be
+    /// filled in place (through [`Worker::slot_mut`]) and sent with
+    /// [`Worker::send_reserved`]; `None` when the payload is small, `peer`
+    /// has no shared memory or every slot is in use.
+    pub(super) fn reserve(&mut self, peer: usize, len: usize) -> Option<shm::Reserved> {
+        if len < shm::SHM_MIN {
+            return None;
+        }
+        let r = self.shm.tx.get_mut(peer)?.as_mut()?.reserve(len);
+        if r.is_none() {
+            self.inner.shm_full.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The bytes of a slot reserved for `peer`.
+    pub(super) fn slot_mut(&mut self, peer: usize, r: &shm::Reserved) -> &mut [u8] {
+        match self.shm.tx.get_mut(peer).and_then(Option::as_mut) {
+            Some(tx) => tx.slot_mut(r),
+            // `reserve` only hands out slots of existing segments.
+            None => &mut [],
+        }
+    }
+
+    /// Sends a frame of `op` whose payload was written into a slot reserved
+    /// for `peer`.
+    pub(super) async fn send_reserved(
+        &mut self,
+        op: &Op<'_>,
+        peer: usize,
+        r: shm::Reserved,
+    ) -> Result<(), WorkError> {
+        let len = r.len();
+        let Some(tx) = self.shm.tx.get_mut(peer).and_then(Option::as_mut) else {
+            return Err(WorkError::Backend {
+                ctx: op.ctx.clone(),
+                msg: format!("no shared memory to rank {peer}"),
+            });
+        };
+        let i = tx.publish(r);
+        self.inner.shm_frames.fetch_add(1, Ordering::Relaxed);
+        self.write(op, peer, len, i + 1, &[]).await
+    }
+
+    /// Writes one frame header (`len` payload bytes, shared-memory slot
+    /// field `slot`) and `body` to `peer`.
+    async fn write(
+        &mut self,
+        op: &Op<'_>,
+        peer: usize,
+        len: usize,
+        slot: u16,
+        body: &[u8],
+    ) -> Result<(), WorkError> {
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
         if self.inner.peer_state(peer) != PeerState::Open {
@@ -263,7 +400,8 @@ impl Worker {
             class: op.class,
             sig: op.sig,
             frame,
-            len: payload.len() as u64,
+            len: len as u64,
+            shm: slot,
         }
         .encode();
         let Some(w) = self.writers.get_mut(peer).and_then(Option::as_mut) else {
@@ -272,7 +410,7 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
-        w.write_frame(&hdr, payload)
+        w.write_frame(&hdr, body)
             .await
             .map_err(|e| WorkError::PeerLost {
                 ctx: op.ctx.clone(),
@@ -332,7 +470,10 @@ impl Worker {
         let Lent { hdr, rd, back } = l;
         let mut payload = self.inner.pool.get(hdr.len as usize);
         read_lent(op, peer, rd, back, payload.bytes_mut()).await?;
-        Ok(Frame { hdr, payload })
+        Ok(Frame {
+            hdr,
+            payload: Payload::Pool(payload),
+        })
     }
 
     /// The next item of `op`'s class from `peer`. With `direct`, a large
