@@ -12,13 +12,30 @@ use tokio::runtime::{Builder, Handle, Runtime};
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
-/// Number of I/O worker threads (`CHORUS_IO_THREADS`, default 2).
+/// Number of I/O worker threads: `CHORUS_IO_THREADS`, or by default one per
+/// core this process has to itself (cores ÷ `LOCAL_WORLD_SIZE`, as set by
+/// `chorus-run` and torchrun), at least 1 and at most 2.
 fn io_threads() -> usize {
     std::env::var("CHORUS_IO_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(2)
+        .unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let local = std::env::var("LOCAL_WORLD_SIZE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1);
+            default_io_threads(cores, local)
+        })
+}
+
+/// The default I/O thread count for `local` ranks sharing `cores` cores.
+/// A second thread only pays where it has a core of its own: on a shared
+/// core every op hands its task from one thread to the other (a futex
+/// wake-up, ~10 µs on a small VM) before it sends.
+fn default_io_threads(cores: usize, local: usize) -> usize {
+    (cores / local.max(1)).clamp(1, 2)
 }
 
 /// The background runtime's handle, started on first use.
@@ -57,4 +74,20 @@ where
     h.spawn(fut)
         .await
         .map_err(|e| format!("chorus I/O task failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_io_threads;
+
+    #[test]
+    fn io_threads_follow_the_cores_each_local_rank_has() {
+        assert_eq!(default_io_threads(2, 2), 1);
+        assert_eq!(default_io_threads(2, 4), 1);
+        assert_eq!(default_io_threads(2, 1), 2);
+        assert_eq!(default_io_threads(16, 4), 2);
+        assert_eq!(default_io_threads(16, 8), 2);
+        assert_eq!(default_io_threads(16, 16), 1);
+        assert_eq!(default_io_threads(1, 0), 1);
+    }
 }
