@@ -382,6 +382,31 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
         );
     }
 
+    // Coalesced all_reduce: one op, one work, the buffers back in order.
+    for (round, op) in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max]
+        .into_iter()
+        .enumerate()
+    {
+        let c = 950 + 10 * round as u64;
+        let lens = [1usize, 4099, 13, 1 << 18];
+        let bufs = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| up(s, &data::<f32>(c + i as u64, rank, len, op)))
+            .collect::<Res<Vec<_>>>()?;
+        let w = pg
+            .all_reduce_coalesced(bufs, op)
+            .map_err(|r| format!("all_reduce_coalesced: {}", r.error))?;
+        let out = w.await.map_err(werr("all_reduce_coalesced"))?;
+        for (i, (b, &len)) in out.iter().zip(&lens).enumerate() {
+            ck.check(
+                format!("coalesced {op:?} buffer {i} ({len} f32)"),
+                &down(b)?,
+                &reference::<f32>(c + i as u64, n, len, op),
+            );
+        }
+    }
+
     // Capture: a group of 4 all_reduces and a send/recv ring, replayed 5
     // times with fresh inputs.
     let len = 1 << 16;
