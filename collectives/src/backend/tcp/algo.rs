@@ -321,6 +321,30 @@ impl Worker {
         }
     }
 
+    /// Reduces a received partial sum `f` with this rank's `own` chunk:
+    /// straight into a slot reserved for `right` (the next hop) when one is
+    /// free, else in place in the frame.
+    fn reduce_partial(
+        &mut self,
+        right: usize,
+        op: ReduceOp,
+        dtype: DType,
+        mut f: Frame,
+        own: &[u8],
+    ) -> Partial {
+        match self.reserve(right, own.len()) {
+            Some(r) => {
+                let out = self.slot_mut(right, &r);
+                combine_to(op, dtype, out, f.payload.bytes(), own);
+                Partial::Out(r)
+            }
+            None => {
+                combine_bytes(op, dtype, f.payload.bytes_mut(), own);
+                Partial::Frame(f)
+            }
+        }
+    }
+
     async fn all_reduce(
         &mut self,
         ctx: &OpContext,
@@ -485,19 +509,9 @@ impl Worker {
                     let c = chunk(&b, ce, k);
                     match op {
                         Some(op) if s + 1 < rs => {
-                            let mut f = self.recv(o, left, c.len() * es).await?;
+                            let f = self.recv(o, left, c.len() * es).await?;
                             let own = &buf.as_bytes()[bytes(&c, es)];
-                            partial[k] = Some(match self.reserve(right, own.len()) {
-                                Some(r) => {
-                                    let out = self.slot_mut(right, &r);
-                                    combine_to(op, dtype, out, f.payload.bytes(), own);
-                                    Partial::Out(r)
-                                }
-                                None => {
-                                    combine_bytes(op, dtype, f.payload.bytes_mut(), own);
-                                    Partial::Frame(f)
-                                }
-                            });
+                            partial[k] = Some(self.reduce_partial(right, op, dtype, f, own));
                         }
                         Some(op) if s < rs => {
                             let f = self.recv(o, left, c.len() * es).await?;
@@ -747,21 +761,11 @@ impl Worker {
             for s in lo..=hi {
                 let j = t - s;
                 let c = chunk(&all, ce, j);
-                let mut f = self.recv(&o, left, c.len() * es).await?;
+                let f = self.recv(&o, left, c.len() * es).await?;
                 if s + 1 < steps {
                     let rbi = (me + 2 * n - s - 2) % n;
                     let own = inb(rbi, &c);
-                    partial[j] = Some(match self.reserve(right, own.len()) {
-                        Some(r) => {
-                            let out = self.slot_mut(right, &r);
-                            combine_to(op, dtype, out, f.payload.bytes(), own);
-                            Partial::Out(r)
-                        }
-                        None => {
-                            combine_bytes(op, dtype, f.payload.bytes_mut(), own);
-                            Partial::Frame(f)
-                        }
-                    });
+                    partial[j] = Some(self.reduce_partial(right, op, dtype, f, own));
                 } else {
                     copy_in(output, &c, inb(me, &c));
                     combine_into(op, output, c.clone(), f.payload.bytes());
