@@ -464,11 +464,12 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     }
     drop(graph);
 
-    // 16 × 1 MiB: one by one vs as a group.
+    // 16 × 1 MiB: one by one, as a group, as one coalesced op.
     let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..16)
         .map(|_| up(s, &vec![1f32; 262_144]).map(Some))
         .collect::<Res<_>>()?;
-    for grouped in [false, true] {
+    for mode in ["sequential", "grouped", "coalesced"] {
+        let grouped = mode == "grouped";
         let mut sub = Vec::new();
         let mut tot = Vec::new();
         for it in 0..120 {
@@ -477,6 +478,22 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
                 .await
                 .map_err(werr("barrier"))?;
             let t0 = Instant::now();
+            if mode == "coalesced" {
+                let taken: Vec<_> = bufs.iter_mut().filter_map(Option::take).collect();
+                let w = pg
+                    .all_reduce_coalesced(taken, ReduceOp::Avg)
+                    .map_err(|r| format!("all_reduce_coalesced: {}", r.error))?;
+                let t1 = Instant::now();
+                let out = w.await.map_err(werr("16x1MiB coalesced"))?;
+                for (slot, b) in bufs.iter_mut().zip(out) {
+                    *slot = Some(b);
+                }
+                if it >= 20 {
+                    sub.push((t1 - t0).as_secs_f64() * 1e6);
+                    tot.push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+                continue;
+            }
             let works: Vec<_> = if grouped {
                 let mut g = pg.group();
                 let ws: Vec<_> = bufs
@@ -508,8 +525,7 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
         sub.sort_by(f64::total_cmp);
         tot.sort_by(f64::total_cmp);
         println!(
-            "WIDTH16 rank={rank} mode={} submit_us={:.1} total_us={:.1}",
-            if grouped { "grouped" } else { "sequential" },
+            "WIDTH16 rank={rank} mode={mode} submit_us={:.1} total_us={:.1}",
             sub[sub.len() / 2],
             tot[tot.len() / 2]
         );
