@@ -285,7 +285,9 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
             if !spin.is_zero() && !self.inner.is_done() {
                 chorus_runtime::reactor::global().nudge();
                 let t0 = std::time::Instant::now();
-                while !self.inner.is_done() && t0.elapsed() < spin {
+                // The awaiting thread may never have used the device.
+                let bound = self.watched.bind_device().is_ok();
+                while bound && !self.inner.is_done() && t0.elapsed() < spin {
                     match self.watched.take_finished() {
                         Ok(Some(bufs)) => {
                             let ctx = self.inner.context();

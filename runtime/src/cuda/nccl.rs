@@ -1622,22 +1622,33 @@ impl<B: DeviceMem> Watched<B> {
     /// GpuFinished without the reactor: if the end event has completed,
     /// takes the buffers. `Ok(None)` while the op runs, or when the buffers
     /// are gone already (taken before, or handed to the completion
-    /// callback, which then completes the work).
+    /// callback, which then completes the work). On a thread that may never
+    /// have used the op's device, call [`bind_device`](Self::bind_device)
+    /// once first.
     ///
     /// # Errors
     ///
     /// The CUDA error of the event query (the reactor reports it too).
     pub fn take_finished(&self) -> Result<Option<Vec<B>>, CudaError> {
         let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(first) = g.as_ref().and_then(|b| b.first()) else {
-            return Ok(None);
-        };
-        // The calling thread may never have used this device.
-        first.stream().device().bind_to_thread()?;
-        if !self.cell.end.event().query()? {
+        if g.is_none() || !self.cell.end.event().query()? {
             return Ok(None);
         }
         Ok(g.take())
+    }
+
+    /// Makes the op's device current on the calling thread (a no-op when
+    /// the buffers are gone already).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of binding the device's context.
+    pub fn bind_device(&self) -> Result<(), CudaError> {
+        let g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref().and_then(|b| b.first()) {
+            Some(first) => first.stream().device().bind_to_thread(),
+            None => Ok(()),
+        }
     }
 
     /// A shared handle on the end event (e.g. for another thread to watch).
