@@ -193,14 +193,19 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
             "{:?}",
             out.results
         );
-        let report = trace(&dir);
-        assert!(report.contains("first divergence at seq 3"), "{report}");
-        assert!(
-            report.contains("behind (never issued seq 3): ranks [1]"),
-            "{report}"
-        );
+        trace_names_rank_1_behind_at_seq_3(&dir);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// The trace of the dumps in `dir` finds the stopped rank 1 behind at seq 3.
+fn trace_names_rank_1_behind_at_seq_3(dir: &Path) {
+    let report = trace(dir);
+    assert!(report.contains("first divergence at seq 3"), "{report}");
+    assert!(
+        report.contains("behind (never issued seq 3): ranks [1]"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -220,12 +225,7 @@ fn propagated_failure_fails_the_other_ranks_long_before_their_own_timeout() {
             "{msg}"
         );
         // Both dumped their flight recorders: the trace still names rank 1.
-        let report = trace(&dir);
-        assert!(report.contains("first divergence at seq 3"), "{report}");
-        assert!(
-            report.contains("behind (never issued seq 3): ranks [1]"),
-            "{report}"
-        );
+        trace_names_rank_1_behind_at_seq_3(&dir);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -40,6 +40,21 @@ fn report(rank: usize, start: Instant, kind: &str, msg: &str) {
     );
 }
 
+/// Reports an op's outcome; the exit code: 3 if it succeeded (the
+/// scenarios expect a failure), 0 if it failed.
+fn outcome<T>(rank: usize, start: Instant, r: Result<T, chorus::WorkError>) -> i32 {
+    match r {
+        Ok(_) => {
+            report(rank, start, "none", "the op succeeded");
+            3
+        }
+        Err(e) => {
+            report(rank, start, e.kind(), &e.to_string());
+            0
+        }
+    }
+}
+
 fn signal_self(sig: i32) {
     // SAFETY: getpid and kill have no memory-safety preconditions.
     unsafe {
@@ -65,16 +80,8 @@ async fn stop_scenario(
         signal_self(libc::SIGSTOP);
     }
     let start = Instant::now();
-    match op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await {
-        Ok(_) => {
-            report(rank, start, "none", "the op succeeded");
-            Ok(3)
-        }
-        Err(e) => {
-            report(rank, start, e.kind(), &e.to_string());
-            Ok(0)
-        }
-    }
+    let r = op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await;
+    Ok(outcome(rank, start, r))
 }
 
 async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
@@ -122,16 +129,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 );
                 signal_self(libc::SIGKILL);
             }
-            match w.await {
-                Ok(_) => {
-                    report(rank, start, "none", "the op succeeded");
-                    Ok(3)
-                }
-                Err(e) => {
-                    report(rank, start, e.kind(), &e.to_string());
-                    Ok(0)
-                }
-            }
+            Ok(outcome(rank, start, w.await))
         }
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "propagate" => {
@@ -155,16 +153,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     .await
                     .map(|_| ())
             };
-            match r {
-                Ok(()) => {
-                    report(rank, start, "none", "the op succeeded");
-                    Ok(3)
-                }
-                Err(e) => {
-                    report(rank, start, e.kind(), &e.to_string());
-                    Ok(0)
-                }
-            }
+            Ok(outcome(rank, start, r))
         }
         "store-dies" => {
             pg.barrier()?.await?;

@@ -147,6 +147,15 @@ fn a_group_of_a_later_epoch_ignores_its_predecessors_failure() {
     }
 }
 
+/// Whether a failure of epoch `epoch` was published in `store`.
+fn is_published(store: &Arc<dyn Store>, epoch: u64) -> bool {
+    let s = store.clone();
+    crate::rt::handle()
+        .expect("runtime")
+        .block_on(async move { s.check(&[&key(epoch)]).await })
+        .expect("check")
+}
+
 #[test]
 fn a_stopped_propagation_publishes_nothing_and_stops_watching() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
@@ -154,11 +163,7 @@ fn a_stopped_propagation_publishes_nothing_and_stops_watching() {
     p0.stop();
     r0.abort(&timeout_err(0));
     assert!(p0.flush(BOUND));
-    let s = store.clone();
-    let exists = crate::rt::handle()
-        .expect("runtime")
-        .block_on(async move { s.check(&[&key(0)]).await })
-        .expect("check");
+    let exists = is_published(&store, 0);
     assert!(!exists, "a stopped propagation must not publish");
     wait_until(|| !p0.watching());
 }
@@ -173,11 +178,7 @@ fn invalid_arguments_and_remote_errors_are_not_published() {
         cause: "from elsewhere".into(),
     });
     assert!(p0.flush(BOUND));
-    let s = store.clone();
-    let exists = crate::rt::handle()
-        .expect("runtime")
-        .block_on(async move { s.check(&[&key(0)]).await })
-        .expect("check");
+    let exists = is_published(&store, 0);
     assert!(!exists);
 }
 
