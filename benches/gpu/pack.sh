@@ -7,6 +7,7 @@
 #   bash benches/gpu/pack.sh session   # -> .gpu-s/   (run-session.sh: GPU trainer, watchdog test and overhead, groups test)
 #   bash benches/gpu/pack.sh bench     # -> .gpu-b/   (run-bench.sh: the full chorus-bench run, every comparison)
 #   bash benches/gpu/pack.sh nccl      # -> .gpu-n/   (run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios)
+#   bash benches/gpu/pack.sh probe     # -> .gpu-p/   (run-probe.sh: enqueue_probe and nccl_bench --enqueue-only, A/B)
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 json=$(mktemp)
@@ -33,13 +34,19 @@ nccl)
   cargo build --release -p chorus-examples --bin chorus-gpu-rank --message-format=json >> "$json"
   cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
   ;;
+probe)
+  D=.gpu-p; RUN=benches/gpu/run-probe.sh
+  WANT="enqueue_probe nccl_bench nccl_gpu"
+  cargo test --release -p chorus --test nccl_gpu --no-run --message-format=json > "$json"
+  cargo build --release -p chorus-benches --bin enqueue_probe --bin nccl_bench --message-format=json >> "$json"
+  ;;
 bench)
   D=.gpu-b; RUN=benches/gpu/run-bench.sh
   WANT="chorus-bench chorus-run tcp_allreduce store_compare nccl_bench group_bench"
   cargo build --release -p chorus-benches -p chorus-runtime --message-format=json > "$json"
   ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|bench" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'

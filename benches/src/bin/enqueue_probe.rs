@@ -162,6 +162,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         sync_all,
     );
+    // The same floor while another thread queries an end event, as the
+    // completion reactor does while ops are in flight: does the driver make
+    // the enqueuing thread pay for it?
+    for (name, pause) in [
+        ("2q layer 2 + a thread querying the end event flat out", 0u32),
+        ("2p layer 2 + a thread querying it, 256 spins between", 256),
+        ("2s layer 2 + a thread querying it, 4096 spins between", 4096),
+    ] {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let queries = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                dev.bind_to_thread().expect("bind");
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::black_box(end.query().ok());
+                    queries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    for _ in 0..pause {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            let t = Instant::now();
+            layer(
+                name,
+                args.iters,
+                || {
+                    // SAFETY: live events and streams of the current context.
+                    unsafe {
+                        sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                        sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+                    }
+                    raw_ar();
+                    // SAFETY: as above.
+                    unsafe {
+                        sys::cuEventRecord(end.as_raw(), cs.as_raw());
+                    }
+                },
+                sync_all,
+            );
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let q = queries.load(std::sync::atomic::Ordering::Relaxed) as f64;
+            println!("   (querier: {:.2} queries/us)", q / t.elapsed().as_secs_f64() / 1e6);
+        });
+    }
     layer(
         "3c Instant::now",
         args.iters,
@@ -243,6 +287,109 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         || {},
     );
+    // What a deferred hand-off would cost: the work is registered and the
+    // op submitted, nothing goes to another thread at enqueue; the finished
+    // ops' bookkeeping is completed in batches, (8) on this thread, (8x) by
+    // another thread every 16 ops. Buffers rotate through a pool.
+    type Done = (
+        chorus_runtime::cuda::nccl::InFlight<DeviceBuffer<f32>>,
+        chorus_runtime::Completer<u32>,
+        chorus_runtime::Work<u32>,
+    );
+    let mut pool: Vec<DeviceBuffer<f32>> = (0..64)
+        .map(|_| DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count]).expect("alloc")).expect("buf"))
+        .collect();
+    for cross in [false, true] {
+        let (dtx, drx) = std::sync::mpsc::channel::<Vec<Done>>();
+        let (rtx, rrx) = std::sync::mpsc::channel::<Vec<DeviceBuffer<f32>>>();
+        let worker = cross.then(|| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                dev.bind_to_thread().expect("bind");
+                for batch in drx {
+                    let mut back = Vec::new();
+                    for (f, done, w) in batch {
+                        back.extend(f.wait().expect("wait"));
+                        done.complete(Ok(1));
+                        drop(w);
+                    }
+                    if rtx.send(back).is_err() {
+                        break;
+                    }
+                }
+            })
+        });
+        let mut batch: Vec<Done> = Vec::new();
+        let mut sent = 0usize;
+        let name = if cross {
+            "8x work + submit, completed by another thread every 16 ops"
+        } else {
+            "8 work + submit, completed in batches on this thread"
+        };
+        layer_timed(
+            name,
+            args.iters,
+            || {
+                if pool.is_empty() {
+                    // Take back what the completer thread released.
+                    while sent > 0 {
+                        pool.extend(rrx.recv().expect("buffers"));
+                        sent -= 1;
+                    }
+                }
+                let b = pool.pop().expect("buffer");
+                seq += 1;
+                let t0 = Instant::now();
+                let ctx = chorus_runtime::OpContext {
+                    rank: 0,
+                    group: group.clone(),
+                    seq,
+                    op: "all_reduce",
+                };
+                let (w, done) = chorus_runtime::Work::<u32>::new_started(
+                    ctx,
+                    &reg,
+                    t0,
+                    Some(Duration::from_secs(60)),
+                    true,
+                    Default::default(),
+                )
+                .expect("work");
+                let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+                let dt = t0.elapsed();
+                batch.push((f, done, w));
+                if batch.len() == 16 {
+                    let full = std::mem::take(&mut batch);
+                    if cross {
+                        dtx.send(full).expect("send");
+                        sent += 1;
+                    } else {
+                        for (f, done, w) in full {
+                            pool.extend(f.wait().expect("wait"));
+                            done.complete(Ok(1));
+                            drop(w);
+                        }
+                    }
+                }
+                dt
+            },
+            || {},
+        );
+        for (f, done, w) in batch.drain(..) {
+            pool.extend(f.wait().expect("wait"));
+            done.complete(Ok(1));
+            drop(w);
+        }
+        drop(dtx);
+        while sent > 0 {
+            pool.extend(rrx.recv().expect("buffers"));
+            sent -= 1;
+        }
+        if let Some(h) = worker {
+            h.join().expect("worker");
+        }
+    }
+    drop(pool);
     drop(c);
 
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The enqueue path on one GPU: enqueue_probe (layer by layer) and
+# nccl_bench --enqueue-only. Every folder bin*/ holding an nccl_bench is
+# run in turn, ROUNDS times (A/B of builds on one machine: copy an older
+# pack's bin/ to bin-base/ before carrying).
+#
+#   bash .gpu-p/run.sh [probe|ab|all]    (ROUNDS=3, ITERS=30000)
+set -u
+D=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
+: "${OUT:=/tmp/out}"; mkdir -p "$OUT"
+MODE=${1:-all}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-30000}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$MODE" = all ] || [ "$MODE" = probe ]; then
+  echo "=== enqueue_probe (reactor defaults)"
+  timeout 120 "$D/bin/enqueue_probe" --iters "$ITERS" 2>&1 | tee "$OUT/probe.log"
+  echo "=== enqueue_probe (reactor never spins: CHORUS_REACTOR_SPIN_US=0 CHORUS_REACTOR_YIELD_US=0)"
+  CHORUS_REACTOR_SPIN_US=0 CHORUS_REACTOR_YIELD_US=0 timeout 120 "$D/bin/enqueue_probe" --iters "$ITERS" 2>&1 | tee "$OUT/probe-nospin.log"
+fi
+if [ "$MODE" = all ] || [ "$MODE" = ab ]; then
+  for r in $(seq "$ROUNDS"); do
+    for b in "$D"/bin*/; do
+      [ -x "$b/nccl_bench" ] || continue
+      printf '%-10s round %s: ' "$(basename "$b")" "$r"
+      timeout 60 "$b/nccl_bench" --enqueue-only --iters 100000 2>&1 | grep -E '^enqueue' || echo "(failed)"
+    done
+  done
+fi
