@@ -4,13 +4,20 @@
 # run in turn, ROUNDS times (A/B of builds on one machine: copy an older
 # pack's bin/ to bin-base/ before carrying).
 #
-#   bash .gpu-p/run.sh [probe|ab|all]    (ROUNDS=3, ITERS=30000)
+#   bash .gpu-p/run.sh [tests|probe|ab|all]    (ROUNDS=3, ITERS=30000)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 : "${OUT:=/tmp/out}"; mkdir -p "$OUT"
 MODE=${1:-all}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-30000}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+  for t in nccl_gpu watchdog_gpu; do
+    echo "=== $t"
+    timeout 240 "$D/bin/$t" --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; echo "rc=$?"
+    grep -E '^test |test result|panicked|unpolled' "$OUT/$t.log" | head -20
+  done
+fi
 if [ "$MODE" = all ] || [ "$MODE" = probe ]; then
   echo "=== enqueue_probe (reactor defaults)"
   timeout 120 "$D/bin/enqueue_probe" --iters "$ITERS" 2>&1 | tee "$OUT/probe.log"

@@ -12,7 +12,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use chorus_runtime::cuda::nccl::{CommOp, DeviceMem, NcclElement, NcclRedOp, Watched};
+use std::sync::Arc;
+
+use chorus_runtime::cuda::nccl::{
+    CommOp, DeviceMem, EndEvent, Finished, InFlight, NcclElement, NcclRedOp, Watched,
+};
 use chorus_runtime::cuda::{CudaError, Event, Stream};
 use chorus_runtime::{OpContext, WorkError, WorkStatus};
 
@@ -99,25 +103,88 @@ impl DeviceResult for (RawDeviceBuffer, RawDeviceBuffer) {
 /// gives the buffers back at once for work issued on a stream after the op;
 /// `.await` resolves when the GPU finished it.
 ///
+/// A work holds its op itself until it is polled, dropped or taken back:
+/// nothing goes to the completion reactor at enqueue. A poll that finds the
+/// end event complete finishes the op on the polling thread; one that does
+/// not hands it to the reactor, which wakes the future. A stream-ordered
+/// take or a drop leaves it to the reactor as a detached entry, checked
+/// every 50 µs, so that a stream of ops nobody awaits one by one costs the
+/// enqueuing thread neither a wake-up nor the reactor's event queries. The
+/// watchdog asks the end event of an op past its deadline before it times
+/// it out, so a finished op whose work is simply not polled yet never
+/// times out.
+///
 /// # Cancel safety
 ///
 /// Dropping (or leaking) an unfinished work detaches it: the buffers stay
 /// alive until the op's end event has completed, then the completion
-/// reactor releases them. Ops are never cancelled by a drop; abort the
-/// group to stop them.
+/// reactor releases them (a leaked work leaks them with it). Ops are never
+/// cancelled by a drop; abort the group to stop them.
 #[must_use = "the op runs anyway, but its buffers come back only through the work"]
 pub struct DeviceWork<R: DeviceResult> {
     inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
-    watched: Watched<R::Buf>,
+    end: Arc<EndEvent>,
+    track: Option<Track<R::Buf>>,
     /// Polled before (the first poll may watch the op briefly).
     polled: bool,
+}
+
+// Never pinned structurally: the buffers move in and out by value.
+impl<R: DeviceResult> Unpin for DeviceWork<R> {}
+
+/// The backend's side of a device work.
+pub(crate) type DeviceCompleter<B> = chorus_runtime::Completer<Option<Vec<B>>>;
+
+/// Where an enqueued op's buffers and completion are.
+enum Track<B: DeviceMem> {
+    /// With the work (nothing handed to the reactor yet).
+    Held(Held<B>),
+    /// With the completion reactor, which completes the work.
+    Watched(Watched<B>),
+}
+
+/// An op its work still holds, with its completer. Dropped, it goes to the
+/// reactor as a detached entry (its buffers are released only after the
+/// end event completed).
+struct Held<B: DeviceMem>(Option<(InFlight<B>, DeviceCompleter<B>)>);
+
+impl<B: DeviceMem> Held<B> {
+    /// Hands the op to the reactor for someone who waits on it.
+    fn watch(mut self) -> Option<Watched<B>> {
+        let (f, c) = self.0.take()?;
+        Some(f.watch(finisher(c)))
+    }
+}
+
+impl<B: DeviceMem> Drop for Held<B> {
+    fn drop(&mut self) {
+        if let Some((f, c)) = self.0.take() {
+            f.detach(finisher(c));
+        }
+    }
+}
+
+/// Completes a device op's work with what the completion reactor found.
+pub(crate) fn finisher<B: DeviceMem>(
+    completer: DeviceCompleter<B>,
+) -> impl FnOnce(Finished<B>) + Send + 'static {
+    move |(res, bufs): Finished<B>| match res {
+        Ok(()) => completer.complete(Ok(bufs)),
+        Err(e) => {
+            let msg = format!("CUDA error while the op ran: {e}");
+            match completer.context().cloned() {
+                Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
+                None => drop(completer),
+            }
+        }
+    }
 }
 
 impl<R: DeviceResult> std::fmt::Debug for DeviceWork<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceWork")
             .field("op", self.inner.context())
-            .field("status", &self.inner.status())
+            .field("status", &self.status())
             .finish()
     }
 }
@@ -130,13 +197,32 @@ fn missing(ctx: &OpContext) -> WorkError {
 }
 
 impl<R: DeviceResult> DeviceWork<R> {
-    pub(crate) fn new(
+    /// The work of an op it holds itself (see the type's docs).
+    pub(crate) fn held(
+        inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
+        op: InFlight<R::Buf>,
+        completer: DeviceCompleter<R::Buf>,
+    ) -> Self {
+        let end = op.end_event_handle();
+        // The watchdog asks the end event before timing the op out.
+        completer.set_probe(end.clone());
+        DeviceWork {
+            inner,
+            end,
+            track: Some(Track::Held(Held(Some((op, completer))))),
+            polled: false,
+        }
+    }
+
+    /// The work of an op already handed to the completion reactor.
+    pub(crate) fn watched(
         inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
         watched: Watched<R::Buf>,
     ) -> Self {
         DeviceWork {
             inner,
-            watched,
+            end: watched.end_event_handle(),
+            track: Some(Track::Watched(watched)),
             polled: false,
         }
     }
@@ -152,26 +238,37 @@ impl<R: DeviceResult> DeviceWork<R> {
     }
 
     /// Where the op stands. `Finished` only once the GPU has finished it
-    /// (the end event completed), never at enqueue.
+    /// (the end event completed), never at enqueue; for an op the work
+    /// still holds this queries the end event.
     pub fn status(&self) -> WorkStatus {
-        self.inner.status()
+        let st = self.inner.status();
+        match &self.track {
+            Some(Track::Held(Held(Some((f, _))))) if st == WorkStatus::Pending => {
+                match f.bind_device().and_then(|()| self.end.event().query()) {
+                    Ok(true) => WorkStatus::Finished,
+                    Ok(false) => WorkStatus::Pending,
+                    Err(_) => WorkStatus::Failed,
+                }
+            }
+            _ => st,
+        }
     }
 
     /// True once the GPU finished the op (or it failed).
     pub fn is_done(&self) -> bool {
-        self.inner.is_done()
+        matches!(self.status(), WorkStatus::Finished | WorkStatus::Failed)
     }
 
     /// The op's end event (recorded on the communicator's stream after the
     /// op).
     pub fn end_event(&self) -> &Event {
-        self.watched.end_event()
+        self.end.event()
     }
 
     /// A shared handle on the end event, usable from another thread (it
     /// stays valid after the work is consumed).
-    pub fn end_event_handle(&self) -> std::sync::Arc<chorus_runtime::cuda::nccl::EndEvent> {
-        self.watched.end_event_handle()
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.end.clone()
     }
 
     /// Queries the end event now (`cuEventQuery`): true once the GPU
@@ -181,7 +278,7 @@ impl<R: DeviceResult> DeviceWork<R> {
     ///
     /// A CUDA error of the op (never read as "not finished").
     pub fn gpu_finished(&self) -> Result<bool, CudaError> {
-        self.watched.end_event().query()
+        self.end.event().query()
     }
 
     /// StreamOrdered: makes each buffer's own (producer) stream wait on the
@@ -210,12 +307,20 @@ impl<R: DeviceResult> DeviceWork<R> {
     fn take_ordered(mut self, stream: Option<&Stream>) -> Result<R, WorkError> {
         let ctx = self.inner.context().clone();
         if self.inner.status() == WorkStatus::Failed {
+            // A held op goes to the reactor with the work's drop.
             return match self.inner.try_take() {
                 Some(Err(e)) => Err(e),
                 _ => Err(missing(&ctx)),
             };
         }
-        match self.watched.take_stream_ordered(stream) {
+        let taken = match &mut self.track {
+            Some(Track::Held(Held(Some((f, _))))) => f.take_stream_ordered(stream),
+            Some(Track::Watched(w)) => w.take_stream_ordered(stream),
+            _ => Ok(None),
+        };
+        match taken {
+            // The rest of the op (its bookkeeping) goes to the reactor as
+            // a detached entry when `self` drops.
             Ok(Some(bufs)) => R::from_bufs(bufs).ok_or_else(|| missing(&ctx)),
             Ok(None) => {
                 // The reactor completed the op meanwhile: the buffers are in
@@ -239,6 +344,13 @@ impl<R: DeviceResult> DeviceWork<R> {
         }
     }
 
+    /// Hands a held op to the reactor for someone who waits on it.
+    fn watch(&mut self) {
+        if let Some(Track::Held(h)) = self.track.take() {
+            self.track = h.watch().map(Track::Watched);
+        }
+    }
+
     /// GpuFinished, blocking: waits until the GPU finished the op. On
     /// timeout aborts the group (its NCCL communicators are aborted and
     /// every pending op fails) and returns [`WorkError::OpTimeout`].
@@ -246,57 +358,48 @@ impl<R: DeviceResult> DeviceWork<R> {
     /// # Errors
     ///
     /// The op's error, or the timeout.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<R, WorkError> {
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, WorkError> {
         let ctx = self.inner.context().clone();
-        let reactor = chorus_runtime::reactor::global();
-        reactor.nudge();
-        // A blocking wait may spin a little before it sleeps: short ops then
-        // return without the wake-up latency of a parked thread.
+        // A blocking wait watches the end event itself a little before it
+        // sleeps: short ops then return without the reactor and the
+        // wake-up latency of a parked thread.
         let t0 = std::time::Instant::now();
-        let spin = timeout.min(Duration::from_micros(100));
-        while !self.inner.is_done() && t0.elapsed() < spin {
-            std::hint::spin_loop();
+        if let Some(bufs) = self.watch_briefly(timeout.min(Duration::from_micros(100))) {
+            return R::from_bufs(bufs).ok_or_else(|| missing(&ctx));
         }
+        self.watch();
+        chorus_runtime::reactor::global().nudge();
         let r = self
             .inner
             .wait_timeout(timeout.saturating_sub(t0.elapsed()))?;
         r.and_then(R::from_bufs).ok_or_else(|| missing(&ctx))
     }
-}
 
-impl<R: DeviceResult> Future for DeviceWork<R> {
-    type Output = Result<R, WorkError>;
-
-    /// GpuFinished: resolves once the op's end event completed (the
-    /// completion reactor polls it and wakes this future).
-    ///
-    /// The first poll of an unfinished op watches it for a few microseconds
-    /// before returning `Pending` (`CHORUS_POLL_SPIN_US`, default 10; 0
-    /// turns it off): a small GPU op finishes within that, and resolving it
-    /// then saves the park and wake-up of the awaiting thread (~5 µs), which
-    /// otherwise dominates the round trip. While it watches, it queries the
-    /// end event itself and, once that completed, takes the buffers at once
-    /// (the reactor completes the work's bookkeeping afterwards). Later
-    /// polls never wait.
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if !self.polled {
-            self.polled = true;
-            let spin = poll_spin();
-            if !spin.is_zero() && !self.inner.is_done() {
-                chorus_runtime::reactor::global().nudge();
-                let t0 = std::time::Instant::now();
+    /// The first poll's brief watch of the end event (see `poll`): the
+    /// buffers if the op finished meanwhile.
+    fn watch_briefly(&mut self, spin: Duration) -> Option<Vec<R::Buf>> {
+        let t0 = std::time::Instant::now();
+        match &mut self.track {
+            Some(Track::Held(held)) => {
+                let (f, _) = held.0.as_mut()?;
                 // The awaiting thread may never have used the device.
-                let bound = self.watched.bind_device().is_ok();
-                while bound && !self.inner.is_done() && t0.elapsed() < spin {
-                    match self.watched.take_finished() {
+                f.bind_device().ok()?;
+                loop {
+                    match f.take_finished() {
                         Ok(Some(bufs)) => {
-                            let ctx = self.inner.context();
-                            return Poll::Ready(R::from_bufs(bufs).ok_or_else(|| missing(ctx)));
+                            // Finished here: complete the work on this
+                            // thread; the reactor never sees the op.
+                            if let Some((_, c)) = held.0.take() {
+                                c.complete(Ok(None));
+                            }
+                            return Some(bufs);
                         }
-                        // Running, or the reactor is completing it.
                         Ok(None) => {}
-                        // The reactor fails the work with it.
-                        Err(_) => break,
+                        // The reactor reports it (after the hand-off).
+                        Err(_) => return None,
+                    }
+                    if self.inner.is_done() || t0.elapsed() >= spin {
+                        return None;
                     }
                     // Leave the driver to the enqueueing threads a moment.
                     for _ in 0..32 {
@@ -304,7 +407,54 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
                     }
                 }
             }
+            Some(Track::Watched(w)) => {
+                chorus_runtime::reactor::global().nudge();
+                w.bind_device().ok()?;
+                while !self.inner.is_done() && t0.elapsed() < spin {
+                    match w.take_finished() {
+                        Ok(Some(bufs)) => return Some(bufs),
+                        // Running, or the reactor is completing it.
+                        Ok(None) => {}
+                        // The reactor fails the work with it.
+                        Err(_) => return None,
+                    }
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                }
+                None
+            }
+            None => None,
         }
+    }
+}
+
+impl<R: DeviceResult> Future for DeviceWork<R> {
+    type Output = Result<R, WorkError>;
+
+    /// GpuFinished: resolves once the op's end event completed.
+    ///
+    /// The first poll of an unfinished op watches it for a few microseconds
+    /// (`CHORUS_POLL_SPIN_US`, default 10; 0 turns it off), querying the end
+    /// event itself: a small GPU op finishes within that, and resolving it
+    /// then (on this thread, without the completion reactor) saves the park
+    /// and wake-up of the awaiting thread (~5 µs), which otherwise
+    /// dominates the round trip. If the op is still running after that,
+    /// the poll hands it to the completion reactor, which wakes the future
+    /// when the end event completes, and returns `Pending`. Later polls
+    /// never wait.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            let spin = poll_spin();
+            if !spin.is_zero() && !self.inner.is_done() {
+                if let Some(bufs) = self.watch_briefly(spin) {
+                    let ctx = self.inner.context();
+                    return Poll::Ready(R::from_bufs(bufs).ok_or_else(|| missing(ctx)));
+                }
+            }
+        }
+        self.watch();
         match Pin::new(&mut self.inner).poll(cx) {
             Poll::Ready(r) => {
                 let ctx = self.inner.context();

@@ -1088,7 +1088,9 @@ impl ProcessGroup {
                 let t3 = prof.then(Instant::now);
                 counters.bump_device(op, seq);
                 drop(counters);
-                let work = DeviceWork::new(work, watch_device(inflight, completer, None));
+                // Nothing goes to the completion reactor here: the work
+                // holds the op until it is polled, dropped or taken back.
+                let work = DeviceWork::held(work, inflight, completer);
                 if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
                     profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
                 }
@@ -1161,29 +1163,14 @@ type DevicePair<R> = (
     chorus_runtime::Completer<Option<Vec<<R as DeviceResult>::Buf>>>,
 );
 
-/// Hands an enqueued device op to the completion reactor, which completes
-/// its work when the end event completes.
+/// Hands an enqueued op of a group to the completion reactor through `set`
+/// (one reactor entry for the group's ops, which share one end event).
 fn watch_device<B: DeviceMem>(
     inflight: chorus_runtime::cuda::nccl::InFlight<B>,
-    completer: chorus_runtime::Completer<Option<Vec<B>>>,
-    set: Option<&mut chorus_runtime::cuda::nccl::WatchSet>,
+    completer: crate::device::DeviceCompleter<B>,
+    set: &mut chorus_runtime::cuda::nccl::WatchSet,
 ) -> chorus_runtime::cuda::nccl::Watched<B> {
-    // Device works are recorded as started when registered (the enqueue
-    // follows at once).
-    let done = move |(res, bufs): chorus_runtime::cuda::nccl::Finished<B>| match res {
-        Ok(()) => completer.complete(Ok(bufs)),
-        Err(e) => {
-            let msg = format!("CUDA error while the op ran: {e}");
-            match completer.context().cloned() {
-                Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
-                None => drop(completer),
-            }
-        }
-    };
-    match set {
-        Some(set) => inflight.watch_in(done, set),
-        None => inflight.watch(done),
-    }
+    inflight.watch_in(crate::device::finisher(completer), set)
 }
 
 /// A refused or failed enqueue as the op's error.

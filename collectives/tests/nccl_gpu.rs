@@ -357,9 +357,11 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
             !ev.event().query().unwrap(),
             "round {round}: op still running"
         );
+        // The work held the op; dropping it handed the op (and its
+        // buffer) to the reactor.
         assert!(
-            reactor.pending() >= 1 && before >= 1,
-            "the reactor holds the op's buffer"
+            reactor.pending() > before,
+            "round {round}: the reactor holds the op's buffer"
         );
         // Wait for the GPU, then for the reactor to let go.
         ev.event().synchronize().unwrap();
@@ -381,9 +383,9 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
         free1 + (32 << 20) >= free0,
         "device memory must return to its starting level: {free0} -> {free1}"
     );
-    // Forgetting a work is not UB either: the reactor keeps the buffer until
-    // the GPU is done, then parks it in the forgotten work's slot (leaked
-    // with the work, like any forgotten value).
+    // Forgetting a work is not UB either: the work holds the op, so its
+    // buffer is leaked with it (never freed while the GPU may use it), like
+    // any forgotten value; nothing is left with the reactor.
     let buf = DeviceBuffer::new(s.alloc_zeros::<f32>(n).unwrap()).unwrap();
     let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
     let ev = work.end_event_handle();

@@ -155,3 +155,45 @@ fn gpu_watchdog_times_out_a_spinning_stream_then_a_new_group_works() {
     ev.event().synchronize().unwrap();
     dev.synchronize().unwrap();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
+    // A work holds its op until it is polled: an op that finished long
+    // before its deadline, whose work nobody has polled, must not time out
+    // (the watchdog asks its end event), nor one whose work was forgotten.
+    let dev = Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"));
+    assert!(
+        watchdog::enabled(),
+        "run with the watchdog on (CHORUS_WATCHDOG unset)"
+    );
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = device_group(&st, "wd-held");
+    let timeout = Duration::from_millis(200);
+    let short = pg.with_timeout(timeout);
+    let data = [1.5f32, -2.0, 3.25];
+    let before = watchdog::stats();
+    let held = short.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap();
+    let forgotten = short.all_reduce(upload(&s, &data), ReduceOp::Max).unwrap();
+    std::mem::forget(forgotten);
+    held.end_event().synchronize().unwrap();
+    assert_eq!(held.status(), chorus::WorkStatus::Finished);
+    // Five deadlines pass with the works unpolled.
+    std::thread::sleep(timeout * 5);
+    let after = watchdog::stats();
+    assert_eq!(
+        after.timeouts, before.timeouts,
+        "a finished op was timed out: {before:?} -> {after:?}"
+    );
+    assert!(pg.error().is_none(), "group failed: {:?}", pg.error());
+    let out = block_on(held).expect("the held op completes normally");
+    assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
+    // The group still works.
+    let out = block_on(pg.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
+    println!(
+        "held + forgotten works, {:?} past a {timeout:?} deadline unpolled: no timeout, group healthy",
+        timeout * 4
+    );
+}

@@ -59,4 +59,4 @@ pub mod watchdog;
 pub mod work;
 
 pub use error::{OpContext, WorkError};
-pub use work::{Completer, Registry, Work, WorkStatus};
+pub use work::{Completer, FinishedProbe, Registry, Work, WorkStatus};

@@ -22,7 +22,20 @@
 //! CPU until the next registration unparks it.
 //!
 //! The settings come from `CHORUS_REACTOR_SPIN_US`,
-//! `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+//! `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
+//! `CHORUS_REACTOR_DETACHED_US`.
+//!
+//! # Detached entries
+//!
+//! An op nobody waits for (its work was dropped, or its buffers were taken
+//! back stream-ordered) still needs its end event watched, to release its
+//! buffers and finish its bookkeeping, but not quickly. Such entries go in
+//! with [`Reactor::register_detached`]: they are checked once every
+//! `detached_poll` (default 50 µs), never make the thread spin, and their
+//! registration costs no wake-up unless the thread is parked. This keeps
+//! the reactor's event queries (which contend with the enqueuing threads in
+//! the CUDA driver) and its cache traffic off the enqueue path of a stream
+//! of ops that nobody awaits one by one.
 //!
 //! # Safety of buffers
 //!
@@ -82,6 +95,8 @@ pub struct ReactorConfig {
     pub yield_for: Duration,
     /// Then sleep between rounds, 10 µs doubling up to this.
     pub max_sleep: Duration,
+    /// Detached entries are checked this often.
+    pub detached_poll: Duration,
 }
 
 impl Default for ReactorConfig {
@@ -90,13 +105,15 @@ impl Default for ReactorConfig {
             spin: Duration::from_micros(200),
             yield_for: Duration::from_millis(20),
             max_sleep: Duration::from_micros(30),
+            detached_poll: Duration::from_micros(50),
         }
     }
 }
 
 impl ReactorConfig {
     /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
-    /// `CHORUS_REACTOR_YIELD_US` and `CHORUS_REACTOR_MAX_SLEEP_US`.
+    /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
+    /// `CHORUS_REACTOR_DETACHED_US`.
     pub fn from_env() -> ReactorConfig {
         let us = |name: &str| {
             std::env::var(name)
@@ -110,6 +127,9 @@ impl ReactorConfig {
             yield_for: us("CHORUS_REACTOR_YIELD_US").unwrap_or(d.yield_for),
             max_sleep: us("CHORUS_REACTOR_MAX_SLEEP_US")
                 .unwrap_or(d.max_sleep)
+                .max(Duration::from_micros(1)),
+            detached_poll: us("CHORUS_REACTOR_DETACHED_US")
+                .unwrap_or(d.detached_poll)
                 .max(Duration::from_micros(1)),
         }
     }
@@ -136,6 +156,11 @@ pub struct ReactorError {
 
 struct Shared {
     incoming: Padded<Mutex<Vec<Box<dyn Pending>>>>,
+    /// Detached entries, taken by the thread once per `detached_poll`.
+    detached: Padded<Mutex<Vec<Box<dyn Pending>>>>,
+    /// Set while the thread is parked with nothing to watch (no timeout):
+    /// only then does a detached registration unpark it.
+    parked: Padded<AtomicBool>,
     /// Set when `incoming` is non-empty or a nudge asks to spin again.
     wake: Padded<AtomicBool>,
     /// Set while the thread is parked or sleeping.
@@ -176,6 +201,8 @@ impl Reactor {
         Reactor {
             shared: Arc::new(Shared {
                 incoming: Padded(Mutex::new(Vec::new())),
+                detached: Padded(Mutex::new(Vec::new())),
+                parked: Padded(AtomicBool::new(false)),
                 wake: Padded(AtomicBool::new(false)),
                 sleeping: Padded(AtomicBool::new(false)),
                 registered: Padded(AtomicU64::new(0)),
@@ -237,6 +264,37 @@ impl Reactor {
         Ok(())
     }
 
+    /// Hands a detached `entry` (nobody waits for it) to the reactor
+    /// thread, which checks it once per
+    /// [`detached_poll`](ReactorConfig::detached_poll) until it completes.
+    /// Costs a lock and a push; the thread is woken only if it is parked.
+    ///
+    /// # Errors
+    ///
+    /// As for [`register`](Self::register).
+    pub fn register_detached(
+        &self,
+        entry: Box<dyn Pending>,
+    ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        let thread = match self.thread() {
+            Ok(t) => t,
+            Err(e) => return Err((e, entry)),
+        };
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .detached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(entry);
+        // Pairs with the thread's `parked` store before its final check of
+        // `detached`: either it sees the entry, or this sees it parked.
+        if self.shared.parked.load(Ordering::SeqCst) {
+            self.shared.wake.store(true, Ordering::SeqCst);
+            thread.unpark();
+        }
+        Ok(())
+    }
+
     /// Asks the thread to spin again (a future is being awaited and wants a
     /// fast wake-up). Cheap when the thread is already spinning.
     pub fn nudge(&self) {
@@ -275,15 +333,60 @@ fn poll_one(entry: &mut Box<dyn Pending>) -> Option<bool> {
 /// With nothing to watch, yield at most this long before parking.
 const IDLE_YIELD: Duration = Duration::from_millis(1);
 
+/// Polls each of `entries` once (in an ordered queue, none after a pending
+/// one) and drops those that completed; returns how many did.
+fn poll_round(
+    entries: &mut Vec<Box<dyn Pending>>,
+    blocked: &mut Vec<(u64, u64)>,
+    shared: &Shared,
+) -> usize {
+    let before = entries.len();
+    blocked.clear();
+    entries.retain_mut(|e| {
+        let order = e.order();
+        if let Some((q, pos)) = order {
+            if blocked.iter().any(|&(bq, bpos)| bq == q && pos > bpos) {
+                return true;
+            }
+        }
+        match poll_one(e) {
+            Some(false) => {
+                if let Some((q, pos)) = order {
+                    match blocked.iter_mut().find(|(bq, _)| *bq == q) {
+                        Some(b) => b.1 = b.1.min(pos),
+                        None => blocked.push((q, pos)),
+                    }
+                }
+                true
+            }
+            Some(true) => {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            None => {
+                tracing::error!("a completion entry panicked; its buffers are leaked");
+                std::mem::forget(std::mem::replace(e, Box::new(Done)));
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    });
+    before - entries.len()
+}
+
 fn run(shared: Arc<Shared>) {
     let cfg = shared.config;
     // Short sleeps must be short: the default timer slack (50 µs) would
     // stretch every one of them.
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_timerslack(1_000);
+    // Entries someone waits for: checked every round.
     let mut local: Vec<Box<dyn Pending>> = Vec::new();
+    // Detached entries: checked once per `detached_poll`.
+    let mut slow: Vec<Box<dyn Pending>> = Vec::new();
     let mut blocked: Vec<(u64, u64)> = Vec::new();
     let mut last_progress = Instant::now();
+    let mut next_slow = last_progress;
     let mut sleep = Duration::from_micros(10);
     loop {
         // Read before writing: a swap on every round would steal the cache
@@ -295,11 +398,28 @@ fn run(shared: Arc<Shared>) {
             last_progress = Instant::now();
             sleep = Duration::from_micros(10);
         }
+        let now = Instant::now();
+        if now >= next_slow {
+            slow.append(&mut shared.detached.lock().unwrap_or_else(|p| p.into_inner()));
+            if !slow.is_empty() {
+                poll_round(&mut slow, &mut blocked, &shared);
+            }
+            next_slow = now + cfg.detached_poll;
+        }
         if local.is_empty() {
+            if !slow.is_empty() {
+                // Only detached entries: sleep until their next check.
+                shared.sleeping.store(true, Ordering::SeqCst);
+                if !shared.wake.load(Ordering::SeqCst) {
+                    std::thread::park_timeout(next_slow.saturating_duration_since(now));
+                }
+                shared.sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
             // Stay responsive for a moment (ops often come in a stream, and
             // a registration that finds the thread awake needs no unpark
             // system call); then park until the next registration.
-            let idle = last_progress.elapsed();
+            let idle = now.saturating_duration_since(last_progress);
             if idle < cfg.spin {
                 std::hint::spin_loop();
                 continue;
@@ -309,47 +429,20 @@ fn run(shared: Arc<Shared>) {
                 continue;
             }
             shared.sleeping.store(true, Ordering::SeqCst);
-            if !shared.wake.load(Ordering::SeqCst) {
+            shared.parked.store(true, Ordering::SeqCst);
+            let detached = !lock_vec(&shared.detached).is_empty();
+            if !detached && !shared.wake.load(Ordering::SeqCst) {
                 shared.parks.fetch_add(1, Ordering::Relaxed);
                 std::thread::park();
             }
+            shared.parked.store(false, Ordering::SeqCst);
             shared.sleeping.store(false, Ordering::SeqCst);
+            // Check detached entries that arrived while parked at once.
+            next_slow = Instant::now();
             continue;
         }
-        let before = local.len();
-        blocked.clear();
-        local.retain_mut(|e| {
-            let order = e.order();
-            if let Some((q, pos)) = order {
-                if blocked.iter().any(|&(bq, bpos)| bq == q && pos > bpos) {
-                    return true;
-                }
-            }
-            match poll_one(e) {
-                Some(false) => {
-                    if let Some((q, pos)) = order {
-                        match blocked.iter_mut().find(|(bq, _)| *bq == q) {
-                            Some(b) => b.1 = b.1.min(pos),
-                            None => blocked.push((q, pos)),
-                        }
-                    }
-                    true
-                }
-                Some(true) => {
-                    shared.completed.fetch_add(1, Ordering::Relaxed);
-                    false
-                }
-                None => {
-                    tracing::error!("a completion entry panicked; its buffers are leaked");
-                    std::mem::forget(std::mem::replace(e, Box::new(Done)));
-                    shared.completed.fetch_add(1, Ordering::Relaxed);
-                    false
-                }
-            }
-        });
-        let now = Instant::now();
-        if local.len() != before {
-            last_progress = now;
+        if poll_round(&mut local, &mut blocked, &shared) > 0 {
+            last_progress = Instant::now();
             sleep = Duration::from_micros(10);
             continue;
         }
@@ -365,12 +458,16 @@ fn run(shared: Arc<Shared>) {
         } else {
             shared.sleeping.store(true, Ordering::SeqCst);
             if !shared.wake.load(Ordering::SeqCst) {
-                std::thread::park_timeout(sleep);
+                std::thread::park_timeout(sleep.min(next_slow.saturating_duration_since(now)));
             }
             shared.sleeping.store(false, Ordering::SeqCst);
             sleep = (sleep * 2).min(cfg.max_sleep);
         }
     }
+}
+
+fn lock_vec<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -403,6 +500,7 @@ mod tests {
             spin: Duration::from_micros(50),
             yield_for: Duration::from_micros(100),
             max_sleep: Duration::from_micros(200),
+            ..ReactorConfig::default()
         });
         let (tx, rx) = mpsc::channel();
         let polls = Arc::new(AtomicU64::new(0));
@@ -457,6 +555,73 @@ mod tests {
         .map_err(|(e, _)| e)
         .unwrap();
         assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 99);
+    }
+
+    #[test]
+    fn detached_entries_are_checked_slowly_and_wake_a_parked_thread() {
+        let r = Reactor::new(ReactorConfig {
+            spin: Duration::from_micros(50),
+            yield_for: Duration::from_micros(100),
+            max_sleep: Duration::from_micros(200),
+            detached_poll: Duration::from_millis(5),
+        });
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        let flag = |id: u32, done: &Arc<AtomicBool>| {
+            Box::new(Flag {
+                done: done.clone(),
+                tx: tx.clone(),
+                id,
+                polls: polls.clone(),
+            })
+        };
+        // Start the thread and let it park with nothing to watch.
+        let first = Arc::new(AtomicBool::new(true));
+        r.register(flag(0, &first)).map_err(|(e, _)| e).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0);
+        let t0 = Instant::now();
+        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(r.stats().parks >= 1);
+        // A detached registration wakes the parked thread.
+        let d = Arc::new(AtomicBool::new(false));
+        r.register_detached(flag(1, &d))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let t0 = Instant::now();
+        while polls.load(Ordering::Relaxed) < 2 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        // Pending and detached: checked about once per 5 ms, not spun on.
+        let p0 = polls.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+        let checks = polls.load(Ordering::Relaxed) - p0;
+        assert!(
+            (2..=60).contains(&checks),
+            "{checks} checks in 100 ms at a 5 ms period"
+        );
+        assert_eq!(r.pending(), 1);
+        d.store(true, Ordering::Release);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
+        // An awaited entry registered meanwhile is not held back by the
+        // detached period.
+        let slow = Arc::new(AtomicBool::new(false));
+        r.register_detached(flag(2, &slow))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        let fast = Arc::new(AtomicBool::new(false));
+        r.register(flag(3, &fast)).map_err(|(e, _)| e).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+        fast.store(true, Ordering::Release);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 3);
+        slow.store(true, Ordering::Release);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 2);
+        let t0 = Instant::now();
+        while r.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert_eq!(r.pending(), 0);
     }
 
     struct Ordered {

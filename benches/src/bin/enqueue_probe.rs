@@ -162,13 +162,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         sync_all,
     );
+    // The floor in the pattern nccl_bench times: each op's buffer comes
+    // back stream-ordered (the producer stream waits on the end event), so
+    // the next input-ready record follows a wait on the previous op.
+    layer_timed(
+        "2o layer 2 after a stream-ordered take of the previous op",
+        args.iters,
+        || {
+            let t0 = Instant::now();
+            // SAFETY: live events and streams of the current context.
+            unsafe {
+                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+            }
+            raw_ar();
+            // SAFETY: as above.
+            unsafe {
+                sys::cuEventRecord(end.as_raw(), cs.as_raw());
+            }
+            let dt = t0.elapsed();
+            // SAFETY: as above (the stream-ordered take, untimed).
+            unsafe {
+                sys::cuStreamWaitEvent(prod.as_raw(), end.as_raw(), 0);
+            }
+            dt
+        },
+        sync_all,
+    );
     // The same floor while another thread queries an end event, as the
     // completion reactor does while ops are in flight: does the driver make
     // the enqueuing thread pay for it?
     for (name, pause) in [
-        ("2q layer 2 + a thread querying the end event flat out", 0u32),
+        (
+            "2q layer 2 + a thread querying the end event flat out",
+            0u32,
+        ),
         ("2p layer 2 + a thread querying it, 256 spins between", 256),
-        ("2s layer 2 + a thread querying it, 4096 spins between", 4096),
+        (
+            "2s layer 2 + a thread querying it, 4096 spins between",
+            4096,
+        ),
     ] {
         let stop = std::sync::atomic::AtomicBool::new(false);
         let queries = std::sync::atomic::AtomicU64::new(0);
@@ -203,7 +236,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let q = queries.load(std::sync::atomic::Ordering::Relaxed) as f64;
-            println!("   (querier: {:.2} queries/us)", q / t.elapsed().as_secs_f64() / 1e6);
+            println!(
+                "   (querier: {:.2} queries/us)",
+                q / t.elapsed().as_secs_f64() / 1e6
+            );
         });
     }
     layer(
@@ -297,7 +333,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         chorus_runtime::Work<u32>,
     );
     let mut pool: Vec<DeviceBuffer<f32>> = (0..64)
-        .map(|_| DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count]).expect("alloc")).expect("buf"))
+        .map(|_| {
+            DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count]).expect("alloc"))
+                .expect("buf")
+        })
         .collect();
     for cross in [false, true] {
         let (dtx, drx) = std::sync::mpsc::channel::<Vec<Done>>();

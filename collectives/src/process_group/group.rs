@@ -170,9 +170,9 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
             (None, Some(inflight)) => {
                 put(
                     &cell,
-                    Ok(DeviceWork::new(
+                    Ok(DeviceWork::watched(
                         work,
-                        watch_device(inflight, completer, Some(set)),
+                        watch_device(inflight, completer, set),
                     )),
                 );
                 return;

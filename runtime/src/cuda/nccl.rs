@@ -675,6 +675,18 @@ impl EndEvent {
     }
 }
 
+/// The watchdog asks an expired op's end event before it times the op out:
+/// an op whose work nobody has polled yet may be finished already.
+impl crate::work::FinishedProbe for EndEvent {
+    fn finished(&self) -> bool {
+        let ev = self.event();
+        // The watchdog thread may never have used the device.
+        let bound = Device::get(ev.device()).and_then(|d| d.bind_to_thread());
+        super::relax_capture_mode();
+        bound.is_ok() && matches!(ev.query(), Ok(true))
+    }
+}
+
 impl Drop for EndEvent {
     fn drop(&mut self) {
         if let (Some(ev), Some(pool)) = (self.event.take(), self.pool.upgrade()) {
@@ -1437,6 +1449,51 @@ impl<B: DeviceMem> InFlight<B> {
         Ok(self.bufs.take().unwrap_or_default())
     }
 
+    /// A shared handle on the end event.
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.end.clone()
+    }
+
+    /// Makes the op's device current on the calling thread.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of binding the device's context.
+    pub fn bind_device(&self) -> Result<(), CudaError> {
+        self.device.bind_to_thread()
+    }
+
+    /// GpuFinished without the reactor: if the end event has completed,
+    /// takes the buffers. `Ok(None)` while the op runs, or when they were
+    /// taken before. The op's device must be current (see
+    /// [`bind_device`](Self::bind_device)).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the event query (an error of the op).
+    pub fn take_finished(&mut self) -> Result<Option<Vec<B>>, CudaError> {
+        if self.bufs.is_none() || !self.end.event().query()? {
+            return Ok(None);
+        }
+        Ok(self.bufs.take())
+    }
+
+    /// Stream-ordered completion, as [`Watched::take_stream_ordered`].
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of a stream wait; the buffers stay with the op.
+    pub fn take_stream_ordered(
+        &mut self,
+        stream: Option<&Stream>,
+    ) -> Result<Option<Vec<B>>, CudaError> {
+        let Some(bufs) = self.bufs.as_deref() else {
+            return Ok(None);
+        };
+        order_after(self.end.event(), stream, bufs)?;
+        Ok(self.bufs.take())
+    }
+
     /// Hands the op to the completion reactor: `done` runs on the reactor
     /// thread once the end event completed (or failed). The returned handle
     /// can take the buffers early with a stream-ordered wait.
@@ -1447,6 +1504,30 @@ impl<B: DeviceMem> InFlight<B> {
         let (watched, entry) = self.into_entry(done);
         register_or_wait(Box::new(entry));
         watched
+    }
+
+    /// Hands an op nobody waits for to the completion reactor as a
+    /// detached entry (checked every
+    /// [`detached_poll`](crate::reactor::ReactorConfig::detached_poll), no
+    /// wake-up): `done` runs on the reactor thread once the end event
+    /// completed (or failed), with the buffers still held, if any.
+    pub fn detach<F>(mut self, done: F)
+    where
+        F: FnOnce(Finished<B>) + Send + 'static,
+    {
+        let entry = Detached {
+            order: self.order,
+            device: self.device.clone(),
+            end: self.end.clone(),
+            bufs: self.bufs.take(),
+            done: Some(done),
+        };
+        if let Err((e, mut entry)) = reactor::global().register_detached(Box::new(entry)) {
+            tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+            while !entry.poll_complete() {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Like [`watch`](Self::watch), but the reactor entry goes into `set`,
@@ -1555,7 +1636,7 @@ impl<B: DeviceMem> Drop for InFlight<B> {
                 end: self.end.clone(),
                 bufs: Some(bufs),
             };
-            drop(f.watch(|_| {}));
+            f.detach(|_| {});
         }
     }
 }
@@ -1578,14 +1659,8 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B,
     }
 
     fn poll_complete(&mut self) -> bool {
-        // The reactor thread queries events of any device: make the event's
-        // context current (cheap when it already is).
-        let _ = self.device.bind_to_thread();
-        super::relax_capture_mode();
-        let outcome = match self.cell.end.event().query() {
-            Ok(false) => return false,
-            Ok(true) => Ok(()),
-            Err(e) => Err(e),
+        let Some(outcome) = end_outcome(&self.device, &self.cell.end) else {
+            return false;
         };
         let bufs = self
             .cell
@@ -1595,6 +1670,46 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B,
             .take();
         if let Some(done) = self.done.take() {
             done((outcome, bufs));
+        }
+        true
+    }
+}
+
+/// Queries an op's end event from the reactor thread: `None` while it
+/// runs, else how it ended.
+fn end_outcome(device: &Device, end: &EndEvent) -> Option<Result<(), CudaError>> {
+    // The reactor thread queries events of any device: make the event's
+    // context current (cheap when it already is).
+    let _ = device.bind_to_thread();
+    super::relax_capture_mode();
+    match end.event().query() {
+        Ok(false) => None,
+        Ok(true) => Some(Ok(())),
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// A detached op's reactor entry (see [`InFlight::detach`]): nothing
+/// shared, nobody can take its buffers early.
+struct Detached<B: DeviceMem, F> {
+    order: (u64, u64),
+    device: Device,
+    end: Arc<EndEvent>,
+    bufs: Option<Vec<B>>,
+    done: Option<F>,
+}
+
+impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Detached<B, F> {
+    fn order(&self) -> Option<(u64, u64)> {
+        Some(self.order)
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        let Some(outcome) = end_outcome(&self.device, &self.end) else {
+            return false;
+        };
+        if let Some(done) = self.done.take() {
+            done((outcome, self.bufs.take()));
         }
         true
     }
@@ -1674,19 +1789,29 @@ impl<B: DeviceMem> Watched<B> {
         let Some(bufs) = g.as_ref() else {
             return Ok(None);
         };
-        let ev = self.cell.end.event();
-        let mut waited: Vec<super::sys::CUstream> = Vec::with_capacity(2);
-        if let Some(s) = stream {
-            s.wait_event(ev)?;
-            waited.push(s.as_raw());
-        }
-        for b in bufs {
-            let raw = b.stream().as_raw();
-            if !waited.contains(&raw) {
-                b.stream().wait_event(ev)?;
-                waited.push(raw);
-            }
-        }
+        order_after(self.cell.end.event(), stream, bufs)?;
         Ok(g.take())
     }
+}
+
+/// Makes `stream` (if any) and each buffer's producer stream wait on `ev`,
+/// each stream once.
+fn order_after<B: DeviceMem>(
+    ev: &Event,
+    stream: Option<&Stream>,
+    bufs: &[B],
+) -> Result<(), CudaError> {
+    let mut waited: Vec<super::sys::CUstream> = Vec::with_capacity(2);
+    if let Some(s) = stream {
+        s.wait_event(ev)?;
+        waited.push(s.as_raw());
+    }
+    for b in bufs {
+        let raw = b.stream().as_raw();
+        if !waited.contains(&raw) {
+            b.stream().wait_event(ev)?;
+            waited.push(raw);
+        }
+    }
+    Ok(())
 }

@@ -21,6 +21,16 @@ mod slot;
 pub use registry::Registry;
 pub use slot::WorkStatus;
 
+/// Tells whether an op has finished, without its work: the watchdog asks
+/// it before timing out an op past its deadline. An NCCL op's end event is
+/// one: the op may have finished long ago while nobody has polled its work
+/// yet (works are completed lazily, when polled, dropped or taken back
+/// stream-ordered).
+pub trait FinishedProbe: Send + Sync {
+    /// True once the op has finished. Must not block.
+    fn finished(&self) -> bool;
+}
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -308,6 +318,16 @@ impl<T> Completer<T> {
             if let (Some(rec), Some(id)) = (s.registry.recorder(), s.rec) {
                 rec.started(id);
             }
+        }
+    }
+
+    /// Gives the registry a way to tell that the op finished while its
+    /// work was not completed yet: an op past its deadline that `probe`
+    /// finds finished is retired instead of timing out (see
+    /// [`Registry::expired`]). For backends that complete works lazily.
+    pub fn set_probe(&self, probe: std::sync::Arc<dyn FinishedProbe>) {
+        if let Some(s) = &self.shared {
+            s.registry.set_probe(s.id, probe);
         }
     }
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Instant;
 
+use super::FinishedProbe;
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::FlightRecorder;
 use crate::sync::{lock, Arc, Mutex, MutexGuard};
@@ -24,6 +25,8 @@ struct Entry {
     submitted: Instant,
     deadline: Option<Instant>,
     fail: Box<dyn Fail>,
+    /// Asked before the op is reported expired.
+    probe: Option<std::sync::Arc<dyn FinishedProbe>>,
 }
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
@@ -163,9 +166,18 @@ impl Registry {
                 submitted,
                 deadline,
                 fail,
+                probe: None,
             },
         );
         Ok(id)
+    }
+
+    /// Sets the finished-probe of pending op `id` (see
+    /// [`expired`](Self::expired)).
+    pub(crate) fn set_probe(&self, id: u64, probe: std::sync::Arc<dyn FinishedProbe>) {
+        if let Some(e) = lock(&self.inner).entries.get_mut(&id) {
+            e.probe = Some(probe);
+        }
     }
 
     pub(crate) fn remove(&self, id: u64) {
@@ -221,17 +233,32 @@ impl Registry {
     /// The pending ops whose deadline is before `now`, oldest first: their
     /// registry ids (for [`fail_one`](Self::fail_one)), contexts and timeouts
     /// (deadline minus submission time).
+    ///
+    /// An expired op with a [`FinishedProbe`] that finds it finished is not
+    /// reported: it is retired from the registry (its work completes when
+    /// polled or dropped; nothing is failed).
     pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
-        lock(&self.inner)
-            .entries
-            .iter()
-            .filter_map(|(id, e)| match e.deadline {
+        let mut inner = lock(&self.inner);
+        let mut out = Vec::new();
+        let mut retired = Vec::new();
+        for (id, e) in &inner.entries {
+            match e.deadline {
                 Some(d) if d <= now => {
-                    Some((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted)))
+                    if e.probe.as_ref().is_some_and(|p| p.finished()) {
+                        retired.push(*id);
+                    } else {
+                        out.push((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted)));
+                    }
                 }
-                _ => None,
-            })
-            .collect()
+                _ => {}
+            }
+        }
+        for id in retired {
+            if let Some(e) = inner.entries.remove(&id) {
+                tracing::debug!(op = %e.ctx, "past its deadline but finished: retired, not timed out");
+            }
+        }
+        out
     }
 
     /// Fails one pending op (by registry id) with `err`, if it is still

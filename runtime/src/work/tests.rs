@@ -162,6 +162,40 @@ fn expired_lists_ops_past_deadline() {
     assert_eq!(exp[0].1.seq, 1);
 }
 
+/// A probe that reports what the test sets.
+struct Flag(std::sync::atomic::AtomicBool);
+impl FinishedProbe for Flag {
+    fn finished(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
+    let reg = Arc::new(Registry::new());
+    let now = Instant::now();
+    let (w1, c1) = Work::<u8>::new(ctx(1), &reg, Some(now)).unwrap();
+    let (_w2, c2) = Work::<u8>::new(ctx(2), &reg, Some(now)).unwrap();
+    let p1 = std::sync::Arc::new(Flag(false.into()));
+    let p2 = std::sync::Arc::new(Flag(false.into()));
+    c1.set_probe(p1.clone());
+    c2.set_probe(p2.clone());
+    let later = now + Duration::from_millis(1);
+    // Neither finished: both expired.
+    assert_eq!(reg.expired(later).len(), 2);
+    // Op 1 finished while nobody completed its work: retired, not reported.
+    p1.0.store(true, Ordering::SeqCst);
+    let exp = reg.expired(later);
+    assert_eq!(exp.len(), 1);
+    assert_eq!(exp[0].1.seq, 2);
+    assert_eq!(reg.pending(), 1, "the finished op left the registry");
+    assert!(reg.errored().is_none());
+    // Its work still completes normally, later.
+    c1.complete(Ok(7));
+    assert_eq!(futures::executor::block_on(w1).unwrap(), 7);
+    assert_eq!(reg.pending(), 1);
+}
+
 #[test]
 fn a_failed_op_aborts_the_group_once() {
     let reg = Arc::new(Registry::new());
