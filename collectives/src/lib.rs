@@ -42,5 +42,5 @@ pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};
 pub use process_group::capture::{Capture, CaptureGroup, Graph};
 pub use process_group::group::{Group, Grouped};
-pub use process_group::{nccl_enqueue_profile, GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
+pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
 pub use work::{CoalescedWork, OpResult, Work};

@@ -1054,8 +1054,10 @@ impl ProcessGroup {
             }
             _ => (None, op, None),
         };
-        let prof = profile::on();
-        let t0 = prof.then(Instant::now);
+        let prof = chorus_runtime::profile::on();
+        if prof {
+            chorus_runtime::profile::start();
+        }
         let found = match key {
             Some(k) => g.nccl.comm(k, dev),
             None => g.nccl.collective(dev),
@@ -1064,7 +1066,9 @@ impl ProcessGroup {
             Ok(c) => c,
             Err(e) => return Err((lookup_error(self.ctx(0, name), &e), bufs)),
         };
-        let t1 = prof.then(Instant::now);
+        if prof {
+            chorus_runtime::profile::stamp(0);
+        }
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
         let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
@@ -1077,7 +1081,9 @@ impl ProcessGroup {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
-        let t2 = prof.then(Instant::now);
+        if prof {
+            chorus_runtime::profile::stamp(1);
+        }
         let submitted = if coalesced {
             comm.submit_coalesced(cop, bufs)
         } else {
@@ -1085,14 +1091,17 @@ impl ProcessGroup {
         };
         match submitted {
             Ok(inflight) => {
-                let t3 = prof.then(Instant::now);
+                if prof {
+                    chorus_runtime::profile::stamp(4);
+                }
                 counters.bump_device(op, seq);
                 drop(counters);
                 // Nothing goes to the completion reactor here: the work
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer);
-                if let (Some(t0), Some(t1), Some(t2), Some(t3)) = (t0, t1, t2, t3) {
-                    profile::add([t1 - t0, t2 - t1, t3 - t2, t3.elapsed()]);
+                if prof {
+                    chorus_runtime::profile::stamp(5);
+                    chorus_runtime::profile::finish();
                 }
                 Ok(work)
             }
@@ -1236,52 +1245,4 @@ fn device_op_name(op: CommOp) -> &'static str {
         CommOp::Recv { .. } => "recv",
         CommOp::SendRecv { .. } => "send_recv",
     }
-}
-
-/// Optional timing of the device enqueue path (`CHORUS_NCCL_PROFILE=1`),
-/// for the benchmark's breakdown.
-pub(crate) mod profile {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-    use std::time::Duration;
-
-    static SUMS: [AtomicU64; 5] = [
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-        AtomicU64::new(0),
-    ];
-
-    pub(crate) fn on() -> bool {
-        static ON: OnceLock<bool> = OnceLock::new();
-        *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
-    }
-
-    pub(crate) fn add(parts: [Duration; 4]) {
-        for (s, d) in SUMS.iter().zip(parts) {
-            s.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
-        }
-        SUMS[4].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Mean microseconds per op of: communicator lookup, work and registry
-    /// entry, enqueue on the communicator (events + NCCL call), hand-off to
-    /// the reactor; and the number of ops. Zeros unless profiling is on.
-    pub(crate) fn means() -> ([f64; 4], u64) {
-        let n = SUMS[4].load(Ordering::Relaxed);
-        let mut out = [0.0; 4];
-        for (o, s) in out.iter_mut().zip(&SUMS) {
-            *o = s.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64;
-        }
-        (out, n)
-    }
-}
-
-/// Mean microseconds per device op of its enqueue phases (communicator
-/// lookup, work + registry, events + NCCL call, reactor hand-off) and the
-/// number of ops measured, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
-#[doc(hidden)]
-pub fn nccl_enqueue_profile() -> ([f64; 4], u64) {
-    profile::means()
 }

@@ -43,6 +43,8 @@ pub mod error;
 pub mod flight_recorder;
 #[cfg(not(loom))]
 pub mod launcher;
+#[doc(hidden)]
+pub mod profile;
 #[cfg(not(loom))]
 pub mod propagation;
 #[cfg(not(loom))]

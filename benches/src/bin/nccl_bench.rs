@@ -110,6 +110,19 @@ fn block_on_timed<F: Future>(f: F) -> (F::Output, Option<Instant>, Instant) {
     }
 }
 
+/// The enqueue phases' medians, when `CHORUS_NCCL_PROFILE=1`.
+fn print_profile() {
+    let (phases, n) = chorus_runtime::profile::medians();
+    if n > 0 {
+        println!(
+            "profile (CHORUS_NCCL_PROFILE=1), median over {n} ops (each stamp adds ~0.03 us):"
+        );
+        for (name, us) in chorus_runtime::profile::PHASES.iter().zip(phases) {
+            println!("  {name:<58} {us:6.3} us");
+        }
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(args.device)?;
@@ -152,14 +165,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (enq_med, enq_p99) = (pct(&mut enq, 0.5), pct(&mut enq, 0.99));
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
     if args.enqueue_only {
-        let (phases, profiled) = chorus::nccl_enqueue_profile();
         println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us");
-        if profiled > 0 {
-            println!(
-                "profile: lookup {:.2} work+registry {:.2} events+NCCL {:.2} hand-off {:.2} us",
-                phases[0], phases[1], phases[2], phases[3]
-            );
-        }
+        print_profile();
         return Ok(());
     }
 
@@ -278,8 +285,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         m += 1;
     }
     let rt_wait_per_s = m as f64 / t0.elapsed().as_secs_f64();
-    let (phases, profiled) = chorus::nccl_enqueue_profile();
-    let (call_us, calls) = chorus_runtime::cuda::nccl::nccl_call_profile();
     let check = producer.clone_dtoh(buf.slice())?;
     assert!(
         check.iter().all(|&x| x == 1.0),
@@ -300,12 +305,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("awaited round trips (block_on)  {rt_per_s:.0} /s");
     println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
     println!("breakdown: cuEventRecord+cuStreamWaitEvent {rec_wait_us:.2} us, cuEventRecord alone {rec_us:.2} us, work+registry+flight-record bookkeeping {book_us:.2} us, ncclInProgress returns {in_progress}");
-    if profiled > 0 {
-        println!(
-            "profile (CHORUS_NCCL_PROFILE=1, mean over {profiled} ops; timing adds ~0.1 us): comm lookup {:.2} us, work+registry {:.2} us, events+NCCL {:.2} us (NCCL call alone {call_us:.2} us over {calls}), reactor hand-off {:.2} us",
-            phases[0], phases[1], phases[2], phases[3]
-        );
-    }
+    print_profile();
     println!("reactor: {:?}", chorus_runtime::reactor::global().stats());
     if let Some(path) = args.json {
         let wake: Vec<String> = wake_rows

@@ -1142,8 +1142,15 @@ impl Communicator {
             Err(e) => return Err((e.into(), bufs)),
         };
         let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let prof = crate::profile::on();
+        if prof {
+            crate::profile::stamp(2);
+        }
         match self.enqueue_locked(&guard, op, &bufs, &end) {
             Ok(()) => {
+                if prof {
+                    crate::profile::stamp(3);
+                }
                 guard.ops += 1;
                 let pos = guard.ops;
                 drop(guard);
@@ -1176,17 +1183,12 @@ impl Communicator {
             self.stream.wait_event_bound(&st.ready[1])?;
         }
         let raw = RawOp::new(op, bufs);
-        let t_call = nccl_profile_on().then(Instant::now);
         // SAFETY: `comm` is live and we hold the enqueue lock; the pointers
         // of `raw` come from `bufs`, valid device memory of the stated count
         // and type on the communicator's device for as long as the buffers
         // live (the `InFlight` keeps them until the end event completes);
         // counts and roots were checked against the communicator.
         let (call, rc) = unsafe { self.issue(comm, &raw) };
-        if let Some(t) = t_call {
-            NCCL_CALL_NS.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            NCCL_CALLS.fetch_add(1, Ordering::Relaxed);
-        }
         self.settle(call, rc)?;
         end.event().record_bound(&self.stream)?;
         Ok(())
@@ -1328,23 +1330,6 @@ pub fn in_progress_returns() -> u64 {
 }
 
 static IN_PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static NCCL_CALL_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static NCCL_CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn nccl_profile_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CHORUS_NCCL_PROFILE").is_ok_and(|v| v == "1"))
-}
-
-/// Mean microseconds of the NCCL op call itself (ncclAllReduce & co.) and
-/// the number of calls, when `CHORUS_NCCL_PROFILE=1`; for benchmarks.
-pub fn nccl_call_profile() -> (f64, u64) {
-    let n = NCCL_CALLS.load(Ordering::Relaxed);
-    (
-        NCCL_CALL_NS.load(Ordering::Relaxed) as f64 / 1e3 / n.max(1) as f64,
-        n,
-    )
-}
 
 /// How long dropping an aborted communicator waits for its abort to finish.
 const ABORT_JOIN_LIMIT: Duration = Duration::from_secs(10);

@@ -6,7 +6,7 @@
 //! no buffers itself; the backend keeps them until the op is done, so failing
 //! a work early never frees memory the backend still touches.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
@@ -32,10 +32,99 @@ struct Entry {
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 type ErrorHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 
+/// The pending entries by registry-local id, in submission order (sequence
+/// numbers are per op family and may repeat between collectives and P2P
+/// ops). Ids are handed out in order and ops mostly finish in order, so a
+/// ring indexed by `id - base` does without a per-op allocation or a tree.
+/// An entry that stays while many later ones finish (a work nobody polls)
+/// moves to `stragglers` once the ring is [`RING_SLOTS`] long, so the ring
+/// stays bounded.
+#[derive(Default)]
+struct Entries {
+    /// Id of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Option<Entry>>,
+    /// Entries older than `base`.
+    stragglers: BTreeMap<u64, Entry>,
+    /// Entries held, in `slots` and `stragglers`.
+    live: usize,
+}
+
+/// The ring's length beyond which its oldest entry moves to the stragglers.
+const RING_SLOTS: usize = 1024;
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Adds the entry of `id`, the next id (one past the last added).
+    fn push(&mut self, id: u64, e: Entry) {
+        debug_assert_eq!(id, self.base + self.slots.len() as u64);
+        self.slots.push_back(Some(e));
+        self.live += 1;
+        self.trim();
+    }
+
+    /// Drops the finished prefix of the ring and moves what keeps it
+    /// longer than [`RING_SLOTS`] to the stragglers.
+    fn trim(&mut self) {
+        loop {
+            let long = self.slots.len() > RING_SLOTS;
+            match self.slots.front_mut() {
+                Some(None) => {}
+                Some(front) if long => {
+                    if let Some(e) = front.take() {
+                        self.stragglers.insert(self.base, e);
+                    }
+                }
+                _ => return,
+            }
+            self.slots.pop_front();
+            self.base += 1;
+        }
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
+        match id.checked_sub(self.base) {
+            None => self.stragglers.get_mut(&id),
+            Some(i) => self.slots.get_mut(usize::try_from(i).ok()?)?.as_mut(),
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = match id.checked_sub(self.base) {
+            None => self.stragglers.remove(&id)?,
+            Some(i) => self.slots.get_mut(usize::try_from(i).ok()?)?.take()?,
+        };
+        self.live -= 1;
+        self.trim();
+        Some(e)
+    }
+
+    /// Every entry with its id, in submission order.
+    fn iter(&self) -> impl Iterator<Item = (u64, &Entry)> {
+        let base = self.base;
+        self.stragglers.iter().map(|(id, e)| (*id, e)).chain(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, e)| Some((base + i as u64, e.as_ref()?))),
+        )
+    }
+
+    /// Takes every entry, in submission order.
+    fn drain(&mut self) -> Vec<Entry> {
+        self.base += self.slots.len() as u64;
+        self.live = 0;
+        let mut out: Vec<Entry> = std::mem::take(&mut self.stragglers).into_values().collect();
+        out.extend(self.slots.drain(..).flatten());
+        out
+    }
+}
+
 struct Inner {
-    /// Keyed by a registry-local id, in submission order (sequence numbers
-    /// are per op family and may repeat between collectives and P2P ops).
-    entries: BTreeMap<u64, Entry>,
+    entries: Entries,
     next_id: u64,
     /// Set once the group failed or was aborted; later submissions fail with it.
     errored: Option<WorkError>,
@@ -75,7 +164,7 @@ impl Registry {
     pub fn new() -> Self {
         Registry {
             inner: Mutex::new(Inner {
-                entries: BTreeMap::new(),
+                entries: Entries::default(),
                 next_id: 0,
                 errored: None,
             }),
@@ -159,7 +248,7 @@ impl Registry {
         }
         let id = inner.next_id;
         inner.next_id += 1;
-        inner.entries.insert(
+        inner.entries.push(
             id,
             Entry {
                 ctx,
@@ -175,13 +264,13 @@ impl Registry {
     /// Sets the finished-probe of pending op `id` (see
     /// [`expired`](Self::expired)).
     pub(crate) fn set_probe(&self, id: u64, probe: std::sync::Arc<dyn FinishedProbe>) {
-        if let Some(e) = lock(&self.inner).entries.get_mut(&id) {
+        if let Some(e) = lock(&self.inner).entries.get_mut(id) {
             e.probe = Some(probe);
         }
     }
 
     pub(crate) fn remove(&self, id: u64) {
-        lock(&self.inner).entries.remove(&id);
+        lock(&self.inner).entries.remove(id);
     }
 
     /// The first error of the group, if it has failed.
@@ -197,9 +286,7 @@ impl Registry {
         if let Some(hook) = self.claim(cause) {
             Self::first_error(hook, cause);
         }
-        let drained: Vec<Entry> = std::mem::take(&mut lock(&self.inner).entries)
-            .into_values()
-            .collect();
+        let drained: Vec<Entry> = lock(&self.inner).entries.drain();
         let n = drained.len();
         for e in drained {
             let err = cause.for_op(e.ctx.clone());
@@ -241,20 +328,20 @@ impl Registry {
         let mut inner = lock(&self.inner);
         let mut out = Vec::new();
         let mut retired = Vec::new();
-        for (id, e) in &inner.entries {
+        for (id, e) in inner.entries.iter() {
             match e.deadline {
                 Some(d) if d <= now => {
                     if e.probe.as_ref().is_some_and(|p| p.finished()) {
-                        retired.push(*id);
+                        retired.push(id);
                     } else {
-                        out.push((*id, e.ctx.clone(), d.saturating_duration_since(e.submitted)));
+                        out.push((id, e.ctx.clone(), d.saturating_duration_since(e.submitted)));
                     }
                 }
                 _ => {}
             }
         }
         for id in retired {
-            if let Some(e) = inner.entries.remove(&id) {
+            if let Some(e) = inner.entries.remove(id) {
                 tracing::debug!(op = %e.ctx, "past its deadline but finished: retired, not timed out");
             }
         }
@@ -264,7 +351,7 @@ impl Registry {
     /// Fails one pending op (by registry id) with `err`, if it is still
     /// pending.
     pub fn fail_one(&self, id: u64, err: WorkError) -> bool {
-        let entry = lock(&self.inner).entries.remove(&id);
+        let entry = lock(&self.inner).entries.remove(id);
         match entry {
             Some(e) => {
                 e.fail.fail(err);
@@ -272,6 +359,12 @@ impl Registry {
             }
             None => false,
         }
+    }
+
+    /// Slots of the ring (entries and finished gaps), for tests.
+    #[cfg(test)]
+    pub(crate) fn ring_len(&self) -> usize {
+        lock(&self.inner).entries.slots.len()
     }
 
     /// Number of pending ops.
@@ -283,8 +376,8 @@ impl Registry {
     pub fn pending_ops(&self) -> Vec<OpContext> {
         lock(&self.inner)
             .entries
-            .values()
-            .map(|e| e.ctx.clone())
+            .iter()
+            .map(|(_, e)| e.ctx.clone())
             .collect()
     }
 }

@@ -234,3 +234,54 @@ fn a_failed_op_aborts_the_group_once() {
     }));
     assert!(reg2.errored().is_none());
 }
+
+#[test]
+fn ops_left_pending_among_many_finished_stay_found_and_the_ring_stays_bounded() {
+    let reg = Arc::new(Registry::new());
+    let now = Instant::now();
+    let mut kept = Vec::new();
+    let mut kept_works = Vec::new();
+    for seq in 1..=5000u64 {
+        let deadline = Some(now + Duration::from_secs(if seq % 2 == 0 { 0 } else { 60 }));
+        let (w, c) = Work::<u64>::new(ctx(seq), &reg, deadline).unwrap();
+        // Every 700th op (and the first) is left pending: a work nobody
+        // polls while many later ones finish.
+        if seq == 1 || seq % 700 == 0 {
+            kept.push((seq, c));
+            kept_works.push(w);
+        } else {
+            c.complete(Ok(seq));
+            assert_eq!(futures::executor::block_on(w).unwrap(), seq);
+        }
+        assert!(reg.ring_len() <= 1025, "ring of {} slots", reg.ring_len());
+    }
+    let seqs: Vec<u64> = kept.iter().map(|(s, _)| *s).collect();
+    assert_eq!(reg.pending(), kept.len());
+    let listed: Vec<u64> = reg.pending_ops().iter().map(|c| c.seq).collect();
+    assert_eq!(listed, seqs, "pending ops in submission order");
+    // The even ones among them are past their deadline.
+    let expired: Vec<u64> = reg
+        .expired(now + Duration::from_millis(1))
+        .iter()
+        .map(|(_, c, _)| c.seq)
+        .collect();
+    let even: Vec<u64> = seqs.iter().copied().filter(|s| s % 2 == 0).collect();
+    assert_eq!(expired, even);
+    // Completing a straggler (the first op) finds it.
+    let (s0, c0) = kept.remove(0);
+    c0.complete(Ok(s0));
+    let w0 = kept_works.remove(0);
+    assert_eq!(futures::executor::block_on(w0).unwrap(), s0);
+    assert_eq!(reg.pending(), kept.len());
+    // Failing the group reaches every one left, old or recent.
+    let cause = WorkError::Backend {
+        ctx: ctx(0),
+        msg: "test".into(),
+    };
+    assert_eq!(reg.fail_all(&cause), kept.len());
+    assert_eq!(reg.pending(), 0);
+    for w in kept_works {
+        assert!(futures::executor::block_on(w).is_err());
+    }
+    drop(kept);
+}
