@@ -17,9 +17,7 @@ fn work(c: &mut Criterion) {
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .throughput(Throughput::Elements(1));
-    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(
-        1024,
-    ))));
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(1024))));
     let group: Arc<str> = "bench".into();
     let mut seq = 0u64;
     g.bench_function("register-complete-drop", |b| {

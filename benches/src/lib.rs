@@ -27,6 +27,7 @@ pub fn work_bookkeeping_round(
         Some(std::time::Duration::from_secs(60)),
         true,
         Default::default(),
+        None,
     )?;
     c.complete(Ok(1));
     drop(w);

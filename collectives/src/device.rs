@@ -204,8 +204,6 @@ impl<R: DeviceResult> DeviceWork<R> {
         completer: DeviceCompleter<R::Buf>,
     ) -> Self {
         let end = op.end_event_handle();
-        // The watchdog asks the end event before timing the op out.
-        completer.set_probe(end.clone());
         DeviceWork {
             inner,
             end,

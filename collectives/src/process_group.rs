@@ -1069,6 +1069,12 @@ impl ProcessGroup {
         if prof {
             chorus_runtime::profile::stamp(0);
         }
+        // The op's end event first: the registry entry asks it before the
+        // watchdog times the op out (the work completes lazily).
+        let end = match comm.reserve_end_event() {
+            Ok(e) => e,
+            Err(e) => return Err((comm_error(&self.ctx(0, name), e.into()), bufs)),
+        };
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
         let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
@@ -1077,7 +1083,9 @@ impl ProcessGroup {
             count: count as u64,
             peer,
         };
-        let (work, completer) = match self.register_device::<R>(ctx.clone(), op, meta) {
+        let probe: std::sync::Arc<dyn chorus_runtime::FinishedProbe> = end.clone();
+        let (work, completer) = match self.register_device::<R>(ctx.clone(), op, meta, Some(probe))
+        {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
@@ -1085,9 +1093,9 @@ impl ProcessGroup {
             chorus_runtime::profile::stamp(1);
         }
         let submitted = if coalesced {
-            comm.submit_coalesced(cop, bufs)
+            comm.submit_coalesced_with_end(cop, bufs, Some(end))
         } else {
-            comm.submit(cop, bufs)
+            comm.submit_with_end(cop, bufs, Some(end))
         };
         match submitted {
             Ok(inflight) => {
@@ -1150,6 +1158,7 @@ impl ProcessGroup {
         ctx: OpContext,
         op: CommOp,
         meta: chorus_runtime::flight_recorder::OpMeta,
+        probe: Option<std::sync::Arc<dyn chorus_runtime::FinishedProbe>>,
     ) -> Result<DevicePair<R>, WorkError> {
         let collective = !matches!(
             op,
@@ -1162,6 +1171,7 @@ impl ProcessGroup {
             Some(self.timeout),
             collective,
             meta,
+            probe,
         )
     }
 }

@@ -392,6 +392,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Some(Duration::from_secs(60)),
                     true,
                     Default::default(),
+                    None,
                 )
                 .expect("work");
                 let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");

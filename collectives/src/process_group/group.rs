@@ -142,7 +142,7 @@ impl<R: DeviceResult> DeviceEntry for DeviceOp<R> {
 
     fn register(&mut self, pg: &ProcessGroup, ctx: OpContext) -> Result<(), WorkError> {
         self.ctx = ctx.clone();
-        self.pair = Some(pg.register_device::<R>(ctx, self.op, self.meta.clone())?);
+        self.pair = Some(pg.register_device::<R>(ctx, self.op, self.meta.clone(), None)?);
         Ok(())
     }
 

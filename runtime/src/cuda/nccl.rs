@@ -1134,10 +1134,37 @@ impl Communicator {
         op: CommOp,
         bufs: Vec<B>,
     ) -> Result<InFlight<B>, Refused<B>> {
+        self.submit_with_end(op, bufs, None)
+    }
+
+    /// An end event for an op about to be submitted with
+    /// [`submit_with_end`](Self::submit_with_end) (e.g. to hand it to the
+    /// op's registry entry first). Unused, it goes back to the pool.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of creating an event when the pool is empty.
+    pub fn reserve_end_event(&self) -> Result<Arc<EndEvent>, CudaError> {
+        self.end_event().map(Arc::new)
+    }
+
+    /// [`submit`](Self::submit) with the end event `end` (from
+    /// [`reserve_end_event`](Self::reserve_end_event); `None`: one from
+    /// the pool).
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit`](Self::submit).
+    pub fn submit_with_end<B: DeviceMem>(
+        &self,
+        op: CommOp,
+        bufs: Vec<B>,
+        end: Option<Arc<EndEvent>>,
+    ) -> Result<InFlight<B>, Refused<B>> {
         if let Err(e) = self.check(op, &bufs) {
             return Err((e, bufs));
         }
-        let end = match self.end_event() {
+        let end = match end.map_or_else(|| self.reserve_end_event(), Ok) {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
@@ -1157,7 +1184,7 @@ impl Communicator {
                 Ok(InFlight {
                     device: self.device.clone(),
                     order: (self.stream.as_raw() as u64, pos),
-                    end: Arc::new(end),
+                    end,
                     bufs: Some(bufs),
                 })
             }
@@ -1786,16 +1813,15 @@ fn order_after<B: DeviceMem>(
     stream: Option<&Stream>,
     bufs: &[B],
 ) -> Result<(), CudaError> {
-    let mut waited: Vec<super::sys::CUstream> = Vec::with_capacity(2);
     if let Some(s) = stream {
         s.wait_event(ev)?;
-        waited.push(s.as_raw());
     }
-    for b in bufs {
+    for (i, b) in bufs.iter().enumerate() {
         let raw = b.stream().as_raw();
-        if !waited.contains(&raw) {
+        let seen = stream.is_some_and(|s| s.as_raw() == raw)
+            || bufs[..i].iter().any(|p| p.stream().as_raw() == raw);
+        if !seen {
             b.stream().wait_event(ev)?;
-            waited.push(raw);
         }
     }
     Ok(())

@@ -131,7 +131,7 @@ impl<T: Send + 'static> Work<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
-        Self::register(ctx, registry, Instant::now(), deadline, |r, ctx| {
+        Self::register(ctx, registry, Instant::now(), deadline, None, |r, ctx| {
             r.scheduled(ctx.seq, ctx.op, collective, meta)
         })
     }
@@ -140,7 +140,10 @@ impl<T: Send + 'static> Work<T> {
     /// the op as it submits it (an NCCL enqueue): the deadline (`now +
     /// timeout`), the registry entry and the flight record (scheduled and
     /// started at once) all take the one clock reading `now`, which the
-    /// caller makes just before.
+    /// caller makes just before. With a `probe`, an op past its deadline
+    /// that the probe finds finished is retired from the registry instead
+    /// of timing out (see [`Registry::expired`]); for backends that
+    /// complete works lazily.
     ///
     /// # Errors
     ///
@@ -152,9 +155,10 @@ impl<T: Send + 'static> Work<T> {
         timeout: Option<std::time::Duration>,
         collective: bool,
         meta: OpMeta,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        Self::register(ctx, registry, now, deadline, |r, ctx| {
+        Self::register(ctx, registry, now, deadline, probe, |r, ctx| {
             r.started_at(ctx.seq, ctx.op, collective, meta, now)
         })
     }
@@ -166,6 +170,7 @@ impl<T: Send + 'static> Work<T> {
         registry: &Arc<Registry>,
         now: Instant,
         deadline: Option<Instant>,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
         // The registry's fail handle holds the slot alone, so that the
@@ -176,6 +181,7 @@ impl<T: Send + 'static> Work<T> {
             now,
             deadline,
             Box::new(FailHandle(slot.clone())),
+            probe,
         )?;
         let rec = registry.recorder().map(|r| record(r, &ctx));
         let shared = Arc::new(Shared {
@@ -318,16 +324,6 @@ impl<T> Completer<T> {
             if let (Some(rec), Some(id)) = (s.registry.recorder(), s.rec) {
                 rec.started(id);
             }
-        }
-    }
-
-    /// Gives the registry a way to tell that the op finished while its
-    /// work was not completed yet: an op past its deadline that `probe`
-    /// finds finished is retired instead of timing out (see
-    /// [`Registry::expired`]). For backends that complete works lazily.
-    pub fn set_probe(&self, probe: std::sync::Arc<dyn FinishedProbe>) {
-        if let Some(s) = &self.shared {
-            s.registry.set_probe(s.id, probe);
         }
     }
 

@@ -85,13 +85,6 @@ impl Entries {
         }
     }
 
-    fn get_mut(&mut self, id: u64) -> Option<&mut Entry> {
-        match id.checked_sub(self.base) {
-            None => self.stragglers.get_mut(&id),
-            Some(i) => self.slots.get_mut(usize::try_from(i).ok()?)?.as_mut(),
-        }
-    }
-
     fn remove(&mut self, id: u64) -> Option<Entry> {
         let e = match id.checked_sub(self.base) {
             None => self.stragglers.remove(&id)?,
@@ -238,6 +231,7 @@ impl Registry {
         submitted: Instant,
         deadline: Option<Instant>,
         fail: Box<dyn Fail>,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
     ) -> Result<u64, WorkError> {
         let mut inner = lock(&self.inner);
         if let Some(cause) = &inner.errored {
@@ -255,18 +249,10 @@ impl Registry {
                 submitted,
                 deadline,
                 fail,
-                probe: None,
+                probe,
             },
         );
         Ok(id)
-    }
-
-    /// Sets the finished-probe of pending op `id` (see
-    /// [`expired`](Self::expired)).
-    pub(crate) fn set_probe(&self, id: u64, probe: std::sync::Arc<dyn FinishedProbe>) {
-        if let Some(e) = lock(&self.inner).entries.get_mut(id) {
-            e.probe = Some(probe);
-        }
     }
 
     pub(crate) fn remove(&self, id: u64) {

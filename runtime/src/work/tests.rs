@@ -174,12 +174,29 @@ impl FinishedProbe for Flag {
 fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
     let reg = Arc::new(Registry::new());
     let now = Instant::now();
-    let (w1, c1) = Work::<u8>::new(ctx(1), &reg, Some(now)).unwrap();
-    let (_w2, c2) = Work::<u8>::new(ctx(2), &reg, Some(now)).unwrap();
     let p1 = std::sync::Arc::new(Flag(false.into()));
     let p2 = std::sync::Arc::new(Flag(false.into()));
-    c1.set_probe(p1.clone());
-    c2.set_probe(p2.clone());
+    let timeout = Some(Duration::ZERO);
+    let (w1, c1) = Work::<u8>::new_started(
+        ctx(1),
+        &reg,
+        now,
+        timeout,
+        true,
+        OpMeta::default(),
+        Some(p1.clone()),
+    )
+    .unwrap();
+    let (_w2, _c2) = Work::<u8>::new_started(
+        ctx(2),
+        &reg,
+        now,
+        timeout,
+        true,
+        OpMeta::default(),
+        Some(p2),
+    )
+    .unwrap();
     let later = now + Duration::from_millis(1);
     // Neither finished: both expired.
     assert_eq!(reg.expired(later).len(), 2);

@@ -232,6 +232,21 @@ impl Communicator {
         op: CommOp,
         bufs: Vec<B>,
     ) -> Result<InFlight<B>, Refused<B>> {
+        self.submit_coalesced_with_end(op, bufs, None)
+    }
+
+    /// [`submit_coalesced`](Self::submit_coalesced) with the end event
+    /// `end` (see [`submit_with_end`](Self::submit_with_end)).
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit_coalesced`](Self::submit_coalesced).
+    pub fn submit_coalesced_with_end<B: DeviceMem>(
+        &self,
+        op: CommOp,
+        bufs: Vec<B>,
+        end: Option<Arc<EndEvent>>,
+    ) -> Result<InFlight<B>, Refused<B>> {
         let checked = if op.buffers() != 1 {
             Err(NcclCommError::InvalidArgument(format!(
                 "{op:?} takes two buffers; only one-buffer ops can be coalesced"
@@ -260,7 +275,7 @@ impl Communicator {
             .iter()
             .map(|b| RawOp::new(op, std::slice::from_ref(b)))
             .collect();
-        let end = match self.end_event() {
+        let end = match end.map_or_else(|| self.reserve_end_event(), Ok) {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
@@ -291,7 +306,7 @@ impl Communicator {
         let inflight = InFlight {
             device: self.device.clone(),
             order: (self.stream.as_raw() as u64, pos),
-            end: Arc::new(end),
+            end,
             bufs: Some(bufs),
         };
         match failed {
