@@ -36,8 +36,8 @@ nccl)
   ;;
 probe)
   D=.gpu-p; RUN=benches/gpu/run-probe.sh
-  WANT="enqueue_probe nccl_bench nccl_gpu watchdog_gpu"
-  cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
+  WANT="enqueue_probe nccl_bench nccl_gpu watchdog_gpu groups_gpu"
+  cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --test groups_gpu --no-run --message-format=json > "$json"
   cargo build --release -p chorus-benches --bin enqueue_probe --bin nccl_bench --message-format=json >> "$json"
   ;;
 bench)

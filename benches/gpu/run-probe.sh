@@ -4,7 +4,10 @@
 # run in turn, ROUNDS times (A/B of builds on one machine: copy an older
 # pack's bin/ to bin-base/ before carrying).
 #
-#   bash .gpu-p/run.sh [tests|probe|ab|all]    (ROUNDS=3, ITERS=30000)
+#   bash .gpu-p/run.sh [tests|probe|ab|full|all]    (ROUNDS=3, ITERS=30000)
+#
+# full: every bin*/nccl_bench in full (wake latency, round trips) and
+# PyTorch ProcessGroupNCCL (torch_nccl.py) in the same call.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -12,7 +15,7 @@ export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 MODE=${1:-all}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-30000}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
-  for t in nccl_gpu watchdog_gpu; do
+  for t in nccl_gpu watchdog_gpu groups_gpu; do
     echo "=== $t"
     timeout 240 "$D/bin/$t" --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; echo "rc=$?"
     grep -E '^test |test result|panicked|unpolled' "$OUT/$t.log" | head -20
@@ -32,4 +35,13 @@ if [ "$MODE" = all ] || [ "$MODE" = ab ]; then
       timeout 60 "$b/nccl_bench" --enqueue-only --iters 100000 2>&1 | grep -E '^enqueue' || echo "(failed)"
     done
   done
+fi
+if [ "$MODE" = all ] || [ "$MODE" = full ]; then
+  for b in "$D"/bin*/; do
+    [ -x "$b/nccl_bench" ] || continue
+    echo "=== nccl_bench $(basename "$b")"
+    timeout 120 "$b/nccl_bench" --seconds 0.5 --json "$OUT/nccl_bench-$(basename "$b").json" 2>&1 | tee "$OUT/nccl_bench-$(basename "$b").log"
+  done
+  echo "=== PyTorch ProcessGroupNCCL (torch_nccl.py)"
+  timeout 180 python3 "$D/torch_nccl.py" --json "$OUT/torch_nccl.json" 2>&1 | tail -8
 fi

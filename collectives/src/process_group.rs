@@ -1075,6 +1075,9 @@ impl ProcessGroup {
             Ok(e) => e,
             Err(e) => return Err((comm_error(&self.ctx(0, name), e.into()), bufs)),
         };
+        if prof {
+            chorus_runtime::profile::stamp(1);
+        }
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
         let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
@@ -1084,14 +1087,14 @@ impl ProcessGroup {
             peer,
         };
         let probe: std::sync::Arc<dyn chorus_runtime::FinishedProbe> = end.clone();
+        if prof {
+            chorus_runtime::profile::stamp(2);
+        }
         let (work, completer) = match self.register_device::<R>(ctx.clone(), op, meta, Some(probe))
         {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
-        if prof {
-            chorus_runtime::profile::stamp(1);
-        }
         let submitted = if coalesced {
             comm.submit_coalesced_with_end(cop, bufs, Some(end))
         } else {
@@ -1100,7 +1103,7 @@ impl ProcessGroup {
         match submitted {
             Ok(inflight) => {
                 if prof {
-                    chorus_runtime::profile::stamp(4);
+                    chorus_runtime::profile::stamp(9);
                 }
                 counters.bump_device(op, seq);
                 drop(counters);
@@ -1108,7 +1111,7 @@ impl ProcessGroup {
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer);
                 if prof {
-                    chorus_runtime::profile::stamp(5);
+                    chorus_runtime::profile::stamp(10);
                     chorus_runtime::profile::finish();
                 }
                 Ok(work)
@@ -1164,10 +1167,14 @@ impl ProcessGroup {
             op,
             CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
         );
+        let now = Instant::now();
+        if chorus_runtime::profile::on() {
+            chorus_runtime::profile::stamp(3);
+        }
         chorus_runtime::Work::new_started(
             ctx,
             &self.inner.registry,
-            Instant::now(),
+            now,
             Some(self.timeout),
             collective,
             meta,

@@ -8,10 +8,15 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// The phases, in the order the enqueue path goes through them.
-pub const PHASES: [&str; 6] = [
+pub const PHASES: [&str; 11] = [
     "communicator lookup",
-    "sequence number, work, registry, flight record",
-    "submit: checks, end event, lock",
+    "end event from the pool",
+    "sequence number, op context",
+    "clock reading",
+    "work: completion slot, registry entry",
+    "work: flight record",
+    "work: shared state",
+    "submit: checks, lock",
     "submit: input-ready record + wait, NCCL call, end record",
     "submit: in-flight op",
     "work handle",

@@ -189,6 +189,118 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         sync_all,
     );
+    // What else might make the same four calls dearer inside chorus: end
+    // events rotating through a pool (2e), the op's host bookkeeping run
+    // between the calls (2a, untimed), or both with a stream-ordered take.
+    let pool_ev: Vec<_> = (0..32).map(|_| dev.new_event().expect("event")).collect();
+    let mut k = 0usize;
+    layer(
+        "2e layer 2, end events rotating through 32",
+        args.iters,
+        || {
+            k = (k + 1) % pool_ev.len();
+            // SAFETY: live events and streams of the current context.
+            unsafe {
+                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+            }
+            raw_ar();
+            // SAFETY: as above.
+            unsafe {
+                sys::cuEventRecord(pool_ev[k].as_raw(), cs.as_raw());
+            }
+        },
+        sync_all,
+    );
+    let breg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
+        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    )));
+    let bgroup: Arc<str> = "probe-b".into();
+    let mut bseq = 0u64;
+    for (name, rotate, take) in [
+        (
+            "2a layer 2 + a work's bookkeeping between ops (untimed)",
+            false,
+            false,
+        ),
+        (
+            "2b 2a + end events rotating + stream-ordered take",
+            true,
+            true,
+        ),
+    ] {
+        layer_timed(
+            name,
+            args.iters,
+            || {
+                bseq += 1;
+                chorus_benches::work_bookkeeping_round(&breg, &bgroup, bseq).expect("work");
+                k = (k + 1) % pool_ev.len();
+                let endv = if rotate { &pool_ev[k] } else { &end };
+                let t0 = Instant::now();
+                // SAFETY: live events and streams of the current context.
+                unsafe {
+                    sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                    sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+                }
+                raw_ar();
+                // SAFETY: as above.
+                unsafe {
+                    sys::cuEventRecord(endv.as_raw(), cs.as_raw());
+                }
+                let dt = t0.elapsed();
+                if take {
+                    // SAFETY: as above.
+                    unsafe {
+                        sys::cuStreamWaitEvent(prod.as_raw(), endv.as_raw(), 0);
+                    }
+                }
+                dt
+            },
+            sync_all,
+        );
+    }
+    // The same calls when the GPU keeps up: a host pause between ops
+    // (untimed) lets it drain the streams, so each op meets idle streams.
+    for pause_us in [2u64, 5, 20] {
+        layer_timed(
+            &format!("2d layer 2 with {pause_us} us between ops (GPU keeps up)"),
+            args.iters / 2,
+            || {
+                let p0 = Instant::now();
+                while p0.elapsed() < Duration::from_micros(pause_us) {
+                    std::hint::spin_loop();
+                }
+                let t0 = Instant::now();
+                // SAFETY: live events and streams of the current context.
+                unsafe {
+                    sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+                    sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+                }
+                raw_ar();
+                // SAFETY: as above.
+                unsafe {
+                    sys::cuEventRecord(end.as_raw(), cs.as_raw());
+                }
+                t0.elapsed()
+            },
+            sync_all,
+        );
+    }
+    layer_timed(
+        "1d bare ncclAllReduce with 20 us between ops",
+        args.iters / 2,
+        || {
+            let p0 = Instant::now();
+            while p0.elapsed() < Duration::from_micros(20) {
+                std::hint::spin_loop();
+            }
+            let t0 = Instant::now();
+            raw_ar();
+            t0.elapsed()
+        },
+        sync_all,
+    );
     // The same floor while another thread queries an end event, as the
     // completion reactor does while ops are in flight: does the driver make
     // the enqueuing thread pay for it?

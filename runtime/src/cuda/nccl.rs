@@ -1171,12 +1171,12 @@ impl Communicator {
         let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let prof = crate::profile::on();
         if prof {
-            crate::profile::stamp(2);
+            crate::profile::stamp(7);
         }
         match self.enqueue_locked(&guard, op, &bufs, &end) {
             Ok(()) => {
                 if prof {
-                    crate::profile::stamp(3);
+                    crate::profile::stamp(8);
                 }
                 guard.ops += 1;
                 let pos = guard.ops;

@@ -183,7 +183,14 @@ impl<T: Send + 'static> Work<T> {
             Box::new(FailHandle(slot.clone())),
             probe,
         )?;
+        let prof = crate::profile::on();
+        if prof {
+            crate::profile::stamp(4);
+        }
         let rec = registry.recorder().map(|r| record(r, &ctx));
+        if prof {
+            crate::profile::stamp(5);
+        }
         let shared = Arc::new(Shared {
             ctx,
             id,
@@ -191,6 +198,9 @@ impl<T: Send + 'static> Work<T> {
             slot,
             registry: registry.clone(),
         });
+        if prof {
+            crate::profile::stamp(6);
+        }
         Ok((
             Work {
                 shared: shared.clone(),
