@@ -14,22 +14,38 @@ pub fn work_bookkeeping_round(
     group: &std::sync::Arc<str>,
     seq: u64,
 ) -> Result<(), chorus_runtime::WorkError> {
+    let (w, c) = started_work(registry, group, seq, std::time::Instant::now())?;
+    c.complete(Ok(1));
+    drop(w);
+    Ok(())
+}
+
+/// A work registered as a started all_reduce at `now` (60 s timeout), as
+/// the NCCL path registers its ops; the caller completes it.
+///
+/// # Errors
+///
+/// The registry refuses new works once its group failed.
+pub fn started_work(
+    registry: &std::sync::Arc<chorus_runtime::Registry>,
+    group: &std::sync::Arc<str>,
+    seq: u64,
+    now: std::time::Instant,
+) -> Result<(chorus_runtime::Work<u32>, chorus_runtime::Completer<u32>), chorus_runtime::WorkError>
+{
     let ctx = chorus_runtime::OpContext {
         rank: 0,
         group: group.clone(),
         seq,
         op: "all_reduce",
     };
-    let (w, c) = chorus_runtime::Work::<u32>::new_started(
+    chorus_runtime::Work::<u32>::new_started(
         ctx,
         registry,
-        std::time::Instant::now(),
+        now,
         Some(std::time::Duration::from_secs(60)),
         true,
         Default::default(),
         None,
-    )?;
-    c.complete(Ok(1));
-    drop(w);
-    Ok(())
+    )
 }

@@ -247,16 +247,7 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
-        let thread = match self.thread() {
-            Ok(t) => t,
-            Err(e) => return Err((e, entry)),
-        };
-        self.shared.registered.fetch_add(1, Ordering::Relaxed);
-        self.shared
-            .incoming
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(entry);
+        let thread = self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
             thread.unpark();
@@ -276,16 +267,7 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
-        let thread = match self.thread() {
-            Ok(t) => t,
-            Err(e) => return Err((e, entry)),
-        };
-        self.shared.registered.fetch_add(1, Ordering::Relaxed);
-        self.shared
-            .detached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(entry);
+        let thread = self.push(&self.shared.detached, entry)?;
         // Pairs with the thread's `parked` store before its final check of
         // `detached`: either it sees the entry, or this sees it parked.
         if self.shared.parked.load(Ordering::SeqCst) {
@@ -293,6 +275,23 @@ impl Reactor {
             thread.unpark();
         }
         Ok(())
+    }
+
+    /// Starts the thread if needed and puts `entry` in `queue`; returns the
+    /// thread to wake.
+    #[allow(clippy::type_complexity)]
+    fn push(
+        &self,
+        queue: &Mutex<Vec<Box<dyn Pending>>>,
+        entry: Box<dyn Pending>,
+    ) -> Result<&Thread, (ReactorError, Box<dyn Pending>)> {
+        let thread = match self.thread() {
+            Ok(t) => t,
+            Err(e) => return Err((e, entry)),
+        };
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
+        lock_vec(queue).push(entry);
+        Ok(thread)
     }
 
     /// Asks the thread to spin again (a future is being awaited and wants a
@@ -392,7 +391,7 @@ fn run(shared: Arc<Shared>) {
         // Read before writing: a swap on every round would steal the cache
         // line from registering threads.
         if shared.wake.load(Ordering::Relaxed) && shared.wake.swap(false, Ordering::SeqCst) {
-            let mut inc = shared.incoming.lock().unwrap_or_else(|p| p.into_inner());
+            let mut inc = lock_vec(&shared.incoming);
             local.append(&mut inc);
             drop(inc);
             last_progress = Instant::now();
@@ -400,7 +399,7 @@ fn run(shared: Arc<Shared>) {
         }
         let now = Instant::now();
         if now >= next_slow {
-            slow.append(&mut shared.detached.lock().unwrap_or_else(|p| p.into_inner()));
+            slow.append(&mut lock_vec(&shared.detached));
             if !slow.is_empty() {
                 poll_round(&mut slow, &mut blocked, &shared);
             }

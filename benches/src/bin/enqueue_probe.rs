@@ -13,6 +13,13 @@
 //! completion reactor and a stream-ordered take; (6) `Work::new_started`
 //! alone (registry, flight recorder, completion); (7) the full
 //! `ProcessGroup::all_reduce` + `stream_ordered`.
+//!
+//! And what might move the floor: (2o) after a stream-ordered take of the
+//! previous op, (2e) end events rotating through a pool, (2a, 2b) a work's
+//! bookkeeping run between ops, (2d, 1d) pauses that let the GPU keep up,
+//! (2q, 2p, 2s) another thread querying the end event at three rates; and
+//! (8, 8x) work + submit with the completions batched on this thread or on
+//! another one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,20 +131,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     layer("1 ncclAllReduce", args.iters, raw_ar, sync_all);
     let ready = dev.new_event()?;
     let end = dev.new_event()?;
+    // The DESIGN §2 rule-3 floor as raw driver calls: input-ready record on
+    // the producer stream, the comm stream waits on it, the op, the end
+    // record (on `endv`).
+    let rule3 = |endv: &chorus_runtime::cuda::Event| {
+        // SAFETY: live events and streams of the current context.
+        unsafe {
+            sys::cuEventRecord(ready.as_raw(), prod.as_raw());
+            sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
+        }
+        raw_ar();
+        // SAFETY: as above.
+        unsafe {
+            sys::cuEventRecord(endv.as_raw(), cs.as_raw());
+        }
+    };
     layer(
         "2 + record/wait/record, raw driver calls",
         args.iters,
         || {
-            // SAFETY: live events and streams of the current context.
-            unsafe {
-                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-            }
-            raw_ar();
-            // SAFETY: as above.
-            unsafe {
-                sys::cuEventRecord(end.as_raw(), cs.as_raw());
-            }
+            rule3(&end);
         },
         sync_all,
     );
@@ -170,16 +183,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.iters,
         || {
             let t0 = Instant::now();
-            // SAFETY: live events and streams of the current context.
-            unsafe {
-                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-            }
-            raw_ar();
-            // SAFETY: as above.
-            unsafe {
-                sys::cuEventRecord(end.as_raw(), cs.as_raw());
-            }
+            rule3(&end);
             let dt = t0.elapsed();
             // SAFETY: as above (the stream-ordered take, untimed).
             unsafe {
@@ -199,16 +203,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.iters,
         || {
             k = (k + 1) % pool_ev.len();
-            // SAFETY: live events and streams of the current context.
-            unsafe {
-                sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-            }
-            raw_ar();
-            // SAFETY: as above.
-            unsafe {
-                sys::cuEventRecord(pool_ev[k].as_raw(), cs.as_raw());
-            }
+            rule3(&pool_ev[k]);
         },
         sync_all,
     );
@@ -238,16 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 k = (k + 1) % pool_ev.len();
                 let endv = if rotate { &pool_ev[k] } else { &end };
                 let t0 = Instant::now();
-                // SAFETY: live events and streams of the current context.
-                unsafe {
-                    sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                    sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-                }
-                raw_ar();
-                // SAFETY: as above.
-                unsafe {
-                    sys::cuEventRecord(endv.as_raw(), cs.as_raw());
-                }
+                rule3(endv);
                 let dt = t0.elapsed();
                 if take {
                     // SAFETY: as above.
@@ -272,16 +258,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     std::hint::spin_loop();
                 }
                 let t0 = Instant::now();
-                // SAFETY: live events and streams of the current context.
-                unsafe {
-                    sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                    sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-                }
-                raw_ar();
-                // SAFETY: as above.
-                unsafe {
-                    sys::cuEventRecord(end.as_raw(), cs.as_raw());
-                }
+                rule3(&end);
                 t0.elapsed()
             },
             sync_all,
@@ -333,16 +310,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 name,
                 args.iters,
                 || {
-                    // SAFETY: live events and streams of the current context.
-                    unsafe {
-                        sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-                        sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-                    }
-                    raw_ar();
-                    // SAFETY: as above.
-                    unsafe {
-                        sys::cuEventRecord(end.as_raw(), cs.as_raw());
-                    }
+                    rule3(&end);
                 },
                 sync_all,
             );
@@ -491,22 +459,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let b = pool.pop().expect("buffer");
                 seq += 1;
                 let t0 = Instant::now();
-                let ctx = chorus_runtime::OpContext {
-                    rank: 0,
-                    group: group.clone(),
-                    seq,
-                    op: "all_reduce",
-                };
-                let (w, done) = chorus_runtime::Work::<u32>::new_started(
-                    ctx,
-                    &reg,
-                    t0,
-                    Some(Duration::from_secs(60)),
-                    true,
-                    Default::default(),
-                    None,
-                )
-                .expect("work");
+                let (w, done) = chorus_benches::started_work(&reg, &group, seq, t0).expect("work");
                 let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
                 let dt = t0.elapsed();
                 batch.push((f, done, w));
