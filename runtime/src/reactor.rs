@@ -1,11 +1,15 @@
 //! The completion reactor: one thread per process that watches in-flight GPU
 //! ops and completes them when they finish (DESIGN §2 rule 2).
 //!
-//! A backend hands the reactor one [`Pending`] entry per op: typically the
-//! op's end event together with its completer and buffers. The reactor
-//! thread calls [`Pending::poll_complete`] on every entry in turn; an entry
-//! that finds its event complete (or failed) completes its work, which wakes
-//! the future awaiting it, and leaves the reactor.
+//! A backend hands the reactor one [`Pending`] entry per op it cannot
+//! complete itself: typically the op's end event together with its
+//! completer and buffers. The NCCL backend does so when a work's poll finds
+//! the op still running ([`Reactor::register`]), or when nobody will wait
+//! for it any more ([`Reactor::register_detached`]); an op that a poll finds
+//! finished never reaches the reactor. The reactor thread calls
+//! [`Pending::poll_complete`] on every entry in turn; an entry that finds
+//! its event complete (or failed) completes its work, which wakes the
+//! future awaiting it, and leaves the reactor.
 //!
 //! # Backoff
 //!
