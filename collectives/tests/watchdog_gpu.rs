@@ -187,6 +187,15 @@ fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
         "a finished op was timed out: {before:?} -> {after:?}"
     );
     assert!(pg.error().is_none(), "group failed: {:?}", pg.error());
+    // Both were retired past their deadline: their flight records say they
+    // completed (a dump would not point at them as hung).
+    let rec = pg.flight_record();
+    assert_eq!(rec.len(), 2, "flight record: {rec:?}");
+    assert!(
+        rec.iter()
+            .all(|r| r.state == chorus_runtime::flight_recorder::OpState::Completed),
+        "flight record: {rec:?}"
+    );
     let out = block_on(held).expect("the held op completes normally");
     assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
     // The group still works.

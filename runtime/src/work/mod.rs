@@ -176,18 +176,18 @@ impl<T: Send + 'static> Work<T> {
         // The registry's fail handle holds the slot alone, so that the
         // registry never keeps the shared state (and the registry) alive.
         let slot = Arc::new(Slot::new());
-        let id = registry.insert(
+        let prof = crate::profile::on();
+        if prof {
+            crate::profile::stamp(4);
+        }
+        let (id, rec) = registry.insert(
             ctx.clone(),
             now,
             deadline,
             Box::new(FailHandle(slot.clone())),
             probe,
+            record,
         )?;
-        let prof = crate::profile::on();
-        if prof {
-            crate::profile::stamp(4);
-        }
-        let rec = registry.recorder().map(|r| record(r, &ctx));
         if prof {
             crate::profile::stamp(5);
         }

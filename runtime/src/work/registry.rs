@@ -27,6 +27,8 @@ struct Entry {
     fail: Box<dyn Fail>,
     /// Asked before the op is reported expired.
     probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+    /// Its flight record, if the registry records.
+    rec: Option<u64>,
 }
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
@@ -224,7 +226,9 @@ impl Registry {
         }
     }
 
-    /// Adds a pending op submitted at `submitted`.
+    /// Adds a pending op submitted at `submitted` and, if the registry
+    /// records, records it with `record` (only once it is accepted).
+    /// Returns its registry id and flight-record id.
     pub(crate) fn insert(
         &self,
         ctx: OpContext,
@@ -232,7 +236,8 @@ impl Registry {
         deadline: Option<Instant>,
         fail: Box<dyn Fail>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
-    ) -> Result<u64, WorkError> {
+        record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
+    ) -> Result<(u64, Option<u64>), WorkError> {
         let mut inner = lock(&self.inner);
         if let Some(cause) = &inner.errored {
             return Err(WorkError::GroupErrored {
@@ -240,6 +245,9 @@ impl Registry {
                 cause: std::sync::Arc::new(cause.clone()),
             });
         }
+        // Lock order: inner, then the recorder's ring (nothing takes them
+        // the other way round).
+        let rec = self.recorder.as_ref().map(|r| record(r, &ctx));
         let id = inner.next_id;
         inner.next_id += 1;
         inner.entries.push(
@@ -250,9 +258,10 @@ impl Registry {
                 deadline,
                 fail,
                 probe,
+                rec,
             },
         );
-        Ok(id)
+        Ok((id, rec))
     }
 
     pub(crate) fn remove(&self, id: u64) {
@@ -308,8 +317,9 @@ impl Registry {
     /// (deadline minus submission time).
     ///
     /// An expired op with a [`FinishedProbe`] that finds it finished is not
-    /// reported: it is retired from the registry (its work completes when
-    /// polled or dropped; nothing is failed).
+    /// reported: it is retired from the registry and its flight record
+    /// marked completed (its work completes when polled or dropped; nothing
+    /// is failed).
     pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
         let mut inner = lock(&self.inner);
         let mut out = Vec::new();
@@ -329,6 +339,9 @@ impl Registry {
         for id in retired {
             if let Some(e) = inner.entries.remove(id) {
                 tracing::debug!(op = %e.ctx, "past its deadline but finished: retired, not timed out");
+                if let (Some(r), Some(rec)) = (&self.recorder, e.rec) {
+                    r.finished(rec, None);
+                }
             }
         }
         out

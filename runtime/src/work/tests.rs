@@ -172,7 +172,16 @@ impl FinishedProbe for Flag {
 
 #[test]
 fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
-    let reg = Arc::new(Registry::new());
+    use crate::flight_recorder::{FlightRecorder, OpState};
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
+    let states = || -> Vec<OpState> {
+        reg.recorder()
+            .unwrap()
+            .snapshot()
+            .iter()
+            .map(|r| r.state)
+            .collect()
+    };
     let now = Instant::now();
     let p1 = std::sync::Arc::new(Flag(false.into()));
     let p2 = std::sync::Arc::new(Flag(false.into()));
@@ -207,6 +216,11 @@ fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
     assert_eq!(exp[0].1.seq, 2);
     assert_eq!(reg.pending(), 1, "the finished op left the registry");
     assert!(reg.errored().is_none());
+    assert_eq!(
+        states(),
+        vec![OpState::Completed, OpState::Started],
+        "its flight record says it completed"
+    );
     // Its work still completes normally, later.
     c1.complete(Ok(7));
     assert_eq!(futures::executor::block_on(w1).unwrap(), 7);
