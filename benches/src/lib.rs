@@ -1,6 +1,29 @@
 //! Benchmark support code.
 pub mod store;
 
+/// A 1-rank process group on GPU `device` (communicator created eagerly),
+/// with a store of its own: what the single-GPU benches measure.
+///
+/// # Errors
+///
+/// No GPU, no NCCL, or the communicator could not be created.
+pub fn one_rank_device_group(
+    name: &str,
+    device: usize,
+) -> Result<chorus::ProcessGroup, chorus::Error> {
+    let store: std::sync::Arc<dyn chorus_runtime::store::Store> =
+        std::sync::Arc::new(chorus_runtime::store::InMemoryStore::new());
+    futures::executor::block_on(
+        chorus::ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .name(name)
+            .device(device)
+            .build(),
+    )
+}
+
 /// One device op's CPU bookkeeping without the GPU, as the NCCL path does
 /// it: a work registered with one clock reading (registry entry, flight
 /// record), completed and dropped. For the enqueue breakdowns of

@@ -24,10 +24,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus::{DeviceBuffer, ReduceOp};
 use chorus_runtime::cuda::nccl::{CommOp, CommOptions, Communicator, NcclRedOp, PendingComm};
 use chorus_runtime::cuda::{Device, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
 use clap::Parser;
 use cudarc::driver::sys;
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
@@ -497,16 +496,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(pool);
     drop(c);
 
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = futures::executor::block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .name("probe")
-            .device(0)
-            .build(),
-    )?;
+    let pg = chorus_benches::one_rank_device_group("probe", 0)?;
     let mut buf = Some(held.take().ok_or("buffer")?);
     for _ in 0..2000 {
         let b = buf.take().ok_or("buffer")?;

@@ -13,12 +13,10 @@
 //!
 //! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus::{DeviceBuffer, ReduceOp};
 use chorus_runtime::cuda::{Device, Stream, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
 use clap::Parser;
 use futures::executor::block_on;
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
@@ -201,16 +199,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(0)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .name("groupbench")
-            .device(0)
-            .build(),
-    )?;
+    let pg = chorus_benches::one_rank_device_group("groupbench", 0)?;
     let maxw = args.widths.iter().copied().max().unwrap_or(1);
     let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..maxw)
         .map(|_| -> Result<_, Box<dyn std::error::Error>> {

@@ -21,11 +21,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
+use chorus::{DeviceBuffer, ReduceOp};
 use chorus_runtime::cuda::kernels::Kernels;
 use chorus_runtime::cuda::nccl::EndEvent;
 use chorus_runtime::cuda::{Device, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -128,16 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::get(args.device)?;
     let kernels = Kernels::load(&dev)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = futures::executor::block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .name("bench")
-            .device(args.device)
-            .build(),
-    )?;
+    let pg = chorus_benches::one_rank_device_group("bench", args.device)?;
     let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
     // Warm-up.
     for _ in 0..2000 {
