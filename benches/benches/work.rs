@@ -3,6 +3,13 @@
 //! and dropping it, as the NCCL enqueue path does per op
 //! ([`chorus_benches::work_bookkeeping_round`]).
 //!
+//! `register-complete-drop` does it all on one thread (an awaited op's
+//! first poll completes it there); `register-completed-elsewhere` times the
+//! registering thread (and its hand-off of a batch) while another thread completes and drops the
+//! works in batches of 16, as the completion reactor does for ops taken
+//! back stream-ordered (what the enqueuing thread pays then includes the
+//! cache lines and memory the other thread hands back).
+//!
 //! `cargo bench -p chorus-benches --bench work`.
 
 use std::sync::Arc;
@@ -25,6 +32,36 @@ fn work(c: &mut Criterion) {
             seq += 1;
             chorus_benches::work_bookkeeping_round(&reg, &group, seq).expect("work")
         })
+    });
+    g.bench_function("register-completed-elsewhere", |b| {
+        type Batch = Vec<(chorus_runtime::Work<u32>, chorus_runtime::Completer<u32>)>;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(64);
+        let worker = std::thread::spawn(move || {
+            for batch in rx {
+                for (w, c) in batch {
+                    c.complete(Ok(1));
+                    drop(w);
+                }
+            }
+        });
+        b.iter_custom(|iters| {
+            let mut batch = Vec::with_capacity(16);
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                seq += 1;
+                let pair = chorus_benches::started_work(&reg, &group, seq, t0).expect("work");
+                batch.push(pair);
+                if batch.len() == 16 {
+                    tx.send(std::mem::replace(&mut batch, Vec::with_capacity(16)))
+                        .expect("worker");
+                }
+            }
+            let spent = t0.elapsed();
+            tx.send(batch).expect("worker");
+            spent
+        });
+        drop(tx);
+        worker.join().expect("worker");
     });
     g.finish();
 }

@@ -1090,8 +1090,7 @@ impl ProcessGroup {
         if prof {
             chorus_runtime::profile::stamp(2);
         }
-        let (work, completer) = match self.register_device::<R>(ctx.clone(), op, meta, Some(probe))
-        {
+        let (work, completer) = match self.register_device::<R>(ctx, op, meta, Some(probe)) {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
@@ -1103,7 +1102,7 @@ impl ProcessGroup {
         match submitted {
             Ok(inflight) => {
                 if prof {
-                    chorus_runtime::profile::stamp(9);
+                    chorus_runtime::profile::stamp(7);
                 }
                 counters.bump_device(op, seq);
                 drop(counters);
@@ -1111,14 +1110,14 @@ impl ProcessGroup {
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer);
                 if prof {
-                    chorus_runtime::profile::stamp(10);
+                    chorus_runtime::profile::stamp(8);
                     chorus_runtime::profile::finish();
                 }
                 Ok(work)
             }
             Err((e, bufs)) => {
                 drop(counters);
-                let err = comm_error(&ctx, e);
+                let err = comm_error(work.context(), e);
                 completer.complete(Err(err.clone()));
                 drop(work);
                 Err((err, bufs))

@@ -8,14 +8,12 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// The phases, in the order the enqueue path goes through them.
-pub const PHASES: [&str; 11] = [
+pub const PHASES: [&str; 9] = [
     "communicator lookup",
     "end event from the pool",
     "sequence number, op context",
     "clock reading",
-    "work: completion slot",
-    "work: registry entry, flight record",
-    "work: shared state",
+    "work: registry entry, flight record, shared state",
     "submit: checks, lock",
     "submit: input-ready record + wait, NCCL call, end record",
     "submit: in-flight op",
@@ -71,6 +69,11 @@ pub fn finish() {
     if v.len() < MAX_SAMPLES {
         v.push(out);
     }
+}
+
+/// Forgets the ops profiled so far (to profile one loop at a time).
+pub fn reset() {
+    SAMPLES.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Each phase's median in microseconds, and the number of ops profiled.

@@ -504,6 +504,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pg.all_reduce(b, ReduceOp::Sum)?,
         )?);
     }
+    chorus_runtime::profile::reset();
     layer(
         "7 ProcessGroup::all_reduce + stream_ordered",
         args.iters,
@@ -514,6 +515,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         || prod.synchronize().expect("sync"),
     );
+    chorus_benches::print_profile();
+    chorus_runtime::profile::reset();
     layer_timed(
         "7b ProcessGroup::all_reduce alone (then awaited, untimed)",
         args.iters,
@@ -527,6 +530,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         || {},
     );
+    chorus_benches::print_profile();
     prod.synchronize()?;
     // SAFETY: the raw communicator is ours and idle.
     unsafe { (nccl.ncclCommDestroy)(comm) };

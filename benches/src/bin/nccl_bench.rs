@@ -109,19 +109,6 @@ fn block_on_timed<F: Future>(f: F) -> (F::Output, Option<Instant>, Instant) {
     }
 }
 
-/// The enqueue phases' medians, when `CHORUS_NCCL_PROFILE=1`.
-fn print_profile() {
-    let (phases, n) = chorus_runtime::profile::medians();
-    if n > 0 {
-        println!(
-            "profile (CHORUS_NCCL_PROFILE=1), median over {n} ops (each stamp adds ~0.03 us):"
-        );
-        for (name, us) in chorus_runtime::profile::PHASES.iter().zip(phases) {
-            println!("  {name:<58} {us:6.3} us");
-        }
-    }
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(args.device)?;
@@ -156,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
     if args.enqueue_only {
         println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us");
-        print_profile();
+        chorus_benches::print_profile();
         return Ok(());
     }
 
@@ -295,7 +282,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("awaited round trips (block_on)  {rt_per_s:.0} /s");
     println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
     println!("breakdown: cuEventRecord+cuStreamWaitEvent {rec_wait_us:.2} us, cuEventRecord alone {rec_us:.2} us, work+registry+flight-record bookkeeping {book_us:.2} us, ncclInProgress returns {in_progress}");
-    print_profile();
+    chorus_benches::print_profile();
     println!("reactor: {:?}", chorus_runtime::reactor::global().stats());
     if let Some(path) = args.json {
         let wake: Vec<String> = wake_rows

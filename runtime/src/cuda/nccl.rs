@@ -17,7 +17,7 @@
 use std::fmt;
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -653,12 +653,55 @@ struct EnqueueState {
     ops: u64,
 }
 
-type EventPool = Arc<Mutex<Vec<Event>>>;
+/// A communicator's end events, each shared (`Arc`) with the ops that
+/// use it. An event is free again once the pool holds its only handle (the
+/// op's work, registry entry and reactor entry are gone): reuse then needs
+/// neither an allocation nor a hand-back from the thread that finished the
+/// op, and a stream wait captured before stays valid when it is recorded
+/// anew. Scanned round-robin from where the last one was taken (ops finish
+/// in stream order, so the next free one is usually the next one).
+struct EventPool {
+    events: Vec<Arc<EndEvent>>,
+    next: usize,
+}
 
-/// An end event borrowed from its communicator's pool; goes back on drop.
+/// Free events looked for before the pool grows.
+const POOL_SCAN: usize = 8;
+/// Beyond this many events in flight, an op's end event is its own.
+const POOL_MAX: usize = 4096;
+
+impl EventPool {
+    /// A free event, or a new one (`create`) added to the pool.
+    fn take(
+        &mut self,
+        create: impl FnOnce() -> Result<Event, CudaError>,
+    ) -> Result<Arc<EndEvent>, CudaError> {
+        let n = self.events.len();
+        for k in 0..POOL_SCAN.min(n) {
+            let i = (self.next + k) % n;
+            // `get_mut` succeeds only on the sole handle, with acquire
+            // ordering on the releases of the others.
+            if Arc::get_mut(&mut self.events[i]).is_some() {
+                self.next = (i + 1) % n;
+                return Ok(self.events[i].clone());
+            }
+        }
+        let ev = Arc::new(EndEvent { event: create()? });
+        if n < POOL_MAX {
+            // Insert at the scan position: it is taken now, and the events
+            // after it are the ones most likely free next.
+            let at = if n == 0 { 0 } else { self.next };
+            self.events.insert(at, ev.clone());
+            self.next = (at + 1) % (n + 1);
+        }
+        Ok(ev)
+    }
+}
+
+/// An op's end event. It belongs to its communicator's pool, which records
+/// it again for a later op once no handle on it is left.
 pub struct EndEvent {
-    event: Option<Event>,
-    pool: Weak<Mutex<Vec<Event>>>,
+    event: Event,
 }
 
 impl fmt::Debug for EndEvent {
@@ -670,8 +713,7 @@ impl fmt::Debug for EndEvent {
 impl EndEvent {
     /// The event.
     pub fn event(&self) -> &Event {
-        // Only `None` inside `drop`.
-        self.event.as_ref().unwrap_or_else(|| unreachable!())
+        &self.event
     }
 }
 
@@ -687,17 +729,6 @@ impl crate::work::FinishedProbe for EndEvent {
     }
 }
 
-impl Drop for EndEvent {
-    fn drop(&mut self) {
-        if let (Some(ev), Some(pool)) = (self.event.take(), self.pool.upgrade()) {
-            let mut p = pool.lock().unwrap_or_else(|p| p.into_inner());
-            if p.len() < 1024 {
-                p.push(ev);
-            }
-        }
-    }
-}
-
 /// One NCCL communicator with its dedicated stream.
 pub struct Communicator {
     nccl: &'static Nccl,
@@ -709,7 +740,9 @@ pub struct Communicator {
     /// Held while an op (or a split) is enqueued: NCCL communicators are not
     /// safe for concurrent calls.
     enqueue: Mutex<EnqueueState>,
-    pool: EventPool,
+    /// Its own lock: taken before the enqueue lock (the op's registry entry
+    /// gets the event first), never by the threads that finish ops.
+    pool: Mutex<EventPool>,
     aborted: AtomicBool,
     abort_reason: Mutex<Option<String>>,
     /// Signals when the abort thread's `ncclCommAbort` returned; the drop
@@ -850,7 +883,10 @@ impl Communicator {
             rank,
             nranks,
             enqueue: Mutex::new(EnqueueState { ready, ops: 0 }),
-            pool: Arc::new(Mutex::new(Vec::new())),
+            pool: Mutex::new(EventPool {
+                events: Vec::new(),
+                next: 0,
+            }),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             abort_done: Mutex::new(None),
@@ -1034,16 +1070,12 @@ impl Communicator {
         }
     }
 
-    fn end_event(&self) -> Result<EndEvent, CudaError> {
-        let ev = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let ev = match ev {
-            Some(e) => e,
-            None => self.device.new_event()?,
-        };
-        Ok(EndEvent {
-            event: Some(ev),
-            pool: Arc::downgrade(&self.pool),
-        })
+    /// A free end event from the pool (see [`EventPool`]).
+    fn end_event(&self) -> Result<Arc<EndEvent>, CudaError> {
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(|| self.device.new_event())
     }
 
     fn check(&self, op: CommOp, bufs: &[impl DeviceMem]) -> Result<(), NcclCommError> {
@@ -1139,13 +1171,13 @@ impl Communicator {
 
     /// An end event for an op about to be submitted with
     /// [`submit_with_end`](Self::submit_with_end) (e.g. to hand it to the
-    /// op's registry entry first). Unused, it goes back to the pool.
+    /// op's registry entry first). Unused, it is free again once dropped.
     ///
     /// # Errors
     ///
     /// The CUDA error of creating an event when the pool is empty.
     pub fn reserve_end_event(&self) -> Result<Arc<EndEvent>, CudaError> {
-        self.end_event().map(Arc::new)
+        self.end_event()
     }
 
     /// [`submit`](Self::submit) with the end event `end` (from
@@ -1171,12 +1203,12 @@ impl Communicator {
         let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let prof = crate::profile::on();
         if prof {
-            crate::profile::stamp(7);
+            crate::profile::stamp(5);
         }
         match self.enqueue_locked(&guard, op, &bufs, &end) {
             Ok(()) => {
                 if prof {
-                    crate::profile::stamp(8);
+                    crate::profile::stamp(6);
                 }
                 guard.ops += 1;
                 let pos = guard.ops;

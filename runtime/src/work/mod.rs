@@ -45,22 +45,29 @@ use crate::sync::Arc;
 use registry::Fail;
 use slot::Slot;
 
+/// What a work, its completer and its registry entry share: the op, its
+/// ids and its completion slot, in one allocation per op.
 struct Shared<T> {
     ctx: OpContext,
-    /// Registry id (set once registered).
+    /// Registry id.
     id: u64,
     /// Flight-recorder id, if the registry records.
     rec: Option<u64>,
-    slot: Arc<Slot<T>>,
+    slot: Slot<T>,
+    /// The registry holds this state while the op is pending (its entry is
+    /// removed when the completer completes or drops), so the cycle through
+    /// `registry` ends with the op.
     registry: Arc<Registry>,
 }
 
-struct FailHandle<T>(Arc<Slot<T>>);
-
-impl<T: Send + 'static> Fail for FailHandle<T> {
+impl<T: Send + 'static> Fail for Shared<T> {
     fn fail(&self, err: WorkError) {
         // If the backend completed first, the work keeps that outcome.
-        drop(self.0.resolve(Err(err)));
+        drop(self.slot.resolve(Err(err)));
+    }
+
+    fn context(&self) -> &OpContext {
+        &self.ctx
     }
 }
 
@@ -74,7 +81,7 @@ impl<T: Send + 'static> Fail for FailHandle<T> {
 /// the group.
 #[must_use = "a work does nothing when polled late, but its result (the buffers) is lost if dropped"]
 pub struct Work<T> {
-    shared: Arc<Shared<T>>,
+    shared: std::sync::Arc<Shared<T>>,
 }
 
 /// The backend's side of a [`Work`]: completes it with the op's outcome.
@@ -82,7 +89,7 @@ pub struct Work<T> {
 /// Dropping a completer without calling [`complete`](Completer::complete)
 /// fails the work (a backend bug must not become a hang).
 pub struct Completer<T> {
-    shared: Option<Arc<Shared<T>>>,
+    shared: Option<std::sync::Arc<Shared<T>>>,
 }
 
 impl<T> fmt::Debug for Work<T> {
@@ -173,33 +180,17 @@ impl<T: Send + 'static> Work<T> {
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
     ) -> Result<(Work<T>, Completer<T>), WorkError> {
-        // The registry's fail handle holds the slot alone, so that the
-        // registry never keeps the shared state (and the registry) alive.
-        let slot = Arc::new(Slot::new());
-        let prof = crate::profile::on();
-        if prof {
+        let shared = registry.insert(ctx, now, deadline, probe, record, |ctx, id, rec| {
+            std::sync::Arc::new(Shared {
+                ctx,
+                id,
+                rec,
+                slot: Slot::new(),
+                registry: registry.clone(),
+            })
+        })?;
+        if crate::profile::on() {
             crate::profile::stamp(4);
-        }
-        let (id, rec) = registry.insert(
-            ctx.clone(),
-            now,
-            deadline,
-            Box::new(FailHandle(slot.clone())),
-            probe,
-            record,
-        )?;
-        if prof {
-            crate::profile::stamp(5);
-        }
-        let shared = Arc::new(Shared {
-            ctx,
-            id,
-            rec,
-            slot,
-            registry: registry.clone(),
-        });
-        if prof {
-            crate::profile::stamp(6);
         }
         Ok((
             Work {
@@ -214,11 +205,11 @@ impl<T: Send + 'static> Work<T> {
     /// A work that has already failed with `err` (for example a refused
     /// submission), not registered anywhere.
     pub fn failed(err: WorkError) -> Work<T> {
-        let shared = Arc::new(Shared {
+        let shared = std::sync::Arc::new(Shared {
             ctx: err.context().clone(),
             id: 0,
             rec: None,
-            slot: Arc::new(Slot::new()),
+            slot: Slot::new(),
             registry: Arc::new(Registry::new()),
         });
         drop(shared.slot.resolve(Err(err)));

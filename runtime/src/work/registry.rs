@@ -15,16 +15,19 @@ use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::FlightRecorder;
 use crate::sync::{lock, Arc, Mutex, MutexGuard};
 
-/// Something the registry can fail: a type-erased handle on a work's slot.
-pub(crate) trait Fail: Send {
+/// Something the registry can fail: a type-erased handle on a work's
+/// shared state (the registry never holds the buffers).
+pub(crate) trait Fail: Send + Sync {
     fn fail(&self, err: WorkError);
+    /// The op.
+    fn context(&self) -> &OpContext;
 }
 
 struct Entry {
-    ctx: OpContext,
     submitted: Instant,
     deadline: Option<Instant>,
-    fail: Box<dyn Fail>,
+    /// The work's shared state, which also names the op.
+    fail: std::sync::Arc<dyn Fail>,
     /// Asked before the op is reported expired.
     probe: Option<std::sync::Arc<dyn FinishedProbe>>,
     /// Its flight record, if the registry records.
@@ -227,17 +230,19 @@ impl Registry {
     }
 
     /// Adds a pending op submitted at `submitted` and, if the registry
-    /// records, records it with `record` (only once it is accepted).
-    /// Returns its registry id and flight-record id.
-    pub(crate) fn insert(
+    /// records, records it with `record` (only once it is accepted). `make`
+    /// builds the work's shared state from the op, its registry id and its
+    /// flight-record id, under the registry's lock; the entry keeps a
+    /// handle on it and the caller gets it back.
+    pub(crate) fn insert<F: Fail + 'static>(
         &self,
         ctx: OpContext,
         submitted: Instant,
         deadline: Option<Instant>,
-        fail: Box<dyn Fail>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
-    ) -> Result<(u64, Option<u64>), WorkError> {
+        make: impl FnOnce(OpContext, u64, Option<u64>) -> std::sync::Arc<F>,
+    ) -> Result<std::sync::Arc<F>, WorkError> {
         let mut inner = lock(&self.inner);
         if let Some(cause) = &inner.errored {
             return Err(WorkError::GroupErrored {
@@ -250,18 +255,18 @@ impl Registry {
         let rec = self.recorder.as_ref().map(|r| record(r, &ctx));
         let id = inner.next_id;
         inner.next_id += 1;
+        let shared = make(ctx, id, rec);
         inner.entries.push(
             id,
             Entry {
-                ctx,
                 submitted,
                 deadline,
-                fail,
+                fail: shared.clone(),
                 probe,
                 rec,
             },
         );
-        Ok((id, rec))
+        Ok(shared)
     }
 
     pub(crate) fn remove(&self, id: u64) {
@@ -284,7 +289,7 @@ impl Registry {
         let drained: Vec<Entry> = lock(&self.inner).entries.drain();
         let n = drained.len();
         for e in drained {
-            let err = cause.for_op(e.ctx.clone());
+            let err = cause.for_op(e.fail.context().clone());
             e.fail.fail(err);
         }
         n
@@ -330,7 +335,11 @@ impl Registry {
                     if e.probe.as_ref().is_some_and(|p| p.finished()) {
                         retired.push(id);
                     } else {
-                        out.push((id, e.ctx.clone(), d.saturating_duration_since(e.submitted)));
+                        out.push((
+                            id,
+                            e.fail.context().clone(),
+                            d.saturating_duration_since(e.submitted),
+                        ));
                     }
                 }
                 _ => {}
@@ -338,7 +347,7 @@ impl Registry {
         }
         for id in retired {
             if let Some(e) = inner.entries.remove(id) {
-                tracing::debug!(op = %e.ctx, "past its deadline but finished: retired, not timed out");
+                tracing::debug!(op = %e.fail.context(), "past its deadline but finished: retired, not timed out");
                 if let (Some(r), Some(rec)) = (&self.recorder, e.rec) {
                     r.finished(rec, None);
                 }
@@ -376,7 +385,7 @@ impl Registry {
         lock(&self.inner)
             .entries
             .iter()
-            .map(|(_, e)| e.ctx.clone())
+            .map(|(_, e)| e.fail.context().clone())
             .collect()
     }
 }

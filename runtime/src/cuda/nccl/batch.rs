@@ -202,7 +202,7 @@ impl Batch {
             }
         }
         drop(guard);
-        launched.end = Some(Arc::new(end));
+        launched.end = Some(end);
         for (slot, item) in launched.items.iter_mut().zip(self.items) {
             *slot = Some(item);
         }
