@@ -107,19 +107,24 @@ impl DeviceResult for (RawDeviceBuffer, RawDeviceBuffer) {
 /// nothing goes to the completion reactor at enqueue. A poll that finds the
 /// end event complete finishes the op on the polling thread; one that does
 /// not hands it to the reactor, which wakes the future. A stream-ordered
-/// take or a drop leaves it to the reactor as a detached entry, checked
-/// every 50 µs, so that a stream of ops nobody awaits one by one costs the
-/// enqueuing thread neither a wake-up nor the reactor's event queries. The
+/// take or a drop leaves it in its communicator's retire queue: the
+/// threads that let go of the communicator's later ops retire it once its
+/// end event completed (a query every few ops, a couple of ops retired at
+/// each), and a sweeper on the reactor retires what is left once nobody
+/// lets go of more. So a stream of ops nobody awaits one by one is finished
+/// on the thread that issues it, with no reactor queries, wake-ups or
+/// memory handed between threads. The
 /// watchdog asks the end event of an op past its deadline before it times
 /// it out, so a finished op whose work is simply not polled yet never
 /// times out.
 ///
 /// # Cancel safety
 ///
-/// Dropping (or leaking) an unfinished work detaches it: the buffers stay
-/// alive until the op's end event has completed, then the completion
-/// reactor releases them (a leaked work leaks them with it). Ops are never
-/// cancelled by a drop; abort the group to stop them.
+/// Dropping an unfinished work detaches it: the buffers stay alive until
+/// the op's end event has completed and the op is retired (by a later op's
+/// thread or the reactor's sweeper, see above); a leaked work leaks them
+/// with it. Ops are never cancelled by a drop; abort the group to stop
+/// them.
 #[must_use = "the op runs anyway, but its buffers come back only through the work"]
 pub struct DeviceWork<R: DeviceResult> {
     inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
@@ -143,8 +148,8 @@ enum Track<B: DeviceMem> {
     Watched(Watched<B>),
 }
 
-/// An op its work still holds, with its completer. Dropped, it goes to the
-/// reactor as a detached entry (its buffers are released only after the
+/// An op its work still holds, with its completer. Dropped, it goes to its
+/// communicator's retire queue (its buffers are released only after the
 /// end event completed).
 struct Held<B: DeviceMem>(Option<(InFlight<B>, DeviceCompleter<B>)>);
 
@@ -317,8 +322,8 @@ impl<R: DeviceResult> DeviceWork<R> {
             _ => Ok(None),
         };
         match taken {
-            // The rest of the op (its bookkeeping) goes to the reactor as
-            // a detached entry when `self` drops.
+            // The rest of the op (its bookkeeping) goes to the
+            // communicator's retire queue when `self` drops.
             Ok(Some(bufs)) => R::from_bufs(bufs).ok_or_else(|| missing(&ctx)),
             Ok(None) => {
                 // The reactor completed the op meanwhile: the buffers are in

@@ -357,13 +357,15 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
             !ev.event().query().unwrap(),
             "round {round}: op still running"
         );
-        // The work held the op; dropping it handed the op (and its
-        // buffer) to the reactor.
+        // The work held the op; dropping it left the op (and its buffer)
+        // in its communicator's retire queue, which a sweeper on the
+        // reactor empties once the GPU finished (nobody lets go of later
+        // ops here).
         assert!(
             reactor.pending() > before,
-            "round {round}: the reactor holds the op's buffer"
+            "round {round}: a sweeper watches the op that holds the buffer"
         );
-        // Wait for the GPU, then for the reactor to let go.
+        // Wait for the GPU, then for the sweeper to retire the op.
         ev.event().synchronize().unwrap();
         let t0 = Instant::now();
         while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {

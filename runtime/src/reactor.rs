@@ -4,9 +4,10 @@
 //! A backend hands the reactor one [`Pending`] entry per op it cannot
 //! complete itself: typically the op's end event together with its
 //! completer and buffers. The NCCL backend does so when a work's poll finds
-//! the op still running ([`Reactor::register`]), or when nobody will wait
-//! for it any more ([`Reactor::register_detached`]); an op that a poll finds
-//! finished never reaches the reactor. The reactor thread calls
+//! the op still running ([`Reactor::register`]); an op that a poll finds
+//! finished never reaches the reactor, and ops nobody waits for any more
+//! are retired by the threads that let go of them, with a slow sweeper
+//! here for the last ones ([`Reactor::register_detached`]). The reactor thread calls
 //! [`Pending::poll_complete`] on every entry in turn; an entry that finds
 //! its event complete (or failed) completes its work, which wakes the
 //! future awaiting it, and leaves the reactor.
@@ -31,15 +32,16 @@
 //!
 //! # Detached entries
 //!
-//! An op nobody waits for (its work was dropped, or its buffers were taken
-//! back stream-ordered) still needs its end event watched, to release its
-//! buffers and finish its bookkeeping, but not quickly. Such entries go in
-//! with [`Reactor::register_detached`]: they are checked once every
-//! `detached_poll` (default 50 µs), never make the thread spin, and their
-//! registration costs no wake-up unless the thread is parked. This keeps
-//! the reactor's event queries (which contend with the enqueuing threads in
-//! the CUDA driver) and its cache traffic off the enqueue path of a stream
-//! of ops that nobody awaits one by one.
+//! Some entries need watching, but not quickly: the sweeper of an NCCL
+//! communicator's retire queue (ops nobody waits for any more: their work
+//! was dropped, or their buffers were taken back stream-ordered), or a
+//! dropped op of a grouped launch. They go in with
+//! [`Reactor::register_detached`]: checked once every `detached_poll`
+//! (default 50 µs), they never make the thread spin, and their registration
+//! costs no wake-up unless the thread is parked. This keeps the reactor's
+//! event queries (which contend with the enqueuing threads in the CUDA
+//! driver) and its cache traffic off the enqueue path of a stream of ops
+//! that nobody awaits one by one.
 //!
 //! # Safety of buffers
 //!

@@ -28,8 +28,10 @@ use nccl_sys::sys::{
 use nccl_sys::Nccl;
 
 use super::{CudaError, Device, Event, Stream, StreamPriority};
+use retire::{Detached, RetireQueue};
 
 pub mod batch;
+mod retire;
 use crate::reactor::{self, Pending};
 
 /// Element types NCCL reduces and moves.
@@ -743,6 +745,9 @@ pub struct Communicator {
     /// Its own lock: taken before the enqueue lock (the op's registry entry
     /// gets the event first), never by the threads that finish ops.
     pool: Mutex<EventPool>,
+    /// Ops nobody waits for any more, retired by the threads that let go
+    /// of them ([`retire`]).
+    retire: Arc<RetireQueue>,
     aborted: AtomicBool,
     abort_reason: Mutex<Option<String>>,
     /// Signals when the abort thread's `ncclCommAbort` returned; the drop
@@ -887,6 +892,7 @@ impl Communicator {
                 events: Vec::new(),
                 next: 0,
             }),
+            retire: Arc::default(),
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             abort_done: Mutex::new(None),
@@ -1218,6 +1224,7 @@ impl Communicator {
                     order: (self.stream.as_raw() as u64, pos),
                     end,
                     bufs: Some(bufs),
+                    retire: Some(self.retire.clone()),
                 })
             }
             Err(e) => Err((e, bufs)),
@@ -1454,14 +1461,17 @@ impl Drop for Communicator {
 /// An enqueued op: its end event and buffers.
 ///
 /// The buffers are released only after the end event completes: through
-/// [`watch`](Self::watch), [`wait`](Self::wait), or — when dropped
-/// unfinished — by the completion reactor.
+/// [`watch`](Self::watch), [`wait`](Self::wait), [`detach`](Self::detach),
+/// or — when dropped unfinished — by the completion reactor.
 pub struct InFlight<B: DeviceMem> {
     device: Device,
     /// (comm stream, op number on it): end events complete in this order.
     order: (u64, u64),
     end: Arc<EndEvent>,
     bufs: Option<Vec<B>>,
+    /// Where [`detach`](Self::detach) leaves the op: its communicator's
+    /// retire queue, else the reactor.
+    retire: Option<Arc<RetireQueue>>,
 }
 
 impl<B: DeviceMem> fmt::Debug for InFlight<B> {
@@ -1550,11 +1560,15 @@ impl<B: DeviceMem> InFlight<B> {
         watched
     }
 
-    /// Hands an op nobody waits for to the completion reactor as a
+    /// Lets go of an op nobody waits for: `done` runs once the end event
+    /// completed (or failed), with the buffers still held, if any. An op of
+    /// a communicator goes to its retire queue: a later op let go of on
+    /// the communicator runs `done` on its own thread, or the queue's
+    /// sweeper on the reactor thread does once nobody lets go of more (see
+    /// the `retire` module). Otherwise the reactor watches it as a
     /// detached entry (checked every
     /// [`detached_poll`](crate::reactor::ReactorConfig::detached_poll), no
-    /// wake-up): `done` runs on the reactor thread once the end event
-    /// completed (or failed), with the buffers still held, if any.
+    /// wake-up).
     pub fn detach<F>(mut self, done: F)
     where
         F: FnOnce(Finished<B>) + Send + 'static,
@@ -1566,6 +1580,10 @@ impl<B: DeviceMem> InFlight<B> {
             bufs: self.bufs.take(),
             done: Some(done),
         };
+        if let Some(q) = self.retire.take() {
+            q.push(Box::new(entry));
+            return;
+        }
         if let Err((e, mut entry)) = reactor::global().register_detached(Box::new(entry)) {
             tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
             while !entry.poll_complete() {
@@ -1679,6 +1697,7 @@ impl<B: DeviceMem> Drop for InFlight<B> {
                 order: self.order,
                 end: self.end.clone(),
                 bufs: Some(bufs),
+                retire: None,
             };
             f.detach(|_| {});
         }
@@ -1730,32 +1749,6 @@ fn end_outcome(device: &Device, end: &EndEvent) -> Option<Result<(), CudaError>>
         Ok(false) => None,
         Ok(true) => Some(Ok(())),
         Err(e) => Some(Err(e)),
-    }
-}
-
-/// A detached op's reactor entry (see [`InFlight::detach`]): nothing
-/// shared, nobody can take its buffers early.
-struct Detached<B: DeviceMem, F> {
-    order: (u64, u64),
-    device: Device,
-    end: Arc<EndEvent>,
-    bufs: Option<Vec<B>>,
-    done: Option<F>,
-}
-
-impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Detached<B, F> {
-    fn order(&self) -> Option<(u64, u64)> {
-        Some(self.order)
-    }
-
-    fn poll_complete(&mut self) -> bool {
-        let Some(outcome) = end_outcome(&self.device, &self.end) else {
-            return false;
-        };
-        if let Some(done) = self.done.take() {
-            done((outcome, self.bufs.take()));
-        }
-        true
     }
 }
 

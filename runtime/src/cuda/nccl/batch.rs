@@ -308,6 +308,7 @@ impl Communicator {
             order: (self.stream.as_raw() as u64, pos),
             end,
             bufs: Some(bufs),
+            retire: Some(self.retire.clone()),
         };
         match failed {
             None => Ok(inflight),
@@ -423,6 +424,7 @@ impl Launched {
                 order: self.order,
                 end,
                 bufs: Some(*bufs),
+                retire: None,
             }),
             Err(other) => {
                 // Unreachable with a ticket of this batch; keep the value.
