@@ -4,7 +4,11 @@
 # run in turn, ROUNDS times (A/B of builds on one machine: copy an older
 # pack's bin/ to bin-base/ before carrying).
 #
-#   bash .gpu-p/run.sh [tests|probe|ab|full|all]    (ROUNDS=3, ITERS=30000)
+#   bash .gpu-p/run.sh [tests|sanitize|probe|ab|full|all]    (ROUNDS=3, ITERS=30000)
+#
+# sanitize: the dropped-work and retire tests under compute-sanitizer
+# memcheck (NCCL's own cudaFuncGetAttributes probes are API errors, hence
+# --report-api-errors no).
 #
 # full: every bin*/nccl_bench in full (wake latency, round trips) and
 # PyTorch ProcessGroupNCCL (torch_nccl.py) in the same call.
@@ -19,6 +23,14 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
     echo "=== $t"
     timeout 240 "$D/bin/$t" --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; echo "rc=$?"
     grep -E '^test |test result|panicked|unpolled' "$OUT/$t.log" | head -20
+  done
+fi
+if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  for t in gpu_dropped_work gpu_stream_ordered_ops_are_retired; do
+    echo "=== compute-sanitizer memcheck: nccl_gpu $t"
+    timeout 300 "$CS" --tool memcheck --report-api-errors no "$D/bin/nccl_gpu" "$t" --include-ignored --test-threads=1 > "$OUT/sanitize-$t.log" 2>&1; echo "rc=$?"
+    grep -E '^test |test result|ERROR SUMMARY' "$OUT/sanitize-$t.log" | head -5
   done
 fi
 if [ "$MODE" = all ] || [ "$MODE" = probe ]; then

@@ -402,6 +402,50 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweeper() {
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "retire", Some(0));
+    let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+    let mut buf = upload(&s, &data);
+    let n = 4000;
+    let mut most = 0;
+    for i in 0..n {
+        let w = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
+        buf = w.stream_ordered().unwrap();
+        // Every op is still in the stream the next one waits on; a kernel
+        // now and then keeps the GPU behind for a while.
+        if i % 1000 == 0 {
+            k.spin(&s, Duration::from_millis(2)).unwrap();
+        }
+        most = most.max(pg.pending());
+    }
+    let left = pg.pending();
+    println!("stream-ordered loop of {n}: at most {most} ops pending, {left} at the end");
+    assert!(
+        most < n / 2,
+        "the loop's own thread retires finished ops as it goes ({most} pending at most)"
+    );
+    // Nobody lets go of more ops: the sweeper retires the rest.
+    s.synchronize().unwrap();
+    let t0 = Instant::now();
+    while pg.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(pg.pending(), 0, "the sweeper retired the last ops");
+    let rec = pg.flight_record();
+    assert!(
+        rec.iter()
+            .all(|r| r.state == chorus_runtime::flight_recorder::OpState::Completed),
+        "every recorded op completed"
+    );
+    assert_eq!(download(&buf), data, "a sum over one rank keeps the data");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_communicator_counting() {
     device0();
     let st = store();

@@ -51,6 +51,15 @@ struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The enqueue loop synchronizes the producer stream every this many
+    /// ops (the GPU's backlog is at most this long).
+    #[arg(long, default_value_t = 256)]
+    sync_every: usize,
+    /// Host pause between ops of the enqueue loop, untimed, in
+    /// microseconds (0: back to back, the GPU falls behind; a few: the GPU
+    /// keeps up, as when a trainer computes between collectives).
+    #[arg(long, default_value_t = 0.0)]
+    pause_us: f64,
     /// Run only the enqueue / stream-ordered loop and print its figures
     /// (for profiling the enqueue path, e.g. under `perf record`).
     #[arg(long)]
@@ -109,6 +118,34 @@ fn block_on_timed<F: Future>(f: F) -> (F::Output, Option<Instant>, Instant) {
     }
 }
 
+/// Each thread of the process: name, the CPU it last ran on, CPU time
+/// (Linux `/proc`), to see where the enqueuing thread and the runtime's
+/// threads ran.
+fn print_threads() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    let mut rows = Vec::new();
+    for t in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        // "tid (name) state ..." — fields after the name, 1-based from 3.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = &stat[open + 1..close];
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let get = |i: usize| {
+            f.get(i - 3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        rows.push(format!("{name}:cpu{}:{}t", get(39), get(14) + get(15)));
+    }
+    println!("threads (name:last cpu:cpu ticks): {}", rows.join(" "));
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(args.device)?;
@@ -124,7 +161,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 1. Enqueue and stream-ordered wait.
     let mut enq = Vec::with_capacity(args.iters);
     let mut so = Vec::with_capacity(args.iters);
+    let pause = Duration::from_secs_f64(args.pause_us / 1e6);
+    let sync_every = args.sync_every.max(1);
+    let loop_t0 = Instant::now();
     for i in 0..args.iters {
+        if !pause.is_zero() {
+            let p0 = Instant::now();
+            while p0.elapsed() < pause {
+                std::hint::spin_loop();
+            }
+        }
         let t0 = Instant::now();
         let w = pg.all_reduce(buf, ReduceOp::Sum)?;
         let t1 = Instant::now();
@@ -132,17 +178,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t2 = Instant::now();
         enq.push((t1 - t0).as_secs_f64() * 1e6);
         so.push((t2 - t1).as_secs_f64() * 1e6);
-        if i % 256 == 255 {
+        if i % sync_every == sync_every - 1 {
             producer.synchronize()?;
         }
     }
+    let loop_us = loop_t0.elapsed().as_secs_f64() * 1e6 / args.iters.max(1) as f64;
     producer.synchronize()?;
     let enq_mean = mean(&enq);
     let so_mean = mean(&so);
     let (enq_med, enq_p99) = (pct(&mut enq, 0.5), pct(&mut enq, 0.99));
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
     if args.enqueue_only {
-        println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us");
+        println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us; loop {loop_us:.2} us/op");
+        if std::env::var_os("NCCL_BENCH_THREADS").is_some() {
+            print_threads();
+        }
         chorus_benches::print_profile();
         return Ok(());
     }
