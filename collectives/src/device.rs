@@ -308,12 +308,11 @@ impl<R: DeviceResult> DeviceWork<R> {
     }
 
     fn take_ordered(mut self, stream: Option<&Stream>) -> Result<R, WorkError> {
-        let ctx = self.inner.context().clone();
         if self.inner.status() == WorkStatus::Failed {
-            // A held op goes to the reactor with the work's drop.
+            // A held op goes to the retire queue with the work's drop.
             return match self.inner.try_take() {
                 Some(Err(e)) => Err(e),
-                _ => Err(missing(&ctx)),
+                _ => Err(missing(self.inner.context())),
             };
         }
         let taken = match &mut self.track {
@@ -324,24 +323,25 @@ impl<R: DeviceResult> DeviceWork<R> {
         match taken {
             // The rest of the op (its bookkeeping) goes to the
             // communicator's retire queue when `self` drops.
-            Ok(Some(bufs)) => R::from_bufs(bufs).ok_or_else(|| missing(&ctx)),
+            Ok(Some(bufs)) => R::from_bufs(bufs).ok_or_else(|| missing(self.inner.context())),
             Ok(None) => {
                 // The reactor completed the op meanwhile: the buffers are in
                 // (or about to be in) the work's slot.
                 let t0 = std::time::Instant::now();
                 loop {
                     if let Some(r) = self.inner.try_take() {
+                        let ctx = self.inner.context();
                         return r
-                            .and_then(|b| b.and_then(R::from_bufs).ok_or_else(|| missing(&ctx)));
+                            .and_then(|b| b.and_then(R::from_bufs).ok_or_else(|| missing(ctx)));
                     }
                     if t0.elapsed() > Duration::from_secs(5) {
-                        return Err(missing(&ctx));
+                        return Err(missing(self.inner.context()));
                     }
                     std::thread::yield_now();
                 }
             }
             Err(e) => Err(WorkError::Backend {
-                ctx,
+                ctx: self.inner.context().clone(),
                 msg: format!("stream-ordered wait failed: {e}"),
             }),
         }

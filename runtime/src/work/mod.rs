@@ -362,7 +362,12 @@ impl<T> Completer<T> {
             if let Some(cause) = abort {
                 shared.registry.abort(&cause);
             }
-            drop(shared.slot.resolve(outcome));
+            // The registry let go above: a count of one means the work was
+            // dropped (or taken back stream-ordered) and nobody can read
+            // the slot; the outcome is dropped here either way.
+            if std::sync::Arc::strong_count(&shared) > 1 {
+                drop(shared.slot.resolve(outcome));
+            }
         }
     }
 }
