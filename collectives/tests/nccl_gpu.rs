@@ -412,6 +412,7 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
     let mut buf = upload(&s, &data);
     let n = 4000;
     let mut most = 0;
+    let events0 = chorus_runtime::cuda::nccl::end_events_created();
     for i in 0..n {
         let w = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
         buf = w.stream_ordered().unwrap();
@@ -423,7 +424,14 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
         most = most.max(pg.pending());
     }
     let left = pg.pending();
-    println!("stream-ordered loop of {n}: at most {most} ops pending, {left} at the end");
+    let created = chorus_runtime::cuda::nccl::end_events_created() - events0;
+    println!(
+        "stream-ordered loop of {n}: at most {most} ops pending, {left} at the end; {created} end events created"
+    );
+    assert!(
+        created <= 2 * most as u64 + 64,
+        "the end-event pool reuses events once their ops are retired ({created} created)"
+    );
     assert!(
         most < n / 2,
         "the loop's own thread retires finished ops as it goes ({most} pending at most)"

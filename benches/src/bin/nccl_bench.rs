@@ -163,6 +163,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut so = Vec::with_capacity(args.iters);
     let pause = Duration::from_secs_f64(args.pause_us / 1e6);
     let sync_every = args.sync_every.max(1);
+    let events_before = chorus_runtime::cuda::nccl::end_events_created();
+    let mut most_pending = 0;
     let loop_t0 = Instant::now();
     for i in 0..args.iters {
         if !pause.is_zero() {
@@ -179,6 +181,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         enq.push((t1 - t0).as_secs_f64() * 1e6);
         so.push((t2 - t1).as_secs_f64() * 1e6);
         if i % sync_every == sync_every - 1 {
+            most_pending = most_pending.max(pg.pending());
             producer.synchronize()?;
         }
     }
@@ -190,6 +193,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (so_med, so_p99) = (pct(&mut so, 0.5), pct(&mut so, 0.99));
     if args.enqueue_only {
         println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us; loop {loop_us:.2} us/op");
+        println!(
+            "end events created by the loop {}, most ops pending before a sync {most_pending}",
+            chorus_runtime::cuda::nccl::end_events_created() - events_before
+        );
         if std::env::var_os("NCCL_BENCH_THREADS").is_some() {
             print_threads();
         }

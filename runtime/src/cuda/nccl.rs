@@ -689,6 +689,7 @@ impl EventPool {
             }
         }
         let ev = Arc::new(EndEvent { event: create()? });
+        END_EVENTS_CREATED.fetch_add(1, Ordering::Relaxed);
         if n < POOL_MAX {
             // Insert at the scan position: it is taken now, and the events
             // after it are the ones most likely free next.
@@ -1396,6 +1397,15 @@ pub fn in_progress_returns() -> u64 {
 }
 
 static IN_PROGRESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many end events the communicators' pools have created
+/// (process-wide): a pool grows to the most ops it has had in flight at
+/// once.
+pub fn end_events_created() -> u64 {
+    END_EVENTS_CREATED.load(Ordering::Relaxed)
+}
+
+static END_EVENTS_CREATED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How long dropping an aborted communicator waits for its abort to finish.
 const ABORT_JOIN_LIMIT: Duration = Duration::from_secs(10);
