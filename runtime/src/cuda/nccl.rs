@@ -1472,7 +1472,7 @@ impl Drop for Communicator {
 ///
 /// The buffers are released only after the end event completes: through
 /// [`watch`](Self::watch), [`wait`](Self::wait), [`detach`](Self::detach),
-/// or — when dropped unfinished — by the completion reactor.
+/// or — when dropped unfinished — as `detach` does.
 pub struct InFlight<B: DeviceMem> {
     device: Device,
     /// (comm stream, op number on it): end events complete in this order.
@@ -1701,13 +1701,14 @@ impl<B: DeviceMem> Drop for InFlight<B> {
             if matches!(self.end.event().query(), Ok(true)) {
                 return;
             }
-            // Unfinished: the reactor keeps the buffers until the GPU is done.
+            // Unfinished: the communicator's retire queue (or the reactor)
+            // keeps the buffers until the GPU is done.
             let f = InFlight {
                 device: self.device.clone(),
                 order: self.order,
                 end: self.end.clone(),
                 bufs: Some(bufs),
-                retire: None,
+                retire: self.retire.take(),
             };
             f.detach(|_| {});
         }
