@@ -657,10 +657,10 @@ struct EnqueueState {
 
 /// A communicator's end events, each shared (`Arc`) with the ops that
 /// use it. An event is free again once the pool holds its only handle (the
-/// op's work, registry entry and reactor entry are gone): reuse then needs
-/// neither an allocation nor a hand-back from the thread that finished the
-/// op, and a stream wait captured before stays valid when it is recorded
-/// anew. Scanned round-robin from where the last one was taken (ops finish
+/// op's work, registry entry and retire-queue or reactor entry are gone):
+/// reuse then needs neither an allocation nor a hand-back from the thread
+/// that finished the op, and a stream wait captured before stays valid
+/// when it is recorded anew. Scanned round-robin from where the last one was taken (ops finish
 /// in stream order, so the next free one is usually the next one).
 struct EventPool {
     events: Vec<Arc<EndEvent>>,
