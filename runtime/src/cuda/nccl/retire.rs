@@ -28,6 +28,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use smallvec::SmallVec;
+
 use super::{end_outcome, DeviceMem, EndEvent, Finished};
 use crate::cuda::{CudaError, Device};
 use crate::reactor::{self, Pending};
@@ -105,8 +107,8 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Retiring for Detache
 #[derive(Default)]
 pub(crate) struct RetireQueue {
     state: Mutex<State>,
-    /// Bumped by every push; the sweeper leaves the queue alone while it
-    /// moves.
+    /// Pushes so far (written under the lock, read without it): the
+    /// sweeper leaves the queue alone while it moves.
     pushes: AtomicU64,
 }
 
@@ -115,13 +117,18 @@ struct State {
     ops: VecDeque<Box<dyn Retiring>>,
     /// How many of the oldest ops are known to have finished.
     done: usize,
+    /// Pushes so far.
+    pushes: u64,
     /// Pushes since the last look at the end events.
     since_check: u32,
     /// A sweeper is registered with the reactor.
     sweeper: bool,
 }
 
-type Outcomes = Vec<(Box<dyn Retiring>, Result<(), CudaError>)>;
+/// Ops taken out of the queue with how they ended, finished once the lock
+/// is released. A push takes out at most [`RETIRE_PER_PUSH`] + 1: inline,
+/// no allocation on the push path.
+type Outcomes = SmallVec<[(Box<dyn Retiring>, Result<(), CudaError>); RETIRE_PER_PUSH + 2]>;
 
 impl State {
     /// Takes up to `n` ops known finished from the front.
@@ -176,6 +183,8 @@ impl RetireQueue {
         let start_sweeper = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.ops.push_back(op);
+            st.pushes += 1;
+            self.pushes.store(st.pushes, Ordering::Relaxed);
             st.since_check += 1;
             if st.done == 0 && st.since_check >= CHECK_EVERY {
                 st.check(&mut out);
@@ -185,7 +194,6 @@ impl RetireQueue {
             st.sweeper |= start;
             start
         };
-        self.pushes.fetch_add(1, Ordering::Relaxed);
         // Outside the lock: completing a work may wake its owner.
         for (op, outcome) in out {
             op.finish(outcome);
