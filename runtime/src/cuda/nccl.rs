@@ -1733,7 +1733,7 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B,
     }
 
     fn poll_complete(&mut self) -> bool {
-        let Some(outcome) = end_outcome(&self.device, &self.cell.end) else {
+        let Some(outcome) = end_outcome(&self.device, &self.cell.end, true) else {
             return false;
         };
         let bufs = self
@@ -1749,13 +1749,17 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Entry<B,
     }
 }
 
-/// Queries an op's end event from the reactor thread: `None` while it
-/// runs, else how it ended.
-fn end_outcome(device: &Device, end: &EndEvent) -> Option<Result<(), CudaError>> {
-    // The reactor thread queries events of any device: make the event's
-    // context current (cheap when it already is).
+/// Queries an op's end event (`on_reactor`: from the reactor thread):
+/// `None` while it runs, else how it ended.
+fn end_outcome(device: &Device, end: &EndEvent, on_reactor: bool) -> Option<Result<(), CudaError>> {
+    // The querying thread may hold another device's context: make the
+    // event's current (cheap when it already is).
     let _ = device.bind_to_thread();
-    super::relax_capture_mode();
+    // The reactor's own thread may relax its capture mode; a caller's
+    // thread keeps the mode its owner chose.
+    if on_reactor {
+        super::relax_capture_mode();
+    }
     match end.event().query() {
         Ok(false) => None,
         Ok(true) => Some(Ok(())),

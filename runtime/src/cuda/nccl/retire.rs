@@ -54,7 +54,7 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Detached
     }
 
     fn poll_complete(&mut self) -> bool {
-        let Some(outcome) = end_outcome(&self.device, &self.end) else {
+        let Some(outcome) = end_outcome(&self.device, &self.end, true) else {
             return false;
         };
         self.finish_with(outcome);
@@ -72,29 +72,16 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Detached<B, F> {
 
 /// A queued op, type-erased.
 pub(super) trait Retiring: Send {
-    /// Queries the end event on the calling thread (binding the op's
-    /// device): `None` while the op runs.
-    fn outcome_here(&self) -> Option<Result<(), CudaError>>;
-    /// The same from the reactor thread.
-    fn outcome_reactor(&self) -> Option<Result<(), CudaError>>;
+    /// Queries the end event (binding the op's device); `on_reactor`: from
+    /// the reactor thread. `None` while the op runs.
+    fn outcome(&self, on_reactor: bool) -> Option<Result<(), CudaError>>;
     /// Finishes the op with how it ended.
     fn finish(self: Box<Self>, outcome: Result<(), CudaError>);
 }
 
 impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Retiring for Detached<B, F> {
-    fn outcome_here(&self) -> Option<Result<(), CudaError>> {
-        if let Err(e) = self.device.bind_to_thread() {
-            return Some(Err(e));
-        }
-        match self.end.event().query() {
-            Ok(false) => None,
-            Ok(true) => Some(Ok(())),
-            Err(e) => Some(Err(e)),
-        }
-    }
-
-    fn outcome_reactor(&self) -> Option<Result<(), CudaError>> {
-        end_outcome(&self.device, &self.end)
+    fn outcome(&self, on_reactor: bool) -> Option<Result<(), CudaError>> {
+        end_outcome(&self.device, &self.end, on_reactor)
     }
 
     fn finish(mut self: Box<Self>, outcome: Result<(), CudaError>) {
@@ -154,7 +141,7 @@ impl State {
         let (mut lo, mut hi) = (0, mid + 1);
         let mut m = mid;
         while lo < hi && m < self.ops.len() {
-            match self.ops[m].outcome_here() {
+            match self.ops[m].outcome(false) {
                 Some(Ok(())) if m == mid => {
                     lo = mid + 1;
                     break;
@@ -242,13 +229,10 @@ impl Pending for Sweeper {
         let empty = {
             let mut st = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
             // The newest op finished: so did every older one.
-            if matches!(
-                st.ops.back().and_then(|op| op.outcome_reactor()),
-                Some(Ok(()))
-            ) {
+            if matches!(st.ops.back().and_then(|op| op.outcome(true)), Some(Ok(()))) {
                 out.extend(st.ops.drain(..).map(|op| (op, Ok(()))));
             } else {
-                while let Some(outcome) = st.ops.front().and_then(|op| op.outcome_reactor()) {
+                while let Some(outcome) = st.ops.front().and_then(|op| op.outcome(true)) {
                     if let Some(op) = st.ops.pop_front() {
                         out.push((op, outcome));
                     }
@@ -285,7 +269,7 @@ mod tests {
     }
 
     impl Fake {
-        fn outcome(&self) -> Option<Result<(), CudaError>> {
+        fn state(&self) -> Option<Result<(), CudaError>> {
             if self.fail_at == Some(self.i) {
                 return Some(Err(CudaError::Driver {
                     call: "cuEventQuery",
@@ -298,11 +282,8 @@ mod tests {
     }
 
     impl Retiring for Fake {
-        fn outcome_here(&self) -> Option<Result<(), CudaError>> {
-            self.outcome()
-        }
-        fn outcome_reactor(&self) -> Option<Result<(), CudaError>> {
-            self.outcome()
+        fn outcome(&self, _on_reactor: bool) -> Option<Result<(), CudaError>> {
+            self.state()
         }
         fn finish(self: Box<Self>, outcome: Result<(), CudaError>) {
             let me = std::thread::current().id();
