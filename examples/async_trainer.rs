@@ -56,7 +56,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus::{DeviceBuffer, DeviceWork, ProcessGroup, ReduceOp, Work};
 use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
-use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_gpu::cuda::{Device, Stream, StreamPriority};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -348,7 +348,7 @@ fn local_gpu(buckets: &[Bucket]) -> Result<Gpu, String> {
             .unwrap_or(d)
     };
     let local = env("LOCAL_RANK", 0);
-    let count = chorus_runtime::cuda::device_count().map_err(|e| e.to_string())?;
+    let count = chorus_gpu::cuda::device_count().map_err(|e| e.to_string())?;
     if count < env("LOCAL_WORLD_SIZE", 1) {
         return Err(format!(
             "{count} GPU(s) for {} ranks on this node (NCCL needs one GPU per rank)",
@@ -467,12 +467,11 @@ fn account(pg: &ProcessGroup, steps: &mut Vec<StepTimes>, total: &mut Overlap) {
         return;
     }
     let records = pg.flight_record();
-    let by_seq: std::collections::HashMap<u64, &chorus_runtime::flight_recorder::OpRecord> =
-        records
-            .iter()
-            .filter(|r| r.collective)
-            .map(|r| (r.seq, r))
-            .collect();
+    let by_seq: std::collections::HashMap<u64, &chorus_core::flight_recorder::OpRecord> = records
+        .iter()
+        .filter(|r| r.collective)
+        .map(|r| (r.seq, r))
+        .collect();
     for st in steps.drain(..) {
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for &seq in &st.seqs {

@@ -15,8 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_runtime::flight_recorder::FlightRecorder;
-use chorus_runtime::Registry;
+use chorus_core::flight_recorder::FlightRecorder;
+use chorus_core::Registry;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 fn work(c: &mut Criterion) {
@@ -34,7 +34,7 @@ fn work(c: &mut Criterion) {
         })
     });
     g.bench_function("register-completed-elsewhere", |b| {
-        type Batch = Vec<(chorus_runtime::Work<u32>, chorus_runtime::Completer<u32>)>;
+        type Batch = Vec<(chorus_core::OpFuture<u32>, chorus_core::Completer<u32>)>;
         let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(64);
         let worker = std::thread::spawn(move || {
             for batch in rx {

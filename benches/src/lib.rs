@@ -11,8 +11,8 @@ pub fn one_rank_device_group(
     name: &str,
     device: usize,
 ) -> Result<chorus::ProcessGroup, chorus::Error> {
-    let store: std::sync::Arc<dyn chorus_runtime::store::Store> =
-        std::sync::Arc::new(chorus_runtime::store::InMemoryStore::new());
+    let store: std::sync::Arc<dyn chorus_store::Store> =
+        std::sync::Arc::new(chorus_store::InMemoryStore::new());
     futures::executor::block_on(
         chorus::ProcessGroup::builder()
             .rank(0)
@@ -33,10 +33,10 @@ pub fn one_rank_device_group(
 ///
 /// The registry refuses new works once its group failed.
 pub fn work_bookkeeping_round(
-    registry: &std::sync::Arc<chorus_runtime::Registry>,
+    registry: &std::sync::Arc<chorus_core::Registry>,
     group: &std::sync::Arc<str>,
     seq: u64,
-) -> Result<(), chorus_runtime::WorkError> {
+) -> Result<(), chorus_core::WorkError> {
     let (w, c) = started_work(registry, group, seq, std::time::Instant::now())?;
     c.complete(Ok(1));
     drop(w);
@@ -50,19 +50,18 @@ pub fn work_bookkeeping_round(
 ///
 /// The registry refuses new works once its group failed.
 pub fn started_work(
-    registry: &std::sync::Arc<chorus_runtime::Registry>,
+    registry: &std::sync::Arc<chorus_core::Registry>,
     group: &std::sync::Arc<str>,
     seq: u64,
     now: std::time::Instant,
-) -> Result<(chorus_runtime::Work<u32>, chorus_runtime::Completer<u32>), chorus_runtime::WorkError>
-{
-    let ctx = chorus_runtime::OpContext {
+) -> Result<(chorus_core::OpFuture<u32>, chorus_core::Completer<u32>), chorus_core::WorkError> {
+    let ctx = chorus_core::OpContext {
         rank: 0,
         group: group.clone(),
         seq,
         op: "all_reduce",
     };
-    chorus_runtime::Work::<u32>::new_started(
+    chorus_core::OpFuture::<u32>::new_started(
         ctx,
         registry,
         now,
@@ -74,14 +73,14 @@ pub fn started_work(
 }
 
 /// Prints the enqueue phases' medians of the ops profiled so far, when
-/// `CHORUS_NCCL_PROFILE=1` (see `chorus_runtime::profile`).
+/// `CHORUS_NCCL_PROFILE=1` (see `chorus_core::profile`).
 pub fn print_profile() {
-    let (phases, n) = chorus_runtime::profile::medians();
+    let (phases, n) = chorus_core::profile::medians();
     if n > 0 {
         println!(
             "profile (CHORUS_NCCL_PROFILE=1), median over {n} ops (each stamp adds ~0.03 us):"
         );
-        for (name, us) in chorus_runtime::profile::PHASES.iter().zip(phases) {
+        for (name, us) in chorus_core::profile::PHASES.iter().zip(phases) {
             println!("  {name:<58} {us:6.3} us");
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus_runtime::store::{ClientOptions, ServerOptions, Store, TcpStore, TcpStoreServer};
+use chorus_store::{ClientOptions, ServerOptions, Store, TcpStore, TcpStoreServer};
 use futures::future::join_all;
 
 /// The value every `set` writes.

@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use chorus_runtime::cuda::nccl::{
+use chorus_core::{OpContext, WorkError, WorkStatus};
+use chorus_gpu::cuda::{CudaError, Event, Stream};
+use chorus_gpu::nccl::{
     CommOp, DeviceMem, EndEvent, Finished, InFlight, NcclElement, NcclRedOp, Watched,
 };
-use chorus_runtime::cuda::{CudaError, Event, Stream};
-use chorus_runtime::{OpContext, WorkError, WorkStatus};
 
-pub use chorus_runtime::cuda::nccl::{DeviceBuffer, NcclType, RawDeviceBuffer};
+pub use chorus_gpu::nccl::{DeviceBuffer, NcclType, RawDeviceBuffer};
 
 use crate::dtype::{Element, ReduceOp};
 use crate::error::Rejected;
@@ -127,7 +127,7 @@ impl DeviceResult for (RawDeviceBuffer, RawDeviceBuffer) {
 /// them.
 #[must_use = "the op runs anyway, but its buffers come back only through the work"]
 pub struct DeviceWork<R: DeviceResult> {
-    inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
+    inner: chorus_core::OpFuture<Option<Vec<R::Buf>>>,
     end: Arc<EndEvent>,
     track: Option<Track<R::Buf>>,
     /// Polled before (the first poll may watch the op briefly).
@@ -138,7 +138,7 @@ pub struct DeviceWork<R: DeviceResult> {
 impl<R: DeviceResult> Unpin for DeviceWork<R> {}
 
 /// The backend's side of a device work.
-pub(crate) type DeviceCompleter<B> = chorus_runtime::Completer<Option<Vec<B>>>;
+pub(crate) type DeviceCompleter<B> = chorus_core::Completer<Option<Vec<B>>>;
 
 /// Where an enqueued op's buffers and completion are.
 enum Track<B: DeviceMem> {
@@ -204,7 +204,7 @@ fn missing(ctx: &OpContext) -> WorkError {
 impl<R: DeviceResult> DeviceWork<R> {
     /// The work of an op it holds itself (see the type's docs).
     pub(crate) fn held(
-        inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
+        inner: chorus_core::OpFuture<Option<Vec<R::Buf>>>,
         op: InFlight<R::Buf>,
         completer: DeviceCompleter<R::Buf>,
     ) -> Self {
@@ -219,7 +219,7 @@ impl<R: DeviceResult> DeviceWork<R> {
 
     /// The work of an op already handed to the completion reactor.
     pub(crate) fn watched(
-        inner: chorus_runtime::Work<Option<Vec<R::Buf>>>,
+        inner: chorus_core::OpFuture<Option<Vec<R::Buf>>>,
         watched: Watched<R::Buf>,
     ) -> Self {
         DeviceWork {
@@ -371,7 +371,7 @@ impl<R: DeviceResult> DeviceWork<R> {
             return R::from_bufs(bufs).ok_or_else(|| missing(&ctx));
         }
         self.watch();
-        chorus_runtime::reactor::global().nudge();
+        chorus_gpu::reactor::global().nudge();
         let r = self
             .inner
             .wait_timeout(timeout.saturating_sub(t0.elapsed()))?;
@@ -411,7 +411,7 @@ impl<R: DeviceResult> DeviceWork<R> {
                 }
             }
             Some(Track::Watched(w)) => {
-                chorus_runtime::reactor::global().nudge();
+                chorus_gpu::reactor::global().nudge();
                 w.bind_device().ok()?;
                 while !self.inner.is_done() && t0.elapsed() < spin {
                     match w.take_finished() {
@@ -464,7 +464,7 @@ impl<R: DeviceResult> Future for DeviceWork<R> {
                 Poll::Ready(r.and_then(|b| b.and_then(R::from_bufs).ok_or_else(|| missing(ctx))))
             }
             Poll::Pending => {
-                chorus_runtime::reactor::global().nudge();
+                chorus_gpu::reactor::global().nudge();
                 Poll::Pending
             }
         }

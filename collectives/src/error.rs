@@ -1,8 +1,8 @@
 //! The error type of chorus's public API.
 
-use chorus_runtime::rendezvous::RendezvousError;
-use chorus_runtime::store::StoreError;
-use chorus_runtime::WorkError;
+use chorus_core::WorkError;
+use chorus_store::rendezvous::RendezvousError;
+use chorus_store::StoreError;
 
 /// Everything that can go wrong in chorus outside a running op's own
 /// [`WorkError`].

@@ -30,13 +30,15 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod process_group;
+pub mod propagation;
 pub mod reduce;
+pub mod watchdog;
 pub mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions};
 pub use backend::tcp::TcpOptions;
-pub use chorus_runtime::cuda::nccl::batch::Ticket;
-pub use chorus_runtime::{OpContext, WorkError, WorkStatus};
+pub use chorus_core::{OpContext, WorkError, WorkStatus};
+pub use chorus_gpu::nccl::batch::Ticket;
 pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
 pub use dtype::{DType, Element, HostBuffer, ReduceOp};
 pub use error::{Error, Rejected};

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_runtime::flight_recorder::{self, FlightRecorder, OpRecord};
-use chorus_runtime::propagation::{self, ErrorPropagation};
-use chorus_runtime::store::{PrefixStore, Store};
-use chorus_runtime::watchdog::{self, ErrorPolicy, WatchedGroup};
-use chorus_runtime::{OpContext, Registry, WorkError};
+use crate::propagation::{self, ErrorPropagation};
+use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
+use chorus_core::flight_recorder::{self, FlightRecorder, OpRecord};
+use chorus_core::{OpContext, Registry, WorkError};
+use chorus_store::{PrefixStore, Store};
 
 use crate::backend::nccl::{self, NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
@@ -19,8 +19,8 @@ use crate::device::{DeviceResult, DeviceWork, Op1, Op2, OpBuffer};
 use crate::dtype::{Element, ReduceOp};
 use crate::error::{Error, Rejected};
 use crate::work::{InOut, OpResult, Work};
-use chorus_runtime::comm_cache::CommKey;
-use chorus_runtime::cuda::nccl::{CommOp, DeviceBuffer, DeviceMem, NcclCommError, NcclElement};
+use chorus_core::comm_cache::CommKey;
+use chorus_gpu::nccl::{CommOp, DeviceBuffer, DeviceMem, NcclCommError, NcclElement};
 
 /// Default op timeout of a group (c10d's NCCL default is 10 minutes; chorus
 /// takes 5 so hangs surface sooner).
@@ -75,7 +75,7 @@ struct Group {
     propagation: Option<ErrorPropagation>,
     /// The job's rendezvous (world group made by `init_from_env`), kept
     /// until [`ProcessGroup::shutdown`].
-    rendezvous: Mutex<Option<chorus_runtime::rendezvous::Rendezvous>>,
+    rendezvous: Mutex<Option<chorus_store::rendezvous::Rendezvous>>,
 }
 
 #[derive(Clone)]
@@ -121,7 +121,7 @@ impl GroupBuilder {
     /// the other ranks' pending works fail at once with
     /// [`WorkError::Remote`] naming it, under this group's error policy,
     /// instead of each waiting out its own timeout. Subgroups inherit it.
-    /// See [`chorus_runtime::propagation`].
+    /// See [`crate::propagation`].
     pub fn propagate_errors(mut self, on: bool) -> Self {
         self.propagate = Some(on);
         self
@@ -196,7 +196,7 @@ impl GroupBuilder {
     /// [`Error::Rendezvous`] naming a missing or malformed variable, or the
     /// ranks that never joined; setup errors as for [`build`](Self::build).
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
-        let rdzv = chorus_runtime::rendezvous::init_from_env().await?;
+        let rdzv = chorus_store::rendezvous::init_from_env().await?;
         let mut tcp = self.tcp.clone();
         if tcp.advertise_ip.is_loopback() {
             tcp.advertise_ip = route_ip(rdzv.store_addr());
@@ -309,7 +309,7 @@ impl ProcessGroup {
         }
         // Goodbyes first: no rank closes while another still reads from it.
         let close = self.inner.backend.close();
-        chorus_runtime::rt::run(close)
+        chorus_store::rt::run(close)
             .await
             .map_err(|msg| Error::Setup {
                 group: self.inner.name.to_string(),
@@ -365,7 +365,7 @@ impl ProcessGroup {
         // (its host died) shows up here as a store error, not as a backend
         // setup failure.
         let joined = store.clone();
-        let joined = chorus_runtime::rt::run(async move { joined.add("joined", 1).await })
+        let joined = chorus_store::rt::run(async move { joined.add("joined", 1).await })
             .await
             .map_err(|e| Error::Setup {
                 group: name.to_string(),
@@ -391,6 +391,9 @@ impl ProcessGroup {
         let hook_backend = backend.clone();
         let hook_nccl = nccl.clone();
         registry.set_abort_hook(move |cause| {
+            // The dump first: it records the ops as they stood when the
+            // group failed, before the backends fail them.
+            watchdog::on_group_error(cause);
             hook_backend.abort(cause);
             hook_nccl.abort(&cause.to_string());
         });
@@ -652,7 +655,7 @@ impl ProcessGroup {
         &self,
         counters: &mut Counters,
         kind: OpKind,
-    ) -> Result<(chorus_runtime::Work<OpOutput>, OpRequest), (WorkError, OpKind)> {
+    ) -> Result<(chorus_core::OpFuture<OpOutput>, OpRequest), (WorkError, OpKind)> {
         let g = &self.inner;
         let op = kind.name();
         let seq = match &kind {
@@ -662,7 +665,7 @@ impl ProcessGroup {
         };
         let ctx = self.ctx(seq, op);
         let deadline = Instant::now() + self.timeout;
-        let (work, completer) = match chorus_runtime::Work::new_recorded(
+        let (work, completer) = match chorus_core::OpFuture::new_recorded(
             ctx.clone(),
             &g.registry,
             Some(deadline),
@@ -1054,9 +1057,9 @@ impl ProcessGroup {
             }
             _ => (None, op, None),
         };
-        let prof = chorus_runtime::profile::on();
+        let prof = chorus_core::profile::on();
         if prof {
-            chorus_runtime::profile::start();
+            chorus_core::profile::start();
         }
         let found = match key {
             Some(k) => g.nccl.comm(k, dev),
@@ -1067,7 +1070,7 @@ impl ProcessGroup {
             Err(e) => return Err((lookup_error(self.ctx(0, name), &e), bufs)),
         };
         if prof {
-            chorus_runtime::profile::stamp(0);
+            chorus_core::profile::stamp(0);
         }
         // The op's end event first: the registry entry asks it before the
         // watchdog times the op out (the work completes lazily).
@@ -1076,19 +1079,19 @@ impl ProcessGroup {
             Err(e) => return Err((comm_error(&self.ctx(0, name), e.into()), bufs)),
         };
         if prof {
-            chorus_runtime::profile::stamp(1);
+            chorus_core::profile::stamp(1);
         }
         let mut counters = g.submit.lock().unwrap_or_else(|p| p.into_inner());
         let seq = counters.next_device(op);
         let ctx = self.ctx(seq, name);
-        let meta = chorus_runtime::flight_recorder::OpMeta {
+        let meta = chorus_core::flight_recorder::OpMeta {
             dtype: Some(std::borrow::Cow::Borrowed(dtype)),
             count: count as u64,
             peer,
         };
-        let probe: std::sync::Arc<dyn chorus_runtime::FinishedProbe> = end.clone();
+        let probe: std::sync::Arc<dyn chorus_core::FinishedProbe> = end.clone();
         if prof {
-            chorus_runtime::profile::stamp(2);
+            chorus_core::profile::stamp(2);
         }
         let (work, completer) = match self.register_device::<R>(ctx, op, meta, Some(probe)) {
             Ok(pair) => pair,
@@ -1102,7 +1105,7 @@ impl ProcessGroup {
         match submitted {
             Ok(inflight) => {
                 if prof {
-                    chorus_runtime::profile::stamp(7);
+                    chorus_core::profile::stamp(7);
                 }
                 counters.bump_device(op, seq);
                 drop(counters);
@@ -1110,8 +1113,8 @@ impl ProcessGroup {
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer);
                 if prof {
-                    chorus_runtime::profile::stamp(8);
-                    chorus_runtime::profile::finish();
+                    chorus_core::profile::stamp(8);
+                    chorus_core::profile::finish();
                 }
                 Ok(work)
             }
@@ -1159,18 +1162,18 @@ impl ProcessGroup {
         &self,
         ctx: OpContext,
         op: CommOp,
-        meta: chorus_runtime::flight_recorder::OpMeta,
-        probe: Option<std::sync::Arc<dyn chorus_runtime::FinishedProbe>>,
+        meta: chorus_core::flight_recorder::OpMeta,
+        probe: Option<std::sync::Arc<dyn chorus_core::FinishedProbe>>,
     ) -> Result<DevicePair<R>, WorkError> {
         let collective = !matches!(
             op,
             CommOp::Send { .. } | CommOp::Recv { .. } | CommOp::SendRecv { .. }
         );
         let now = Instant::now();
-        if chorus_runtime::profile::on() {
-            chorus_runtime::profile::stamp(3);
+        if chorus_core::profile::on() {
+            chorus_core::profile::stamp(3);
         }
-        chorus_runtime::Work::new_started(
+        chorus_core::OpFuture::new_started(
             ctx,
             &self.inner.registry,
             now,
@@ -1184,17 +1187,17 @@ impl ProcessGroup {
 
 /// The registered work of a device op and its completer.
 type DevicePair<R> = (
-    chorus_runtime::Work<Option<Vec<<R as DeviceResult>::Buf>>>,
-    chorus_runtime::Completer<Option<Vec<<R as DeviceResult>::Buf>>>,
+    chorus_core::OpFuture<Option<Vec<<R as DeviceResult>::Buf>>>,
+    chorus_core::Completer<Option<Vec<<R as DeviceResult>::Buf>>>,
 );
 
 /// Hands an enqueued op of a group to the completion reactor through `set`
 /// (one reactor entry for the group's ops, which share one end event).
 fn watch_device<B: DeviceMem>(
-    inflight: chorus_runtime::cuda::nccl::InFlight<B>,
+    inflight: chorus_gpu::nccl::InFlight<B>,
     completer: crate::device::DeviceCompleter<B>,
-    set: &mut chorus_runtime::cuda::nccl::WatchSet,
-) -> chorus_runtime::cuda::nccl::Watched<B> {
+    set: &mut chorus_gpu::nccl::WatchSet,
+) -> chorus_gpu::nccl::Watched<B> {
     inflight.watch_in(crate::device::finisher(completer), set)
 }
 
@@ -1224,7 +1227,7 @@ fn comm_error(ctx: &OpContext, e: NcclCommError) -> WorkError {
 /// A communicator that could not be had, as the op's error.
 fn lookup_error(
     ctx: OpContext,
-    e: &chorus_runtime::comm_cache::CommCacheError<nccl::NcclInitError>,
+    e: &chorus_core::comm_cache::CommCacheError<nccl::NcclInitError>,
 ) -> WorkError {
     if e.is_aborted() {
         WorkError::Aborted {

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use chorus_runtime::{OpContext, WorkError, WorkStatus};
+use chorus_core::{OpContext, WorkError, WorkStatus};
 
 use crate::backend::OpOutput;
 use crate::dtype::{Element, HostBuffer};
@@ -69,12 +69,12 @@ impl<T: Element> OpResult for (Vec<T>, Vec<T>) {
 #[must_use = "the op runs anyway, but its buffers come back only through the work"]
 #[derive(Debug)]
 pub struct Work<T> {
-    inner: chorus_runtime::Work<OpOutput>,
+    inner: chorus_core::OpFuture<OpOutput>,
     _out: PhantomData<fn() -> T>,
 }
 
 impl<T: OpResult> Work<T> {
-    pub(crate) fn new(inner: chorus_runtime::Work<OpOutput>) -> Self {
+    pub(crate) fn new(inner: chorus_core::OpFuture<OpOutput>) -> Self {
         Work {
             inner,
             _out: PhantomData,

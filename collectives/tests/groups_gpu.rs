@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chorus::reduce::{reference_reduce, Reducible};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
-use chorus_runtime::cuda::nccl::NcclElement;
-use chorus_runtime::cuda::{Device, Stream, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
+use chorus_gpu::cuda::{Device, Stream, StreamPriority};
+use chorus_gpu::nccl::NcclElement;
+use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 use half::bf16;
 use rand::{Rng, SeedableRng};

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use chorus::{Error, ProcessGroup, ReduceOp};
-use chorus_runtime::cuda::nccl::{self, NcclCommError};
-use chorus_runtime::store::{InMemoryStore, Store};
+use chorus_gpu::nccl::{self, NcclCommError};
+use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 
 #[test]

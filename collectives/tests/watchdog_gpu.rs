@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus::reduce::reference_reduce;
+use chorus::watchdog;
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
-use chorus_runtime::cuda::kernels::Kernels;
-use chorus_runtime::cuda::{Device, Stream, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
-use chorus_runtime::watchdog;
+use chorus_gpu::cuda::kernels::Kernels;
+use chorus_gpu::cuda::{Device, Stream, StreamPriority};
+use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 use rand::{Rng, SeedableRng};
 
@@ -193,7 +193,7 @@ fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
     assert_eq!(rec.len(), 2, "flight record: {rec:?}");
     assert!(
         rec.iter()
-            .all(|r| r.state == chorus_runtime::flight_recorder::OpState::Completed),
+            .all(|r| r.state == chorus_core::flight_recorder::OpState::Completed),
         "flight record: {rec:?}"
     );
     let out = block_on(held).expect("the held op completes normally");

@@ -37,7 +37,7 @@ pub fn launch_self_if_needed(nproc: usize) -> Option<ExitCode> {
         }
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let code = chorus_runtime::launcher::launch_local(nproc.max(1), &exe, &args);
+    let code = chorus_launcher::launch_local(nproc.max(1), &exe, &args);
     Some(ExitCode::from(code.clamp(0, 255) as u8))
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chorus::reduce::{reference_reduce, Reducible};
 use chorus::{Element, ProcessGroup, ReduceOp, TcpOptions};
-use chorus_runtime::store::{InMemoryStore, Store};
+use chorus_store::{InMemoryStore, Store};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

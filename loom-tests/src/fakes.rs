@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use chorus_runtime::comm_cache::{CommCache, CommFactory, CommKey};
+use chorus_core::comm_cache::{CommCache, CommFactory, CommKey};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 

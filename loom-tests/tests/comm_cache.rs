@@ -1,8 +1,8 @@
 //! Loom models of the communicator cache and its in-initialization map.
 #![cfg(loom)]
 
+use chorus_core::comm_cache::{CommCacheError, CommKey};
 use chorus_loom_tests::{model, model_capped, poll_once, Fake, FakeCache};
-use chorus_runtime::comm_cache::{CommCacheError, CommKey};
 use loom::future::block_on;
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
@@ -281,7 +281,7 @@ fn concurrent_collective_and_p2p_move_counter_once() {
 /// aborted: nobody hangs, nothing leaks, the group and the cache stay aborted.
 #[test]
 fn group_abort_races_init_and_submission() {
-    use chorus_runtime::{OpContext, Registry, Work, WorkError};
+    use chorus_core::{OpContext, OpFuture, Registry, WorkError};
     model(|| {
         let cache = Arc::new(FakeCache::new("g", Fake::new(0, true)));
         let reg = Arc::new(Registry::new());
@@ -306,7 +306,7 @@ fn group_abort_races_init_and_submission() {
                     return;
                 }
             };
-            match Work::<u32>::new(op(1), &r2, None) {
+            match OpFuture::<u32>::new(op(1), &r2, None) {
                 Ok((work, done)) => {
                     // The backend runs the op on `comm`, then completes it.
                     let _uses = &comm;
@@ -330,7 +330,7 @@ fn group_abort_races_init_and_submission() {
         assert!(block_on(cache.get(key()))
             .expect_err("aborted")
             .is_aborted());
-        assert!(Work::<u32>::new(op(2), &reg, None).is_err());
+        assert!(OpFuture::<u32>::new(op(2), &reg, None).is_err());
         assert!(cache.created() <= 1);
     });
 }

@@ -2,8 +2,8 @@
 //! insert without checking again) must be caught by the single-flight model.
 #![cfg(loom)]
 
+use chorus_core::comm_cache::CommKey;
 use chorus_loom_tests::{model, Fake, FakeCache};
-use chorus_runtime::comm_cache::CommKey;
 use loom::future::block_on;
 use loom::sync::Arc;
 use loom::thread;

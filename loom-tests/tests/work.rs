@@ -4,8 +4,8 @@
 
 use std::sync::Arc as StdArc;
 
+use chorus_core::{OpContext, OpFuture, Registry, WorkError};
 use chorus_loom_tests::{model, poll_once, Tracked};
-use chorus_runtime::{OpContext, Registry, Work, WorkError};
 use loom::future::block_on;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -48,7 +48,7 @@ fn complete_vs_caller(caller: Caller, with_abort: bool) {
         let drops = Arc::new(AtomicUsize::new(0));
         let in_flight = Arc::new(AtomicBool::new(true));
         let buf = Tracked::new(&drops, &in_flight);
-        let (mut work, done) = Work::<Tracked>::new(ctx(1), &reg, None).expect("registered");
+        let (mut work, done) = OpFuture::<Tracked>::new(ctx(1), &reg, None).expect("registered");
 
         let backend = {
             let in_flight = in_flight.clone();
@@ -113,7 +113,7 @@ fn complete_vs_poll_then_drop_vs_abort() {
     complete_vs_caller(Caller::PollThenDrop, true);
 }
 
-/// abort races a submission (`Work::new`) and the completion of an earlier
+/// abort races a submission (`OpFuture::new`) and the completion of an earlier
 /// op: no waiter hangs, no entry leaks, the abort hook runs once, and the
 /// group stays aborted.
 #[test]
@@ -127,10 +127,10 @@ fn abort_races_submission() {
                 hooks.fetch_add(1, Ordering::SeqCst);
             });
         }
-        let (w1, c1) = Work::<u32>::new(ctx(1), &reg, None).expect("registered before abort");
+        let (w1, c1) = OpFuture::<u32>::new(ctx(1), &reg, None).expect("registered before abort");
         let submitter = {
             let reg = reg.clone();
-            thread::spawn(move || match Work::<u32>::new(ctx(2), &reg, None) {
+            thread::spawn(move || match OpFuture::<u32>::new(ctx(2), &reg, None) {
                 Ok((w2, c2)) => {
                     c2.complete(Ok(2));
                     match block_on(w2) {
@@ -159,7 +159,7 @@ fn abort_races_submission() {
         assert!(matches!(reg.errored(), Some(WorkError::Aborted { .. })));
         assert!(
             matches!(
-                Work::<u32>::new(ctx(3), &reg, None),
+                OpFuture::<u32>::new(ctx(3), &reg, None),
                 Err(WorkError::GroupErrored { .. })
             ),
             "aborted stays aborted"
@@ -180,7 +180,7 @@ fn concurrent_aborts_run_the_hook_once() {
                 hooks.fetch_add(1, Ordering::SeqCst);
             });
         }
-        let (w, c) = Work::<u32>::new(ctx(1), &reg, None).expect("registered");
+        let (w, c) = OpFuture::<u32>::new(ctx(1), &reg, None).expect("registered");
         let aborters: Vec<_> = (0..2)
             .map(|_| {
                 let reg = reg.clone();
@@ -213,7 +213,7 @@ fn the_error_hook_finishes_before_any_work_fails() {
                 hooks.fetch_add(1, Ordering::SeqCst);
             });
         }
-        let (w, c) = Work::<u32>::new(ctx(1), &reg, None).expect("registered");
+        let (w, c) = OpFuture::<u32>::new(ctx(1), &reg, None).expect("registered");
         let aborter = {
             let reg = reg.clone();
             thread::spawn(move || reg.abort(&abort_cause()))

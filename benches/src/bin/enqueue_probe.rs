@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::{DeviceBuffer, ReduceOp};
-use chorus_runtime::cuda::nccl::{CommOp, CommOptions, Communicator, NcclRedOp, PendingComm};
-use chorus_runtime::cuda::{Device, StreamPriority};
+use chorus_gpu::cuda::{Device, StreamPriority};
+use chorus_gpu::nccl::{CommOp, CommOptions, Communicator, NcclRedOp, PendingComm};
 use clap::Parser;
 use cudarc::driver::sys;
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
@@ -98,7 +98,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         nccl.check((nccl.ncclCommInitRank)(&mut comm, 1, id, 0))?;
     }
     let buf = DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count])?)?;
-    let p = chorus_runtime::cuda::nccl::DeviceMem::device_ptr(&buf) as *mut std::ffi::c_void;
+    let p = chorus_gpu::nccl::DeviceMem::device_ptr(&buf) as *mut std::ffi::c_void;
     let count = args.count;
     let raw_ar = || {
         // SAFETY: `p` is `count` live f32 on this device; comm and stream live.
@@ -133,7 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The DESIGN §2 rule-3 floor as raw driver calls: input-ready record on
     // the producer stream, the comm stream waits on it, the op, the end
     // record (on `endv`).
-    let rule3 = |endv: &chorus_runtime::cuda::Event| {
+    let rule3 = |endv: &chorus_gpu::cuda::Event| {
         // SAFETY: live events and streams of the current context.
         unsafe {
             sys::cuEventRecord(ready.as_raw(), prod.as_raw());
@@ -206,8 +206,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         sync_all,
     );
-    let breg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
-        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    let breg = Arc::new(chorus_core::Registry::with_recorder(Arc::new(
+        chorus_core::flight_recorder::FlightRecorder::new(1024),
     )));
     let bgroup: Arc<str> = "probe-b".into();
     let mut bseq = 0u64;
@@ -335,7 +335,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &dev,
         1,
         0,
-        &chorus_runtime::cuda::nccl::unique_id()?,
+        &chorus_gpu::nccl::unique_id()?,
         CommOptions::default(),
     )?;
     let t0 = Instant::now();
@@ -388,8 +388,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             prod.synchronize().expect("sync");
         },
     );
-    let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
-        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    let reg = Arc::new(chorus_core::Registry::with_recorder(Arc::new(
+        chorus_core::flight_recorder::FlightRecorder::new(1024),
     )));
     let group: Arc<str> = "probe".into();
     let mut seq = 0u64;
@@ -407,9 +407,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // ops' bookkeeping is completed in batches, (8) on this thread, (8x) by
     // another thread every 16 ops. Buffers rotate through a pool.
     type Done = (
-        chorus_runtime::cuda::nccl::InFlight<DeviceBuffer<f32>>,
-        chorus_runtime::Completer<u32>,
-        chorus_runtime::Work<u32>,
+        chorus_gpu::nccl::InFlight<DeviceBuffer<f32>>,
+        chorus_core::Completer<u32>,
+        chorus_core::OpFuture<u32>,
     );
     let mut pool: Vec<DeviceBuffer<f32>> = (0..64)
         .map(|_| {
@@ -504,7 +504,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pg.all_reduce(b, ReduceOp::Sum)?,
         )?);
     }
-    chorus_runtime::profile::reset();
+    chorus_core::profile::reset();
     layer(
         "7 ProcessGroup::all_reduce + stream_ordered",
         args.iters,
@@ -516,7 +516,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || prod.synchronize().expect("sync"),
     );
     chorus_benches::print_profile();
-    chorus_runtime::profile::reset();
+    chorus_core::profile::reset();
     layer_timed(
         "7b ProcessGroup::all_reduce alone (then awaited, untimed)",
         args.iters,

@@ -16,7 +16,7 @@
 use std::time::Instant;
 
 use chorus::{DeviceBuffer, ReduceOp};
-use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_gpu::cuda::{Device, Stream, StreamPriority};
 use clap::Parser;
 use futures::executor::block_on;
 use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
@@ -66,10 +66,10 @@ struct Raw {
     stream: Stream,
     /// For the "raw + events" floor: a producer stream and the two events.
     producer: Stream,
-    ready: chorus_runtime::cuda::Event,
-    end: chorus_runtime::cuda::Event,
+    ready: chorus_gpu::cuda::Event,
+    end: chorus_gpu::cuda::Event,
     ptrs: Vec<u64>,
-    _bufs: Vec<chorus_runtime::cuda::CudaSlice<f32>>,
+    _bufs: Vec<chorus_gpu::cuda::CudaSlice<f32>>,
     count: usize,
 }
 

@@ -22,9 +22,9 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use chorus::{DeviceBuffer, ReduceOp};
-use chorus_runtime::cuda::kernels::Kernels;
-use chorus_runtime::cuda::nccl::EndEvent;
-use chorus_runtime::cuda::{Device, StreamPriority};
+use chorus_gpu::cuda::kernels::Kernels;
+use chorus_gpu::cuda::{Device, StreamPriority};
+use chorus_gpu::nccl::EndEvent;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -163,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut so = Vec::with_capacity(args.iters);
     let pause = Duration::from_secs_f64(args.pause_us / 1e6);
     let sync_every = args.sync_every.max(1);
-    let events_before = chorus_runtime::cuda::nccl::end_events_created();
+    let events_before = chorus_gpu::nccl::end_events_created();
     let mut most_pending = 0;
     let loop_t0 = Instant::now();
     for i in 0..args.iters {
@@ -195,7 +195,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("enqueue median {enq_med:.2} us p99 {enq_p99:.2} us mean {enq_mean:.2} us; stream_ordered median {so_med:.2} us mean {so_mean:.2} us; loop {loop_us:.2} us/op");
         println!(
             "end events created by the loop {}, most ops pending before a sync {most_pending}",
-            chorus_runtime::cuda::nccl::end_events_created() - events_before
+            chorus_gpu::nccl::end_events_created() - events_before
         );
         if std::env::var_os("NCCL_BENCH_THREADS").is_some() {
             print_threads();
@@ -204,7 +204,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
 
-    let in_progress = chorus_runtime::cuda::nccl::in_progress_returns();
+    let in_progress = chorus_gpu::nccl::in_progress_returns();
 
     // Breakdown: the driver floor (one event record + one stream wait, and a
     // bare record) and chorus's CPU bookkeeping per op (work, registry entry,
@@ -228,8 +228,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rec_us = t.elapsed().as_secs_f64() * 1e6 / k as f64;
     producer.synchronize()?;
     other.synchronize()?;
-    let reg = Arc::new(chorus_runtime::Registry::with_recorder(Arc::new(
-        chorus_runtime::flight_recorder::FlightRecorder::new(1024),
+    let reg = Arc::new(chorus_core::Registry::with_recorder(Arc::new(
+        chorus_core::flight_recorder::FlightRecorder::new(1024),
     )));
     let group: Arc<str> = "b".into();
     let t = Instant::now();
@@ -340,7 +340,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("round trips (wait_timeout)      {rt_wait_per_s:.0} /s");
     println!("breakdown: cuEventRecord+cuStreamWaitEvent {rec_wait_us:.2} us, cuEventRecord alone {rec_us:.2} us, work+registry+flight-record bookkeeping {book_us:.2} us, ncclInProgress returns {in_progress}");
     chorus_benches::print_profile();
-    println!("reactor: {:?}", chorus_runtime::reactor::global().stats());
+    println!("reactor: {:?}", chorus_gpu::reactor::global().stats());
     if let Some(path) = args.json {
         let wake: Vec<String> = wake_rows
             .iter()

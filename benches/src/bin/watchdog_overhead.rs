@@ -14,11 +14,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chorus::watchdog;
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
-use chorus_runtime::cuda::kernels::Kernels;
-use chorus_runtime::cuda::{Device, StreamPriority};
-use chorus_runtime::store::{InMemoryStore, Store};
-use chorus_runtime::watchdog;
+use chorus_gpu::cuda::kernels::Kernels;
+use chorus_gpu::cuda::{Device, StreamPriority};
+use chorus_store::{InMemoryStore, Store};
 use clap::Parser;
 use futures::executor::block_on;
 

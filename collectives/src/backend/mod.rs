@@ -8,8 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use chorus_runtime::flight_recorder::OpMeta;
-use chorus_runtime::{Completer, OpContext, WorkError};
+use chorus_core::flight_recorder::OpMeta;
+use chorus_core::{Completer, OpContext, WorkError};
 
 use crate::dtype::{HostBuffer, ReduceOp};
 

@@ -6,7 +6,7 @@
 //! back after every group); other work enqueued on [`Capture::stream`] is
 //! captured in between, in issue order. [`Capture::finish`] instantiates the
 //! [`Graph`], which replays everything with
-//! [`Graph::launch`](chorus_runtime::cuda::nccl::batch::Graph::launch).
+//! [`Graph::launch`](chorus_gpu::nccl::batch::Graph::launch).
 //!
 //! # What a captured op is
 //!
@@ -15,7 +15,7 @@
 //! while the capture runs). Each op returns a [`Ticket`] instead, which
 //! names its buffers inside the graph. "Done" for a replay is
 //! stream-ordered on the replay stream, or GPU-finished once
-//! [`Graph::done_event`](chorus_runtime::cuda::nccl::batch::Graph::done_event)
+//! [`Graph::done_event`](chorus_gpu::nccl::batch::Graph::done_event)
 //! completed.
 //!
 //! # Lifetimes
@@ -24,8 +24,8 @@
 //! holds the communicators: neither can be freed while the graph can still
 //! be replayed, and dropping the graph waits for its last replay. Read and
 //! write the buffers between replays with
-//! [`Graph::buffers`](chorus_runtime::cuda::nccl::batch::Graph::buffers) /
-//! [`buffers_mut`](chorus_runtime::cuda::nccl::batch::Graph::buffers_mut).
+//! [`Graph::buffers`](chorus_gpu::nccl::batch::Graph::buffers) /
+//! [`buffers_mut`](chorus_gpu::nccl::batch::Graph::buffers_mut).
 //!
 //! # Rules
 //!
@@ -38,12 +38,12 @@
 //! * The communicator is created (if needed) before the capture begins: NCCL
 //!   must not initialize inside a capture.
 
-use chorus_runtime::cuda::nccl::batch::{Batch, Capture as RawCapture, Ticket};
-use chorus_runtime::cuda::nccl::{CommOp, DeviceMem};
-use chorus_runtime::cuda::Stream;
-use chorus_runtime::WorkError;
+use chorus_core::WorkError;
+use chorus_gpu::cuda::Stream;
+use chorus_gpu::nccl::batch::{Batch, Capture as RawCapture, Ticket};
+use chorus_gpu::nccl::{CommOp, DeviceMem};
 
-pub use chorus_runtime::cuda::nccl::batch::Graph;
+pub use chorus_gpu::nccl::batch::Graph;
 
 use super::group::device_check;
 use super::{comm_error, lookup_error, ProcessGroup};
@@ -108,7 +108,7 @@ impl<'pg> Capture<'pg> {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(pg: &chorus::ProcessGroup, s: &chorus_runtime::cuda::Stream,
+    /// # fn demo(pg: &chorus::ProcessGroup, s: &chorus_gpu::cuda::Stream,
     /// #         bufs: Vec<chorus::DeviceBuffer<f32>>) -> Result<(), Box<dyn std::error::Error>> {
     /// use chorus::ReduceOp;
     /// let mut cap = pg.capture(s)?;

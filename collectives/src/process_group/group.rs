@@ -33,10 +33,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use chorus_runtime::cuda::nccl::batch::{Batch, Launched, Ticket};
-use chorus_runtime::cuda::nccl::{CommOp, DeviceMem, WatchSet};
-use chorus_runtime::flight_recorder::OpMeta;
-use chorus_runtime::{OpContext, WorkError};
+use chorus_core::flight_recorder::OpMeta;
+use chorus_core::{OpContext, WorkError};
+use chorus_gpu::nccl::batch::{Batch, Launched, Ticket};
+use chorus_gpu::nccl::{CommOp, DeviceMem, WatchSet};
 
 use super::{comm_error, lookup_error, watch_device, DevicePair, ProcessGroup};
 use crate::backend::{OpKind, OpOutput};
@@ -96,7 +96,7 @@ enum Staged {
 struct HostEntry {
     kind: OpKind,
     ctx: OpContext,
-    deliver: Box<dyn FnOnce(Result<chorus_runtime::Work<OpOutput>, WorkError>)>,
+    deliver: Box<dyn FnOnce(Result<chorus_core::OpFuture<OpOutput>, WorkError>)>,
 }
 
 /// A staged device op, typed inside.

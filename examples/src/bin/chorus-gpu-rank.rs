@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use chorus::reduce::Reducible;
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
 use chorus_examples::testkit::{data, poison, reference, TestElem, OPS};
-use chorus_runtime::cuda::nccl::{in_progress_returns, NcclElement};
-use chorus_runtime::cuda::{Device, Stream, StreamPriority};
+use chorus_gpu::cuda::{Device, Stream, StreamPriority};
+use chorus_gpu::nccl::{in_progress_returns, NcclElement};
 use half::{bf16, f16};
 
 fn env_num(key: &str, default: u64) -> u64 {

@@ -27,12 +27,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use chorus_runtime::comm_cache::{CommCache, CommCacheError, CommFactory, CommKey};
-use chorus_runtime::cuda::nccl::{
-    self as rnccl, CommOptions, Communicator, NcclCommError, PendingComm,
-};
-use chorus_runtime::cuda::{Device, StreamPriority};
-use chorus_runtime::store::Store;
+use chorus_core::comm_cache::{CommCache, CommCacheError, CommFactory, CommKey};
+use chorus_gpu::cuda::{Device, StreamPriority};
+use chorus_gpu::nccl::{self as rnccl, CommOptions, Communicator, NcclCommError, PendingComm};
+use chorus_store::Store;
 
 /// Settings of a group's NCCL backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,7 +106,7 @@ impl fmt::Debug for NcclFactory {
 
 /// A delay that works under any executor: a sleep on chorus's runtime.
 async fn pause(d: Duration) {
-    if let Ok(h) = chorus_runtime::rt::handle() {
+    if let Ok(h) = chorus_store::rt::handle() {
         let _ = h.spawn(tokio::time::sleep(d)).await;
     } else {
         std::thread::sleep(d);
@@ -182,7 +180,7 @@ impl CommFactory for NcclFactory {
             }
         };
         Box::pin(async move {
-            match chorus_runtime::rt::run(work).await {
+            match chorus_store::rt::run(work).await {
                 Ok(r) => r,
                 Err(e) => Err(NcclInitError::Store(e)),
             }
@@ -503,7 +501,7 @@ pub(crate) async fn split(
         .await?;
         await_pending_split(&mut p, timeout).await
     };
-    let r = chorus_runtime::rt::run(work)
+    let r = chorus_store::rt::run(work)
         .await
         .map_err(NcclInitError::Store)?;
     tracing::debug!(elapsed = ?t0.elapsed(), "NCCL split finished");

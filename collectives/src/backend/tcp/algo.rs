@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use chorus_runtime::{OpContext, WorkError};
+use chorus_core::{OpContext, WorkError};
 
 use super::conn::Frame;
 use super::shm::Reserved;

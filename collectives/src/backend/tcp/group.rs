@@ -10,7 +10,7 @@
 //!   per op, as Gloo's coalesced all_reduce does); every other op runs as it
 //!   is, in order.
 
-use chorus_runtime::{Completer, OpContext, Registry, WorkError};
+use chorus_core::{Completer, OpContext, Registry, WorkError};
 
 use crate::backend::{OpKind, OpOutput, OpRequest};
 use crate::dtype::HostBuffer;
@@ -26,7 +26,7 @@ struct Member {
 /// equal dtype and reduction replaced by one fused request each. Falls back
 /// to the requests as they are when chorus's runtime is unavailable.
 pub(super) fn fuse(reqs: Vec<OpRequest>) -> Vec<OpRequest> {
-    let handle = chorus_runtime::rt::handle().ok();
+    let handle = chorus_store::rt::handle().ok();
     let (sends, rest): (Vec<_>, Vec<_>) = reqs
         .into_iter()
         .partition(|r| matches!(r.kind, OpKind::Send { .. }));
@@ -104,7 +104,7 @@ fn flush(
     // are completed from the fused result.
     let registry = std::sync::Arc::new(Registry::new());
     let (work, completer) =
-        match chorus_runtime::Work::<OpOutput>::new(ctx.clone(), &registry, None) {
+        match chorus_core::OpFuture::<OpOutput>::new(ctx.clone(), &registry, None) {
             Ok(pair) => pair,
             Err(e) => {
                 for m in members {
@@ -173,20 +173,20 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use chorus_runtime::{OpContext, Registry, Work};
+    use chorus_core::{OpContext, OpFuture, Registry};
 
     use super::fuse;
     use crate::backend::{OpKind, OpOutput, OpRequest};
     use crate::dtype::{HostBuffer, ReduceOp};
 
-    fn req(reg: &Arc<Registry>, seq: u64, kind: OpKind) -> (Work<OpOutput>, OpRequest) {
+    fn req(reg: &Arc<Registry>, seq: u64, kind: OpKind) -> (OpFuture<OpOutput>, OpRequest) {
         let ctx = OpContext {
             rank: 0,
             group: "g".into(),
             seq,
             op: kind.name(),
         };
-        let (work, completer) = Work::new(ctx.clone(), reg, None).expect("registry");
+        let (work, completer) = OpFuture::new(ctx.clone(), reg, None).expect("registry");
         let r = OpRequest {
             ctx,
             kind,

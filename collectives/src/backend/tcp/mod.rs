@@ -28,7 +28,7 @@
 //! * A **group** ([`Backend::submit_group`], see `group`) reaches the worker
 //!   as one batch: its sends first, and runs of all_reduces with one dtype
 //!   and reduction fused into one all_reduce.
-//! * Everything runs on chorus's own runtime ([`chorus_runtime::rt`]), never
+//! * Everything runs on chorus's own runtime ([`chorus_store::rt`]), never
 //!   on the caller's executor.
 //!
 //! # Checks
@@ -187,8 +187,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use chorus_runtime::store::Store;
-use chorus_runtime::{OpContext, WorkError};
+use chorus_core::{OpContext, WorkError};
+use chorus_store::Store;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
@@ -473,14 +473,14 @@ impl TcpBackend {
             opts: opts.clone(),
             bcast: None,
         };
-        let mesh = chorus_runtime::rt::run(setup::mesh(store, me))
+        let mesh = chorus_store::rt::run(setup::mesh(store, me))
             .await
             .map_err(setup_err)?
             .map_err(|e| match e {
                 setup::SetupError::Store(e) => Error::Store(e),
                 setup::SetupError::Other(msg) => setup_err(msg),
             })?;
-        let handle = chorus_runtime::rt::handle().map_err(setup_err)?;
+        let handle = chorus_store::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
         // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring

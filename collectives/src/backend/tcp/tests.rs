@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chorus_runtime::store::{Store, StoreError};
-use chorus_runtime::{OpContext, Registry, Work, WorkError};
+use chorus_core::{OpContext, OpFuture, Registry, WorkError};
+use chorus_store::{Store, StoreError};
 use futures::executor::block_on;
 use futures::future::join_all;
 use half::{bf16, f16};
@@ -105,7 +105,7 @@ impl Rank {
         self.be.rank()
     }
 
-    fn submit_at(&self, seq: u64, kind: OpKind, timeout: Duration) -> Work<OpOutput> {
+    fn submit_at(&self, seq: u64, kind: OpKind, timeout: Duration) -> OpFuture<OpOutput> {
         let ctx = OpContext {
             rank: self.rank(),
             group: self.group.clone(),
@@ -117,7 +117,7 @@ impl Rank {
         // submissions before they reach the backend) must not step in.
         let reg = Arc::new(Registry::new());
         let (work, completer) =
-            Work::new(ctx.clone(), &reg, None).expect("registry refused the op");
+            OpFuture::new(ctx.clone(), &reg, None).expect("registry refused the op");
         self.be.submit(OpRequest {
             ctx,
             kind,
@@ -128,13 +128,13 @@ impl Rank {
     }
 
     /// Submits a collective with the next collective seq.
-    fn coll(&mut self, kind: OpKind) -> Work<OpOutput> {
+    fn coll(&mut self, kind: OpKind) -> OpFuture<OpOutput> {
         self.seq += 1;
         self.submit_at(self.seq, kind, TIMEOUT)
     }
 
     /// Submits a send or recv with the pair-direction message number.
-    fn p2p(&mut self, kind: OpKind) -> Work<OpOutput> {
+    fn p2p(&mut self, kind: OpKind) -> OpFuture<OpOutput> {
         let me = self.rank();
         let key = match &kind {
             OpKind::Send { peer, .. } => (me, *peer),
@@ -257,7 +257,7 @@ fn elems(b: &HostBuffer, r: std::ops::Range<usize>) -> &[u8] {
     &b.as_bytes()[r.start * es..r.end * es]
 }
 
-fn wait_all(works: Vec<Work<OpOutput>>) -> Vec<OpOutput> {
+fn wait_all(works: Vec<OpFuture<OpOutput>>) -> Vec<OpOutput> {
     block_on(join_all(works))
         .into_iter()
         .map(|r| r.unwrap_or_else(|e| panic!("op failed: {e}")))
@@ -476,7 +476,7 @@ fn check_batch(w: &mut [Rank], rng: &mut StdRng, dtype: DType, len: usize, salt:
     let aa_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, n * len, redop)).collect();
     let p2p_in: Vec<HostBuffer> = (0..n).map(|_| gen(rng, dtype, len, redop)).collect();
 
-    let mut works: Vec<Vec<Work<OpOutput>>> = Vec::new();
+    let mut works: Vec<Vec<OpFuture<OpOutput>>> = Vec::new();
     for (r, rk) in w.iter_mut().enumerate() {
         let mut v = Vec::new();
         for (i, &op) in OPS.iter().enumerate() {
@@ -650,7 +650,7 @@ fn float_results_are_bit_identical_on_every_rank() {
     }
 }
 
-fn expect_err(w: Work<OpOutput>) -> WorkError {
+fn expect_err(w: OpFuture<OpOutput>) -> WorkError {
     match block_on(w) {
         Ok(_) => panic!("op succeeded but should have failed"),
         Err(e) => e,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_runtime::{OpContext, WorkError};
+use chorus_core::{OpContext, WorkError};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;

@@ -1,0 +1,42 @@
+//! chorus-core: the part of chorus that decides, and does no I/O.
+//!
+//! Everything here is a state machine over memory: no sockets, no files, no
+//! CUDA, no tokio. The layers above (`chorus-gpu`, `chorus-store`,
+//! `chorus`) drive it and install hooks where it must reach out (a
+//! registry's abort hook closes connections and writes the flight-recorder
+//! dump). Its shared state is built on [`sync`](crate) primitives that the
+//! loom suite swaps for loom's, so the suite checks the code that runs.
+//!
+//! A map of the crate:
+//!
+//! * [`op`]: the op vocabulary every layer shares: [`DType`],
+//!   [`ReduceOp`], [`Op`] and the shape rules of an op's buffers.
+//! * [`element`]: [`Element`] types and type-erased [`HostBuffer`]s.
+//! * [`work`]: [`OpFuture`], the future of one registered op, its
+//!   [`Completer`], the completion slot and the per-group [`Registry`] of
+//!   in-flight ops (abort, timeouts, the watchdog's view).
+//! * [`comm_cache`]: the per-group communicator cache with its
+//!   in-initialization map (lazy single-flight init, store-key choice,
+//!   abort), generic over the communicator.
+//! * [`flight_recorder`]: the bounded ring of a group's last ops, the shape
+//!   of a dump, and the divergence analysis behind `chorus-trace`.
+//! * [`error`]: [`WorkError`], the typed error of an op, with the rank,
+//!   group, sequence number and op ([`OpContext`]).
+//! * `profile`: per-phase timing of the enqueue path (feature `profile`).
+//! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod comm_cache;
+pub mod element;
+pub mod error;
+pub mod flight_recorder;
+pub mod op;
+pub mod profile;
+pub(crate) mod sync;
+pub mod work;
+
+pub use element::{Element, HostBuffer};
+pub use error::{OpContext, WorkError};
+pub use op::{DType, Op, ReduceOp};
+pub use work::{Completer, FinishedProbe, OpFuture, Registry, WorkStatus};

@@ -1,0 +1,394 @@
+//! The future of one registered op, and the backend's side of it.
+//!
+//! A backend creates an [`OpFuture`] and its [`Completer`] with
+//! [`OpFuture::new`] when an op is submitted. The future goes to the caller
+//! (wrapped in chorus's typed `Work`); the completer stays with the backend
+//! together with the op's buffers, and hands the buffers back through the
+//! future when the op is done.
+//!
+//! * **Owned buffers.** The output type `T` is the op's buffers. The backend
+//!   owns them while the op runs; the future yields them when it is done.
+//! * **Drop detaches.** Dropping (or leaking) a work does not cancel the op:
+//!   the backend still holds the buffers and releases them once the op
+//!   completes.
+//! * **Cancellation is abort.** [`Registry::abort`] fails every pending work
+//!   of the group with a clear error.
+//! * **Executor-agnostic.** The future only stores a waker; it works under
+//!   tokio, smol or `futures::executor::block_on`.
+
+mod registry;
+mod slot;
+
+pub use registry::Registry;
+pub use slot::WorkStatus;
+
+/// Tells whether an op has finished, without its work: the watchdog asks
+/// it before timing out an op past its deadline. An NCCL op's end event is
+/// one: the op may have finished long ago while nobody has polled its work
+/// yet (works are completed lazily, when polled, dropped or taken back
+/// stream-ordered).
+pub trait FinishedProbe: Send + Sync {
+    /// True once the op has finished. Must not block.
+    fn finished(&self) -> bool;
+}
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+#[cfg(not(loom))]
+use std::time::Duration;
+use std::time::Instant;
+
+use crate::error::{OpContext, WorkError};
+use crate::flight_recorder::{FlightRecorder, OpMeta};
+use crate::sync::Arc;
+use registry::Fail;
+use slot::Slot;
+
+/// What a work, its completer and its registry entry share: the op, its
+/// ids and its completion slot, in one allocation per op.
+struct Shared<T> {
+    ctx: OpContext,
+    /// Registry id.
+    id: u64,
+    /// Flight-recorder id, if the registry records.
+    rec: Option<u64>,
+    slot: Slot<T>,
+    /// The registry holds this state while the op is pending (its entry is
+    /// removed when the completer completes or drops), so the cycle through
+    /// `registry` ends with the op.
+    registry: Arc<Registry>,
+}
+
+impl<T: Send + 'static> Fail for Shared<T> {
+    fn fail(&self, err: WorkError) {
+        // If the backend completed first, the work keeps that outcome.
+        drop(self.slot.resolve(Err(err)));
+    }
+
+    fn context(&self) -> &OpContext {
+        &self.ctx
+    }
+}
+
+/// The future of one submitted op. Resolves to the op's buffers, or the error
+/// that stopped it.
+///
+/// # Cancel safety
+///
+/// Dropping a `OpFuture` detaches it: the op still runs to completion, and its
+/// buffers are released by the backend when it is done. To stop ops, abort
+/// the group.
+#[must_use = "a work does nothing when polled late, but its result (the buffers) is lost if dropped"]
+pub struct OpFuture<T> {
+    shared: std::sync::Arc<Shared<T>>,
+}
+
+/// The backend's side of an [`OpFuture`]: completes it with the op's outcome.
+///
+/// Dropping a completer without calling [`complete`](Completer::complete)
+/// fails the work (a backend bug must not become a hang).
+pub struct Completer<T> {
+    shared: Option<std::sync::Arc<Shared<T>>>,
+}
+
+impl<T> fmt::Debug for OpFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpFuture")
+            .field("op", &self.shared.ctx)
+            .field("status", &self.shared.slot.status())
+            .finish()
+    }
+}
+
+impl<T> fmt::Debug for Completer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completer")
+            .field("op", &self.shared.as_ref().map(|s| &s.ctx))
+            .finish()
+    }
+}
+
+impl<T: Send + 'static> OpFuture<T> {
+    /// Registers a new op in `registry` and returns its work and completer.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkError::GroupErrored`] if the group has already failed: the op
+    /// must not be submitted.
+    pub fn new(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        Self::new_recorded(ctx, registry, deadline, true, OpMeta::default())
+    }
+
+    /// Like [`new`](Self::new), and records the op in the registry's flight
+    /// recorder with `meta` (`collective`: its sequence number is comparable
+    /// across ranks).
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_recorded(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        Self::register(ctx, registry, Instant::now(), deadline, None, |r, ctx| {
+            r.scheduled(ctx.seq, ctx.op, collective, meta)
+        })
+    }
+
+    /// Like [`new_recorded`](Self::new_recorded), for a backend that starts
+    /// the op as it submits it (an NCCL enqueue): the deadline (`now +
+    /// timeout`), the registry entry and the flight record (scheduled and
+    /// started at once) all take the one clock reading `now`, which the
+    /// caller makes just before. With a `probe`, an op past its deadline
+    /// that the probe finds finished is retired from the registry instead
+    /// of timing out (see [`Registry::expired`]); for backends that
+    /// complete works lazily.
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_started(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        now: Instant,
+        timeout: Option<std::time::Duration>,
+        collective: bool,
+        meta: OpMeta,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        let deadline = timeout.and_then(|t| now.checked_add(t));
+        Self::register(ctx, registry, now, deadline, probe, |r, ctx| {
+            r.started_at(ctx.seq, ctx.op, collective, meta, now)
+        })
+    }
+
+    /// Registers the op, then records it with `record` in the registry's
+    /// flight recorder, if any.
+    fn register(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        now: Instant,
+        deadline: Option<Instant>,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+        record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        let shared = registry.insert(ctx, now, deadline, probe, record, |ctx, id, rec| {
+            std::sync::Arc::new(Shared {
+                ctx,
+                id,
+                rec,
+                slot: Slot::new(),
+                registry: registry.clone(),
+            })
+        })?;
+        if crate::profile::on() {
+            crate::profile::stamp(4);
+        }
+        Ok((
+            OpFuture {
+                shared: shared.clone(),
+            },
+            Completer {
+                shared: Some(shared),
+            },
+        ))
+    }
+
+    /// A work that has already failed with `err` (for example a refused
+    /// submission), not registered anywhere.
+    pub fn failed(err: WorkError) -> OpFuture<T> {
+        let shared = std::sync::Arc::new(Shared {
+            ctx: err.context().clone(),
+            id: 0,
+            rec: None,
+            slot: Slot::new(),
+            registry: Arc::new(Registry::new()),
+        });
+        drop(shared.slot.resolve(Err(err)));
+        OpFuture { shared }
+    }
+}
+
+impl<T> OpFuture<T> {
+    /// The op this work belongs to.
+    pub fn context(&self) -> &OpContext {
+        &self.shared.ctx
+    }
+
+    /// Sequence number of the op in its group.
+    pub fn seq(&self) -> u64 {
+        self.shared.ctx.seq
+    }
+
+    /// Where the op stands, without waiting. `Finished` is reported only once
+    /// the backend has completed the op, never at enqueue.
+    pub fn status(&self) -> WorkStatus {
+        self.shared.slot.status()
+    }
+
+    /// True once the op has finished or failed (its outcome is available).
+    pub fn is_done(&self) -> bool {
+        matches!(self.status(), WorkStatus::Finished | WorkStatus::Failed)
+    }
+
+    /// Takes the outcome if the op is done, without waiting.
+    pub fn try_take(&mut self) -> Option<Result<T, WorkError>> {
+        self.shared.slot.try_take()
+    }
+
+    fn consumed_error(&self) -> WorkError {
+        WorkError::InvalidArgument {
+            ctx: self.shared.ctx.clone(),
+            msg: "the work was polled again after it returned its result".into(),
+        }
+    }
+}
+
+impl<T> Future for OpFuture<T> {
+    type Output = Result<T, WorkError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.shared.slot.poll(cx.waker()) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(r)) => Poll::Ready(r),
+            Poll::Ready(None) => Poll::Ready(Err(self.consumed_error())),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl<T> OpFuture<T> {
+    /// Blocks the calling thread until the op is done, for synchronous code.
+    ///
+    /// On timeout the group is aborted (its backend is torn down and every
+    /// pending work fails), because a collective that one rank gave up on
+    /// cannot be finished by the others.
+    ///
+    /// # Errors
+    ///
+    /// The op's own error, or [`WorkError::OpTimeout`] after `timeout`.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T, WorkError> {
+        use std::task::Wake;
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+            fn wake_by_ref(self: &std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.shared.slot.poll(&waker) {
+                Poll::Ready(Some(r)) => return r,
+                Poll::Ready(None) => return Err(self.consumed_error()),
+                Poll::Pending => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let err = WorkError::OpTimeout {
+                    ctx: self.shared.ctx.clone(),
+                    after: timeout,
+                };
+                tracing::error!(op = %self.shared.ctx, ?timeout, "blocking wait timed out; aborting the group");
+                self.shared.registry.abort(&err);
+                return match self.shared.slot.try_take() {
+                    Some(r) => r,
+                    None => Err(err),
+                };
+            }
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+}
+
+impl<T> Completer<T> {
+    /// The op this completer belongs to.
+    pub fn context(&self) -> Option<&OpContext> {
+        self.shared.as_ref().map(|s| &s.ctx)
+    }
+
+    /// The backend started running the op (recorded in the flight
+    /// recorder).
+    pub fn started(&self) {
+        if let Some(s) = &self.shared {
+            if let (Some(rec), Some(id)) = (s.registry.recorder(), s.rec) {
+                rec.started(id);
+            }
+        }
+    }
+
+    /// True if the work was failed early (abort, timeout) and the backend may
+    /// skip the op's remaining steps.
+    pub fn is_failed(&self) -> bool {
+        self.shared
+            .as_ref()
+            .is_some_and(|s| s.slot.status() != WorkStatus::Pending)
+    }
+
+    /// Completes the op: hands `outcome` (the buffers, or the error) to the
+    /// work and wakes it.
+    ///
+    /// If the work was already failed (abort, timeout), `outcome` is dropped
+    /// here, which is when the buffers are released: after the backend is done
+    /// with them. The same holds if the work itself was dropped.
+    ///
+    /// An error aborts the group (the default error policy): a collective
+    /// that failed on one rank leaves the group in an unknown state, so every
+    /// pending and later op fails with this first cause. Invalid-argument
+    /// errors are the exception: nothing ran.
+    pub fn complete(mut self, outcome: Result<T, WorkError>) {
+        if let Some(shared) = self.shared.take() {
+            shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, outcome.as_ref().err().map(|e| e.to_string()));
+            }
+            let abort = match &outcome {
+                Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
+                _ => None,
+            };
+            // Abort (fail the others, dump the flight recorder) before this
+            // work is woken: its owner may exit as soon as it sees the error.
+            if let Some(cause) = abort {
+                shared.registry.abort(&cause);
+            }
+            // The registry let go above: a count of one means the work was
+            // dropped (or taken back stream-ordered) and nobody can read
+            // the slot; the outcome is dropped here either way.
+            if std::sync::Arc::strong_count(&shared) > 1 {
+                drop(shared.slot.resolve(outcome));
+            }
+        }
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.registry.remove(shared.id);
+            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
+                rec.finished(id, Some("dropped by the backend".into()));
+            }
+            let err = WorkError::Backend {
+                ctx: shared.ctx.clone(),
+                msg: "the backend dropped the op without completing it (it was shutting down)"
+                    .into(),
+            };
+            drop(shared.slot.resolve(Err(err)));
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

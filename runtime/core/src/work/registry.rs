@@ -1,0 +1,389 @@
+//! The registry of in-flight ops of one group.
+//!
+//! Every submitted op has an entry until its backend completes it. The
+//! registry is what abort, timeouts and the watchdog act on: it can fail every
+//! pending work of the group at once, or those past their deadline. It holds
+//! no buffers itself; the backend keeps them until the op is done, so failing
+//! a work early never frees memory the backend still touches.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::time::Instant;
+
+use super::FinishedProbe;
+use crate::error::{OpContext, WorkError};
+use crate::flight_recorder::FlightRecorder;
+use crate::sync::{lock, Arc, Mutex, MutexGuard};
+
+/// Something the registry can fail: a type-erased handle on a work's
+/// shared state (the registry never holds the buffers).
+pub(crate) trait Fail: Send + Sync {
+    fn fail(&self, err: WorkError);
+    /// The op.
+    fn context(&self) -> &OpContext;
+}
+
+struct Entry {
+    submitted: Instant,
+    deadline: Option<Instant>,
+    /// The work's shared state, which also names the op.
+    fail: std::sync::Arc<dyn Fail>,
+    /// Asked before the op is reported expired.
+    probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+    /// Its flight record, if the registry records.
+    rec: Option<u64>,
+}
+
+type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+type ErrorHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+
+/// The pending entries by registry-local id, in submission order (sequence
+/// numbers are per op family and may repeat between collectives and P2P
+/// ops). Ids are handed out in order and ops mostly finish in order, so a
+/// ring indexed by `id - base` does without a per-op allocation or a tree.
+/// An entry that stays while many later ones finish (a work nobody polls)
+/// moves to `stragglers` once the ring is [`RING_SLOTS`] long, so the ring
+/// stays bounded.
+#[derive(Default)]
+struct Entries {
+    /// Id of `slots[0]`.
+    base: u64,
+    slots: VecDeque<Option<Entry>>,
+    /// Entries older than `base`.
+    stragglers: BTreeMap<u64, Entry>,
+    /// Entries held, in `slots` and `stragglers`.
+    live: usize,
+}
+
+/// The ring's length beyond which its oldest entry moves to the stragglers.
+const RING_SLOTS: usize = 1024;
+
+impl Entries {
+    fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Adds the entry of `id`, the next id (one past the last added).
+    fn push(&mut self, id: u64, e: Entry) {
+        debug_assert_eq!(id, self.base + self.slots.len() as u64);
+        self.slots.push_back(Some(e));
+        self.live += 1;
+        self.trim();
+    }
+
+    /// Drops the finished prefix of the ring and moves what keeps it
+    /// longer than [`RING_SLOTS`] to the stragglers.
+    fn trim(&mut self) {
+        loop {
+            let long = self.slots.len() > RING_SLOTS;
+            match self.slots.front_mut() {
+                Some(None) => {}
+                Some(front) if long => {
+                    if let Some(e) = front.take() {
+                        self.stragglers.insert(self.base, e);
+                    }
+                }
+                _ => return,
+            }
+            self.slots.pop_front();
+            self.base += 1;
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = match id.checked_sub(self.base) {
+            None => self.stragglers.remove(&id)?,
+            Some(i) => self.slots.get_mut(usize::try_from(i).ok()?)?.take()?,
+        };
+        self.live -= 1;
+        self.trim();
+        Some(e)
+    }
+
+    /// Every entry with its id, in submission order.
+    fn iter(&self) -> impl Iterator<Item = (u64, &Entry)> {
+        let base = self.base;
+        self.stragglers.iter().map(|(id, e)| (*id, e)).chain(
+            self.slots
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, e)| Some((base + i as u64, e.as_ref()?))),
+        )
+    }
+
+    /// Takes every entry, in submission order.
+    fn drain(&mut self) -> Vec<Entry> {
+        self.base += self.slots.len() as u64;
+        self.live = 0;
+        let mut out: Vec<Entry> = std::mem::take(&mut self.stragglers).into_values().collect();
+        out.extend(self.slots.drain(..).flatten());
+        out
+    }
+}
+
+struct Inner {
+    entries: Entries,
+    next_id: u64,
+    /// Set once the group failed or was aborted; later submissions fail with it.
+    errored: Option<WorkError>,
+}
+
+/// Registry of the in-flight ops of one group.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    /// Called once when the group is aborted (closes sockets, aborts NCCL
+    /// communicators); set by the backend.
+    abort_hook: Mutex<Option<AbortHook>>,
+    /// Called once with the group's first error, whichever path failed it
+    /// (error propagation publishes it).
+    error_hook: Mutex<Option<ErrorHook>>,
+    /// The group's flight recorder, if it keeps one.
+    recorder: Option<Arc<FlightRecorder>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = lock(&self.inner);
+        f.debug_struct("Registry")
+            .field("pending", &inner.entries.len())
+            .field("errored", &inner.errored.is_some())
+            .finish()
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry {
+            inner: Mutex::new(Inner {
+                entries: Entries::default(),
+                next_id: 0,
+                errored: None,
+            }),
+            abort_hook: Mutex::new(None),
+            error_hook: Mutex::new(None),
+            recorder: None,
+        }
+    }
+
+    /// An empty registry that records every op in `recorder`.
+    pub fn with_recorder(recorder: Arc<FlightRecorder>) -> Self {
+        Registry {
+            recorder: Some(recorder),
+            ..Self::new()
+        }
+    }
+
+    /// The group's flight recorder, if any.
+    pub fn recorder(&self) -> Option<&Arc<FlightRecorder>> {
+        self.recorder.as_ref()
+    }
+
+    /// Sets what [`abort`](Self::abort) does to the backend besides failing
+    /// the pending works (close connections, abort communicators).
+    pub fn set_abort_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
+        *lock(&self.abort_hook) = Some(Box::new(hook));
+    }
+
+    /// Sets what runs once with the group's first error (the one that marks
+    /// it failed), whether it came through [`abort`](Self::abort) or
+    /// [`fail_all`](Self::fail_all). It finishes before any pending work of
+    /// the group is failed, even by a concurrent abort (so what it starts,
+    /// e.g. publishing the error to the peers, is under way before the
+    /// owner of a work can see the error and exit). It must not block and
+    /// must not call [`abort`](Self::abort) or [`fail_all`](Self::fail_all).
+    pub fn set_error_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
+        *lock(&self.error_hook) = Some(Box::new(hook));
+    }
+
+    /// Marks the group failed with `cause` unless it already is (first
+    /// cause wins). The first caller gets the error hook's lock, taken
+    /// before the claim is visible, to run the hook with; everyone else
+    /// waits for a hook still running (so no work fails before it is done).
+    fn claim(&self, cause: &WorkError) -> Option<MutexGuard<'_, Option<ErrorHook>>> {
+        let mut inner = lock(&self.inner);
+        if inner.errored.is_none() {
+            inner.errored = Some(cause.clone());
+            // Lock order: inner, then error_hook (nothing takes them the
+            // other way round).
+            let hook = lock(&self.error_hook);
+            drop(inner);
+            Some(hook)
+        } else {
+            drop(inner);
+            drop(lock(&self.error_hook));
+            None
+        }
+    }
+
+    /// Runs the error hook with the group's first error.
+    fn first_error(hook: MutexGuard<'_, Option<ErrorHook>>, cause: &WorkError) {
+        if let Some(hook) = hook.as_ref() {
+            hook(cause);
+        }
+    }
+
+    /// Adds a pending op submitted at `submitted` and, if the registry
+    /// records, records it with `record` (only once it is accepted). `make`
+    /// builds the work's shared state from the op, its registry id and its
+    /// flight-record id, under the registry's lock; the entry keeps a
+    /// handle on it and the caller gets it back.
+    pub(crate) fn insert<F: Fail + 'static>(
+        &self,
+        ctx: OpContext,
+        submitted: Instant,
+        deadline: Option<Instant>,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+        record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
+        make: impl FnOnce(OpContext, u64, Option<u64>) -> std::sync::Arc<F>,
+    ) -> Result<std::sync::Arc<F>, WorkError> {
+        let mut inner = lock(&self.inner);
+        if let Some(cause) = &inner.errored {
+            return Err(WorkError::GroupErrored {
+                ctx,
+                cause: std::sync::Arc::new(cause.clone()),
+            });
+        }
+        // Lock order: inner, then the recorder's ring (nothing takes them
+        // the other way round).
+        let rec = self.recorder.as_ref().map(|r| record(r, &ctx));
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let shared = make(ctx, id, rec);
+        inner.entries.push(
+            id,
+            Entry {
+                submitted,
+                deadline,
+                fail: shared.clone(),
+                probe,
+                rec,
+            },
+        );
+        Ok(shared)
+    }
+
+    pub(crate) fn remove(&self, id: u64) {
+        lock(&self.inner).entries.remove(id);
+    }
+
+    /// The first error of the group, if it has failed.
+    pub fn errored(&self) -> Option<WorkError> {
+        lock(&self.inner).errored.clone()
+    }
+
+    /// Marks the group failed with `cause` (first cause wins) and fails
+    /// every pending work with it. Returns how many works were failed.
+    ///
+    /// Does not touch the backend; see [`abort`](Self::abort) for that.
+    pub fn fail_all(&self, cause: &WorkError) -> usize {
+        if let Some(hook) = self.claim(cause) {
+            Self::first_error(hook, cause);
+        }
+        let drained: Vec<Entry> = lock(&self.inner).entries.drain();
+        let n = drained.len();
+        for e in drained {
+            let err = cause.for_op(e.fail.context().clone());
+            e.fail.fail(err);
+        }
+        n
+    }
+
+    /// Aborts the group: marks it failed with `cause` (first cause wins),
+    /// runs the backend's abort hook once, then fails every pending work.
+    /// Later submissions fail at once with the first cause. Returns how many
+    /// works were failed.
+    ///
+    /// Safe to call from the backend itself (the hook runs with no lock
+    /// held, and a second abort does not run it again).
+    pub fn abort(&self, cause: &WorkError) -> usize {
+        // Claim the first abort under the same lock as the check, so two
+        // concurrent aborts cannot both run the hooks.
+        if let Some(hook) = self.claim(cause) {
+            Self::first_error(hook, cause);
+            tracing::warn!(error = %cause, "aborting group");
+            if let Some(hook) = lock(&self.abort_hook).as_ref() {
+                hook(cause);
+            }
+        }
+        self.fail_all(cause)
+    }
+
+    /// The pending ops whose deadline is before `now`, oldest first: their
+    /// registry ids (for [`fail_one`](Self::fail_one)), contexts and timeouts
+    /// (deadline minus submission time).
+    ///
+    /// An expired op with a [`FinishedProbe`] that finds it finished is not
+    /// reported: it is retired from the registry and its flight record
+    /// marked completed (its work completes when polled or dropped; nothing
+    /// is failed).
+    pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
+        let mut inner = lock(&self.inner);
+        let mut out = Vec::new();
+        let mut retired = Vec::new();
+        for (id, e) in inner.entries.iter() {
+            match e.deadline {
+                Some(d) if d <= now => {
+                    if e.probe.as_ref().is_some_and(|p| p.finished()) {
+                        retired.push(id);
+                    } else {
+                        out.push((
+                            id,
+                            e.fail.context().clone(),
+                            d.saturating_duration_since(e.submitted),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for id in retired {
+            if let Some(e) = inner.entries.remove(id) {
+                tracing::debug!(op = %e.fail.context(), "past its deadline but finished: retired, not timed out");
+                if let (Some(r), Some(rec)) = (&self.recorder, e.rec) {
+                    r.finished(rec, None);
+                }
+            }
+        }
+        out
+    }
+
+    /// Fails one pending op (by registry id) with `err`, if it is still
+    /// pending.
+    pub fn fail_one(&self, id: u64, err: WorkError) -> bool {
+        let entry = lock(&self.inner).entries.remove(id);
+        match entry {
+            Some(e) => {
+                e.fail.fail(err);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Slots of the ring (entries and finished gaps), for tests.
+    #[cfg(test)]
+    pub(crate) fn ring_len(&self) -> usize {
+        lock(&self.inner).entries.slots.len()
+    }
+
+    /// Number of pending ops.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner).entries.len()
+    }
+
+    /// Contexts of all pending ops, in submission order.
+    pub fn pending_ops(&self) -> Vec<OpContext> {
+        lock(&self.inner)
+            .entries
+            .iter()
+            .map(|(_, e)| e.fail.context().clone())
+            .collect()
+    }
+}

@@ -1,0 +1,319 @@
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn ctx(seq: u64) -> OpContext {
+    OpContext {
+        rank: 0,
+        group: "test".into(),
+        seq,
+        op: "all_reduce",
+    }
+}
+
+/// A buffer that counts its drops, to check it is released exactly once.
+struct Tracked(std::sync::Arc<AtomicUsize>);
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn complete_then_await_yields_buffers() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<Vec<u32>>::new(ctx(1), &reg, None).unwrap();
+    assert_eq!(work.status(), WorkStatus::Pending);
+    assert_eq!(reg.pending(), 1);
+    done.complete(Ok(vec![1, 2, 3]));
+    assert_eq!(work.status(), WorkStatus::Finished);
+    assert_eq!(reg.pending(), 0);
+    assert_eq!(futures::executor::block_on(work).unwrap(), vec![1, 2, 3]);
+}
+
+#[test]
+fn await_then_complete_from_another_thread_wakes() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<u64>::new(ctx(1), &reg, None).unwrap();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        done.complete(Ok(42));
+    });
+    assert_eq!(futures::executor::block_on(work).unwrap(), 42);
+    t.join().unwrap();
+}
+
+#[test]
+fn dropped_work_keeps_buffer_until_completion() {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<Tracked>::new(ctx(1), &reg, None).unwrap();
+    let buf = Tracked(drops.clone());
+    drop(work);
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
+    done.complete(Ok(buf));
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        1,
+        "released exactly once, at completion"
+    );
+}
+
+#[test]
+fn forgotten_work_keeps_buffer_until_completion() {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<Tracked>::new(ctx(1), &reg, None).unwrap();
+    std::mem::forget(work);
+    let buf = Tracked(drops.clone());
+    done.complete(Ok(buf));
+    // The forgotten work leaks its Arc, so the slot (and buffer) stay alive:
+    // no use-after-free is possible; the memory is leaked, not reused.
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn abort_fails_pending_and_later_submissions() {
+    let reg = Arc::new(Registry::new());
+    let hook_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let hc = hook_calls.clone();
+    reg.set_abort_hook(move |_| {
+        hc.fetch_add(1, Ordering::SeqCst);
+    });
+    let (w1, c1) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, _c2) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
+    let cause = WorkError::Aborted {
+        ctx: ctx(1),
+        reason: "user abort".into(),
+    };
+    assert_eq!(reg.abort(&cause), 2);
+    assert_eq!(reg.abort(&cause), 0);
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "abort hook runs once");
+    let e1 = futures::executor::block_on(w1).unwrap_err();
+    let e2 = futures::executor::block_on(w2).unwrap_err();
+    assert_eq!(e1.context().seq, 1);
+    assert_eq!(
+        e2.context().seq,
+        2,
+        "each work gets the cause under its own seq"
+    );
+    // The backend completing later is harmless.
+    c1.complete(Ok(1));
+    match OpFuture::<u8>::new(ctx(3), &reg, None) {
+        Err(WorkError::GroupErrored { ctx, cause }) => {
+            assert_eq!(ctx.seq, 3);
+            assert!(matches!(*cause, WorkError::Aborted { .. }));
+        }
+        other => panic!("expected GroupErrored, got {other:?}"),
+    }
+}
+
+#[test]
+fn dropped_completer_fails_work_instead_of_hanging() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    drop(done);
+    assert!(matches!(
+        futures::executor::block_on(work),
+        Err(WorkError::Backend { .. })
+    ));
+}
+
+#[test]
+fn blocking_wait_times_out_and_aborts() {
+    let reg = Arc::new(Registry::new());
+    let (w1, _c1) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, _c2) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
+    let err = w1.wait_timeout(Duration::from_millis(30)).unwrap_err();
+    assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
+    assert!(matches!(
+        w2.wait_timeout(Duration::from_secs(5)),
+        Err(WorkError::OpTimeout { .. })
+    ));
+    assert!(reg.errored().is_some());
+}
+
+#[test]
+fn blocking_wait_returns_result() {
+    let reg = Arc::new(Registry::new());
+    let (w, c) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    let t = std::thread::spawn(move || c.complete(Ok(7)));
+    assert_eq!(w.wait_timeout(Duration::from_secs(10)).unwrap(), 7);
+    t.join().unwrap();
+}
+
+#[test]
+fn polled_after_completion_is_an_error_not_a_hang() {
+    let reg = Arc::new(Registry::new());
+    let (mut w, c) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    c.complete(Ok(1));
+    assert_eq!(w.try_take().unwrap().unwrap(), 1);
+    assert_eq!(w.status(), WorkStatus::Consumed);
+    assert!(futures::executor::block_on(&mut w).is_err());
+}
+
+#[test]
+fn expired_lists_ops_past_deadline() {
+    let reg = Arc::new(Registry::new());
+    let now = Instant::now();
+    let (_w1, _c1) = OpFuture::<u8>::new(ctx(1), &reg, Some(now)).unwrap();
+    let (_w2, _c2) =
+        OpFuture::<u8>::new(ctx(2), &reg, Some(now + Duration::from_secs(60))).unwrap();
+    let exp = reg.expired(now + Duration::from_millis(1));
+    assert_eq!(exp.len(), 1);
+    assert_eq!(exp[0].1.seq, 1);
+}
+
+/// A probe that reports what the test sets.
+struct Flag(std::sync::atomic::AtomicBool);
+impl FinishedProbe for Flag {
+    fn finished(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
+    use crate::flight_recorder::{FlightRecorder, OpState};
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
+    let states = || -> Vec<OpState> {
+        reg.recorder()
+            .unwrap()
+            .snapshot()
+            .iter()
+            .map(|r| r.state)
+            .collect()
+    };
+    let now = Instant::now();
+    let p1 = std::sync::Arc::new(Flag(false.into()));
+    let p2 = std::sync::Arc::new(Flag(false.into()));
+    let timeout = Some(Duration::ZERO);
+    let (w1, c1) = OpFuture::<u8>::new_started(
+        ctx(1),
+        &reg,
+        now,
+        timeout,
+        true,
+        OpMeta::default(),
+        Some(p1.clone()),
+    )
+    .unwrap();
+    let (_w2, _c2) = OpFuture::<u8>::new_started(
+        ctx(2),
+        &reg,
+        now,
+        timeout,
+        true,
+        OpMeta::default(),
+        Some(p2),
+    )
+    .unwrap();
+    let later = now + Duration::from_millis(1);
+    // Neither finished: both expired.
+    assert_eq!(reg.expired(later).len(), 2);
+    // Op 1 finished while nobody completed its work: retired, not reported.
+    p1.0.store(true, Ordering::SeqCst);
+    let exp = reg.expired(later);
+    assert_eq!(exp.len(), 1);
+    assert_eq!(exp[0].1.seq, 2);
+    assert_eq!(reg.pending(), 1, "the finished op left the registry");
+    assert!(reg.errored().is_none());
+    assert_eq!(
+        states(),
+        vec![OpState::Completed, OpState::Started],
+        "its flight record says it completed"
+    );
+    // Its work still completes normally, later.
+    c1.complete(Ok(7));
+    assert_eq!(futures::executor::block_on(w1).unwrap(), 7);
+    assert_eq!(reg.pending(), 1);
+}
+
+#[test]
+fn a_failed_op_aborts_the_group_once() {
+    let reg = Arc::new(Registry::new());
+    let hook_calls = std::sync::Arc::new(AtomicUsize::new(0));
+    let hc = hook_calls.clone();
+    reg.set_abort_hook(move |_| {
+        hc.fetch_add(1, Ordering::SeqCst);
+    });
+    let (w1, c1) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    let (w2, c2) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
+    let cause = WorkError::PeerLost {
+        ctx: ctx(1),
+        peer: 3,
+        cause: "connection reset".into(),
+    };
+    c1.complete(Err(cause));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1);
+    let e2 = futures::executor::block_on(w2).unwrap_err();
+    assert!(matches!(e2, WorkError::PeerLost { peer: 3, .. }), "{e2}");
+    assert_eq!(e2.context().seq, 2);
+    c2.complete(Err(WorkError::Aborted {
+        ctx: ctx(2),
+        reason: "x".into(),
+    }));
+    assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "hook runs once");
+    assert!(matches!(
+        futures::executor::block_on(w1),
+        Err(WorkError::PeerLost { .. })
+    ));
+    // An invalid argument does not abort.
+    let reg2 = Arc::new(Registry::new());
+    let (_w, c) = OpFuture::<u8>::new(ctx(1), &reg2, None).unwrap();
+    c.complete(Err(WorkError::InvalidArgument {
+        ctx: ctx(1),
+        msg: "bad".into(),
+    }));
+    assert!(reg2.errored().is_none());
+}
+
+#[test]
+fn ops_left_pending_among_many_finished_stay_found_and_the_ring_stays_bounded() {
+    let reg = Arc::new(Registry::new());
+    let now = Instant::now();
+    let mut kept = Vec::new();
+    let mut kept_works = Vec::new();
+    for seq in 1..=5000u64 {
+        let deadline = Some(now + Duration::from_secs(if seq % 2 == 0 { 0 } else { 60 }));
+        let (w, c) = OpFuture::<u64>::new(ctx(seq), &reg, deadline).unwrap();
+        // Every 700th op (and the first) is left pending: a work nobody
+        // polls while many later ones finish.
+        if seq == 1 || seq % 700 == 0 {
+            kept.push((seq, c));
+            kept_works.push(w);
+        } else {
+            c.complete(Ok(seq));
+            assert_eq!(futures::executor::block_on(w).unwrap(), seq);
+        }
+        assert!(reg.ring_len() <= 1025, "ring of {} slots", reg.ring_len());
+    }
+    let seqs: Vec<u64> = kept.iter().map(|(s, _)| *s).collect();
+    assert_eq!(reg.pending(), kept.len());
+    let listed: Vec<u64> = reg.pending_ops().iter().map(|c| c.seq).collect();
+    assert_eq!(listed, seqs, "pending ops in submission order");
+    // The even ones among them are past their deadline.
+    let expired: Vec<u64> = reg
+        .expired(now + Duration::from_millis(1))
+        .iter()
+        .map(|(_, c, _)| c.seq)
+        .collect();
+    let even: Vec<u64> = seqs.iter().copied().filter(|s| s % 2 == 0).collect();
+    assert_eq!(expired, even);
+    // Completing a straggler (the first op) finds it.
+    let (s0, c0) = kept.remove(0);
+    c0.complete(Ok(s0));
+    let w0 = kept_works.remove(0);
+    assert_eq!(futures::executor::block_on(w0).unwrap(), s0);
+    assert_eq!(reg.pending(), kept.len());
+    // Failing the group reaches every one left, old or recent.
+    let cause = WorkError::Backend {
+        ctx: ctx(0),
+        msg: "test".into(),
+    };
+    assert_eq!(reg.fail_all(&cause), kept.len());
+    assert_eq!(reg.pending(), 0);
+    for w in kept_works {
+        assert!(futures::executor::block_on(w).is_err());
+    }
+    drop(kept);
+}

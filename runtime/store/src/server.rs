@@ -1,0 +1,635 @@
+//! The TCP store server.
+//!
+//! **Bind it only to the cluster's private network.** The protocol has no
+//! encryption: keys, values and the optional token cross the network in
+//! clear text, and anyone who can reach the port and knows the token (or
+//! any peer at all, without a token) can read and write every key.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::io::{InBuf, OutBuf};
+use super::memory::{take_all, take_present, Kv};
+use super::wire::{self, status, Encoder, FrameStatus, Request};
+use super::{InMemoryStore, StoreError};
+use std::sync::Arc;
+
+/// Most waiting operations (get, wait, multi_get whose keys are missing)
+/// one connection may have in flight; more get an error reply.
+const MAX_WAITS_PER_CONN: usize = 16_384;
+/// Options of [`TcpStoreServer::bind`].
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Shared token. When set, a connection's first frame must be the
+    /// hello frame carrying this token, or it is refused before any key is
+    /// read or written.
+    pub token: Option<String>,
+    /// Most client connections at once; more are refused (default 16,384).
+    /// Each needs a file descriptor: raise `RLIMIT_NOFILE` to match.
+    pub max_connections: usize,
+    /// Time a client has to finish a frame it started (default 30 s);
+    /// one that stalls mid-frame longer gets an error and is disconnected.
+    /// When a token is set, also the time a new connection has to send its
+    /// hello.
+    pub frame_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            token: None,
+            max_connections: 16_384,
+            frame_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ServerOptions {
+    /// Defaults, with the token read from `CHORUS_STORE_TOKEN` (unset or
+    /// empty: no token).
+    pub fn from_env() -> Self {
+        ServerOptions {
+            token: super::io::token_from_env(),
+            ..Self::default()
+        }
+    }
+}
+
+/// State shared by the server's tasks.
+#[derive(Debug)]
+struct Shared {
+    kv: Arc<Kv>,
+    opts: ServerOptions,
+}
+
+/// The store server: serves one key-value table to many [`TcpStore`]
+/// clients.
+///
+/// Its tasks run on chorus's background runtime. It stops, closing every
+/// connection, on [`shutdown`](Self::shutdown) or when dropped.
+///
+/// **Security:** bind it only to the cluster's private network (the
+/// address rank 0 uses for `MASTER_ADDR`), never to a public interface.
+/// There is no encryption; the optional token ([`ServerOptions::token`],
+/// `CHORUS_STORE_TOKEN`) only keeps out peers that do not know it.
+///
+/// [`TcpStore`]: super::TcpStore
+#[derive(Debug)]
+pub struct TcpStoreServer {
+    local_addr: SocketAddr,
+    store: InMemoryStore,
+    /// Dropping it tells every task to stop.
+    stop: Option<watch::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+fn io_err(addr: SocketAddr, e: &std::io::Error) -> StoreError {
+    StoreError::Connection {
+        addr: addr.to_string(),
+        cause: e.to_string(),
+    }
+}
+
+impl TcpStoreServer {
+    /// Binds to `addr` (port 0 picks a free port) and starts serving.
+    ///
+    /// Callable from any executor, inside a tokio runtime or not.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Connection`] if the address cannot be bound (in use,
+    /// not local), [`StoreError::Runtime`] if chorus's I/O threads cannot
+    /// start.
+    pub async fn bind(addr: SocketAddr, opts: ServerOptions) -> Result<TcpStoreServer, StoreError> {
+        if let Some(t) = &opts.token {
+            if t.len() > wire::MAX_TOKEN_LEN {
+                return Err(StoreError::TooLarge {
+                    what: "token",
+                    len: t.len(),
+                    limit: wire::MAX_TOKEN_LEN,
+                });
+            }
+        }
+        let handle = crate::rt::handle().map_err(StoreError::Runtime)?;
+        let listener = {
+            let _guard = handle.enter();
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()
+            } else {
+                TcpSocket::new_v6()
+            }
+            .map_err(|e| io_err(addr, &e))?;
+            socket.set_reuseaddr(true).map_err(|e| io_err(addr, &e))?;
+            socket.bind(addr).map_err(|e| io_err(addr, &e))?;
+            socket.listen(4096).map_err(|e| io_err(addr, &e))?
+        };
+        let local_addr = listener.local_addr().map_err(|e| io_err(addr, &e))?;
+        let store = InMemoryStore::new();
+        let shared = Arc::new(Shared {
+            kv: Arc::clone(store.kv()),
+            opts,
+        });
+        let (stop, stop_rx) = watch::channel(());
+        let task = handle.spawn(accept_loop(listener, shared, stop_rx));
+        tracing::debug!(%local_addr, "store server listening");
+        Ok(TcpStoreServer {
+            local_addr,
+            store,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A handle to the served table, for use inside this process without
+    /// going through TCP.
+    pub fn local_store(&self) -> InMemoryStore {
+        self.store.clone()
+    }
+
+    /// Stops accepting, closes every connection and waits until all of the
+    /// server's tasks have ended. Clients waiting on keys get a connection
+    /// error.
+    pub async fn shutdown(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<()>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    if conns.len() >= shared.opts.max_connections {
+                        tracing::warn!(%peer, limit = shared.opts.max_connections, "store server: connection refused, at the limit");
+                        refuse(sock, "too many connections");
+                        continue;
+                    }
+                    let _ = sock.set_nodelay(true);
+                    conns.spawn(serve(sock, peer, Arc::clone(&shared), stop.clone()));
+                }
+                Err(e) => {
+                    // Out of descriptors or memory: let other tasks free some.
+                    tracing::warn!(error = %e, "store server: accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    conns.shutdown().await;
+}
+
+/// Sends an error frame without waiting (a new socket's send buffer is
+/// empty), then closes the connection.
+fn refuse(sock: TcpStream, msg: &str) {
+    let mut buf = Vec::new();
+    wire::encode_error(&mut buf, 0, &StoreError::Protocol(msg.to_owned()));
+    // Tokio has not seen the socket writable yet: write through std.
+    if let Ok(std) = sock.into_std() {
+        let _ = std::io::Write::write(&mut &std, &buf);
+    }
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len().max(b.len());
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= x ^ y;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// A waiting operation's result.
+enum Outcome {
+    Ok,
+    Value(Vec<u8>),
+    Values(Vec<Vec<u8>>),
+}
+
+type WaitFuture = Pin<Box<dyn Future<Output = (u64, Result<Outcome, StoreError>)> + Send>>;
+
+/// Why a connection ends.
+enum End {
+    /// Bad input: send this error (for request `id`), then close.
+    Fatal(u64, StoreError),
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    authed: bool,
+    inbuf: InBuf,
+    out: OutBuf,
+    waits: FuturesUnordered<WaitFuture>,
+}
+
+async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, stop: watch::Receiver<()>) {
+    let authed = shared.opts.token.is_none();
+    let mut conn = Conn {
+        shared,
+        peer,
+        authed,
+        inbuf: InBuf::default(),
+        out: OutBuf::default(),
+        waits: FuturesUnordered::new(),
+    };
+    if let Err(End::Fatal(id, e)) = conn.run(&sock, stop).await {
+        tracing::warn!(peer = %conn.peer, error = %e, "store server: dropping client");
+        wire::encode_error(conn.out.buf(), id, &e);
+        // Best effort, bounded: the client may not be reading.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            loop {
+                match conn.out.flush(&sock) {
+                    Ok(true) | Err(_) => break,
+                    Ok(false) => {
+                        if sock.writable().await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+        .await;
+    }
+}
+
+impl Conn {
+    async fn run(&mut self, sock: &TcpStream, mut stop: watch::Receiver<()>) -> Result<(), End> {
+        let started = Instant::now();
+        let mut partial_since: Option<Instant> = None;
+        let mut progressed = false;
+        loop {
+            // Send replies.
+            if self.out.pending() > 0 {
+                if let Err(e) = self.out.flush(sock) {
+                    tracing::debug!(peer = %self.peer, error = %e, "store server: write failed");
+                    return Ok(());
+                }
+            }
+            // A frame must complete within frame_timeout of the first of its
+            // bytes (of the connection, for the hello when a token is needed).
+            if self.inbuf.is_empty() || progressed {
+                partial_since = None;
+            }
+            if !self.inbuf.is_empty() && partial_since.is_none() {
+                partial_since = Some(Instant::now());
+            }
+            progressed = false;
+            let timeout = self.shared.opts.frame_timeout;
+            let frame_deadline = if self.authed {
+                partial_since.map(|t| t + timeout)
+            } else {
+                Some(started + timeout)
+            };
+            // Replies pile up: stop reading until the client reads.
+            let can_read = self.out.pending() < super::io::OUT_HIGH_WATER;
+            let must_write = self.out.pending() > 0;
+            tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                r = sock.readable(), if can_read => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                    let shared = &self.shared;
+                    let authed = &mut self.authed;
+                    let out = &mut self.out;
+                    let waits = &mut self.waits;
+                    let progress = &mut progressed;
+                    let eof = match self.inbuf.read_ready(sock, 16, |inb| {
+                        process(inb, shared, authed, out, waits, progress)
+                    }) {
+                        Ok(eof) => eof,
+                        Err(ReadErr::Io(e)) => {
+                            tracing::debug!(peer = %self.peer, error = %e, "store server: read failed");
+                            return Ok(());
+                        }
+                        Err(ReadErr::End(end)) => return Err(end),
+                    };
+                    if eof {
+                        if !self.inbuf.is_empty() {
+                            tracing::warn!(peer = %self.peer, bytes = self.inbuf.data().len(), "store server: client disconnected mid-frame");
+                        }
+                        let _ = self.out.flush(sock);
+                        return Ok(());
+                    }
+                }
+                r = sock.writable(), if must_write => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                    if let Err(e) = self.out.flush(sock) {
+                        tracing::debug!(peer = %self.peer, error = %e, "store server: write failed");
+                        return Ok(());
+                    }
+                }
+                Some((id, out)) = self.waits.next(), if !self.waits.is_empty() => {
+                    encode_outcome(self.out.buf(), id, out);
+                }
+                _ = sleep_until_opt(frame_deadline), if frame_deadline.is_some() => {
+                    if !self.authed {
+                        return Err(End::Fatal(0, StoreError::Auth(format!(
+                            "no hello with the token within {timeout:?}"
+                        ))));
+                    }
+                    return Err(End::Fatal(0, StoreError::Protocol(format!(
+                        "frame not completed within {timeout:?} ({} bytes received)",
+                        self.inbuf.data().len()
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+/// Errors of the read path.
+enum ReadErr {
+    Io(std::io::Error),
+    End(End),
+}
+
+impl From<std::io::Error> for ReadErr {
+    fn from(e: std::io::Error) -> Self {
+        ReadErr::Io(e)
+    }
+}
+
+fn encode_outcome(wbuf: &mut Vec<u8>, id: u64, out: Result<Outcome, StoreError>) {
+    match out {
+        Ok(Outcome::Ok) => ok(wbuf, id),
+        Ok(Outcome::Value(v)) => {
+            let mut e = Encoder::begin(wbuf, status::VALUE, id);
+            e.bytes(&v);
+            e.finish();
+        }
+        Ok(Outcome::Values(vs)) => encode_values(wbuf, id, vs.iter().map(Vec::as_slice)),
+        Err(e) => wire::encode_error(wbuf, id, &e),
+    }
+}
+
+/// Answers every complete frame at the front of the read buffer.
+fn process(
+    inb: &mut InBuf,
+    shared: &Arc<Shared>,
+    authed: &mut bool,
+    out: &mut OutBuf,
+    waits: &mut FuturesUnordered<WaitFuture>,
+    progressed: &mut bool,
+) -> Result<(), ReadErr> {
+    let mut pos = 0;
+    let result = loop {
+        let max = if *authed {
+            wire::MAX_FRAME_LEN
+        } else {
+            wire::MAX_HELLO_FRAME_LEN
+        };
+        let data = &inb.data()[pos..];
+        match wire::check_frame(data, max) {
+            Err(e) => break Err(End::Fatal(0, e)),
+            Ok(FrameStatus::Partial) => break Ok(()),
+            Ok(FrameStatus::Complete { total }) => {
+                let (kind, id, body) = wire::split_frame(&data[..total]);
+                let req = match Request::decode(kind, body) {
+                    Ok(r) => r,
+                    Err(e) => break Err(End::Fatal(id, e)),
+                };
+                if let Err(e) = handle(shared, authed, out.buf(), waits, id, req) {
+                    break Err(e);
+                }
+                pos += total;
+            }
+        }
+    };
+    if pos > 0 {
+        *progressed = true;
+        inb.consume(pos);
+    }
+    result.map_err(ReadErr::End)
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// Encodes a `VALUES` reply, or a `TooLarge` error if it would not fit in
+/// a frame.
+fn encode_values<'v>(
+    wbuf: &mut Vec<u8>,
+    id: u64,
+    vs: impl ExactSizeIterator<Item = &'v [u8]> + Clone,
+) {
+    let len = wire::HEADER_LEN + 4 + vs.clone().map(|v| v.len() + 4).sum::<usize>();
+    if len > wire::MAX_FRAME_LEN {
+        wire::encode_error(
+            wbuf,
+            id,
+            &StoreError::TooLarge {
+                what: "frame",
+                len,
+                limit: wire::MAX_FRAME_LEN,
+            },
+        );
+        return;
+    }
+    let mut e = Encoder::begin(wbuf, status::VALUES, id);
+    e.count(vs.len());
+    for v in vs {
+        e.bytes(v);
+    }
+    e.finish();
+}
+
+fn ok(wbuf: &mut Vec<u8>, id: u64) {
+    Encoder::begin(wbuf, status::OK, id).finish();
+}
+
+/// Answers one request; waiting ones whose keys are missing go to `waits`.
+fn handle(
+    shared: &Arc<Shared>,
+    authed: &mut bool,
+    wbuf: &mut Vec<u8>,
+    waits: &mut FuturesUnordered<WaitFuture>,
+    id: u64,
+    req: Request<'_>,
+) -> Result<(), End> {
+    if !*authed && !matches!(req, Request::Hello { .. }) {
+        return Err(End::Fatal(
+            id,
+            StoreError::Auth("this server needs a token: the first frame must be hello".to_owned()),
+        ));
+    }
+    let kv = &shared.kv;
+    match req {
+        Request::Hello { token } => {
+            if let Some(want) = &shared.opts.token {
+                if !ct_eq(token, want.as_bytes()) {
+                    return Err(End::Fatal(
+                        id,
+                        StoreError::Auth("wrong or missing token".to_owned()),
+                    ));
+                }
+            }
+            *authed = true;
+            ok(wbuf, id);
+        }
+        Request::Set { key, value } => {
+            kv.set(key, value.to_vec());
+            ok(wbuf, id);
+        }
+        Request::Get { key, timeout } => {
+            let found = kv.try_take(|m| {
+                m.get(key).map(|v| {
+                    let mut e = Encoder::begin(wbuf, status::VALUE, id);
+                    e.bytes(v);
+                    e.finish();
+                })
+            });
+            if found.is_none() {
+                let keys = vec![key.to_owned()];
+                push_wait(shared, wbuf, waits, id, keys, timeout, |kv, keys, t| {
+                    Box::pin(async move {
+                        let k = [keys[0].as_str()];
+                        let r = kv
+                            .wait_for(&k, t, tokio::time::sleep(t), |m| m.get(k[0]).cloned())
+                            .await;
+                        (id, r.map(Outcome::Value))
+                    })
+                });
+            }
+        }
+        Request::Add { key, delta } => match kv.add(key, delta) {
+            Ok(v) => {
+                let mut e = Encoder::begin(wbuf, status::INT, id);
+                e.i64(v);
+                e.finish();
+            }
+            Err(e) => wire::encode_error(wbuf, id, &e),
+        },
+        Request::CompareSet {
+            key,
+            expected,
+            desired,
+        } => {
+            let v = kv.compare_set(key, expected, desired);
+            let mut e = Encoder::begin(wbuf, status::VALUE, id);
+            e.bytes(&v);
+            e.finish();
+        }
+        Request::Wait { keys, timeout } => {
+            if kv.check(&keys) {
+                ok(wbuf, id);
+            } else {
+                let keys = keys.iter().map(|k| (*k).to_owned()).collect();
+                push_wait(shared, wbuf, waits, id, keys, timeout, |kv, keys, t| {
+                    Box::pin(async move {
+                        let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+                        let r = kv
+                            .wait_for(&k, t, tokio::time::sleep(t), take_present(&k))
+                            .await;
+                        (id, r.map(|()| Outcome::Ok))
+                    })
+                });
+            }
+        }
+        Request::Check { keys } => {
+            let mut e = Encoder::begin(wbuf, status::BOOL, id);
+            e.u8(u8::from(kv.check(&keys)));
+            e.finish();
+        }
+        Request::Delete { key } => {
+            let mut e = Encoder::begin(wbuf, status::BOOL, id);
+            e.u8(u8::from(kv.delete(key)));
+            e.finish();
+        }
+        Request::NumKeys { prefix } => {
+            let mut e = Encoder::begin(wbuf, status::COUNT, id);
+            e.u64(kv.num_keys(prefix));
+            e.finish();
+        }
+        Request::MultiGet { keys, timeout } => {
+            let found = kv.try_take(|m| {
+                let vs: Option<Vec<&Vec<u8>>> = keys.iter().map(|k| m.get(*k)).collect();
+                vs.map(|vs| encode_values(wbuf, id, vs.into_iter().map(Vec::as_slice)))
+            });
+            if found.is_none() {
+                let keys = keys.iter().map(|k| (*k).to_owned()).collect();
+                push_wait(shared, wbuf, waits, id, keys, timeout, |kv, keys, t| {
+                    Box::pin(async move {
+                        let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+                        let r = kv
+                            .wait_for(&k, t, tokio::time::sleep(t), take_all(&k))
+                            .await;
+                        (id, r.map(Outcome::Values))
+                    })
+                });
+            }
+        }
+        Request::MultiSet { entries } => {
+            kv.multi_set(&entries);
+            ok(wbuf, id);
+        }
+    }
+    Ok(())
+}
+
+/// Queues a waiting operation, or answers with an error when the
+/// connection has too many.
+fn push_wait(
+    shared: &Arc<Shared>,
+    wbuf: &mut Vec<u8>,
+    waits: &mut FuturesUnordered<WaitFuture>,
+    id: u64,
+    keys: Vec<String>,
+    timeout: Duration,
+    make: impl FnOnce(Arc<Kv>, Vec<String>, Duration) -> WaitFuture,
+) {
+    if waits.len() >= MAX_WAITS_PER_CONN {
+        wire::encode_error(
+            wbuf,
+            id,
+            &StoreError::Protocol(format!(
+                "more than {MAX_WAITS_PER_CONN} waiting operations on one connection"
+            )),
+        );
+        return;
+    }
+    waits.push(make(Arc::clone(&shared.kv), keys, timeout));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ct_eq;
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(ct_eq(b"", b""));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret1"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(!ct_eq(b"x\0", b"x"));
+    }
+}
