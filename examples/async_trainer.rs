@@ -50,13 +50,14 @@
 //!   what the overlap is worth on your machine: on a machine with fewer free
 //!   cores than ranks need (compute + chorus's I/O threads), the
 //!   communication threads compete with the compute for the CPU.
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, DeviceWork, ProcessGroup, ReduceOp, Work};
 use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -348,14 +349,14 @@ fn local_gpu(buckets: &[Bucket]) -> Result<Gpu, String> {
             .unwrap_or(d)
     };
     let local = env("LOCAL_RANK", 0);
-    let count = chorus_gpu::cuda::device_count().map_err(|e| e.to_string())?;
+    let count = chorus::cuda::device_count().map_err(|e| e.to_string())?;
     if count < env("LOCAL_WORLD_SIZE", 1) {
         return Err(format!(
             "{count} GPU(s) for {} ranks on this node (NCCL needs one GPU per rank)",
             env("LOCAL_WORLD_SIZE", 1)
         ));
     }
-    nccl_sys::nccl().map_err(|e| e.to_string())?;
+    chorus::nccl_library().map_err(|e| e.to_string())?;
     let dev = Device::get(local).map_err(|e| e.to_string())?;
     let stream = dev
         .new_stream(StreamPriority::Normal)
@@ -467,7 +468,7 @@ fn account(pg: &ProcessGroup, steps: &mut Vec<StepTimes>, total: &mut Overlap) {
         return;
     }
     let records = pg.flight_record();
-    let by_seq: std::collections::HashMap<u64, &chorus_core::flight_recorder::OpRecord> = records
+    let by_seq: std::collections::HashMap<u64, &chorus::flight_recorder::OpRecord> = records
         .iter()
         .filter(|r| r.collective)
         .map(|r| (r.seq, r))

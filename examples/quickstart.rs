@@ -7,6 +7,7 @@
 //! # or under the launcher (or torchrun --no-python, or srun)
 //! chorus-run --nproc-per-node 4 -- target/release/examples/quickstart
 //! ```
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -43,6 +43,7 @@
 //! cargo run --release -p chorus-examples --example tokio_pipeline -- --nproc 3 --batches 50
 //! cargo run --release -p chorus-examples --example tokio_pipeline -- --nproc 2   # until Ctrl-C
 //! ```
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::pin::Pin;

@@ -5,6 +5,7 @@
 //!
 //! `cargo bench -p chorus-benches --bench store`; throughput is reported
 //! in ops/s ("elem/s").
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

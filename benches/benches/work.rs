@@ -11,6 +11,7 @@
 //! cache lines and memory the other thread hands back).
 //!
 //! `cargo bench -p chorus-benches --bench work`.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;

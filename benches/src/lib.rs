@@ -1,4 +1,5 @@
 //! Benchmark support code.
+#![forbid(unsafe_code)]
 pub mod store;
 
 /// A 1-rank process group on GPU `device` (communicator created eagerly),

@@ -2,6 +2,7 @@
 //! finish in seconds without torch or a GPU, and write the report tables and
 //! the plots. Figures are not checked (no timed assertions); only that the
 //! harness still runs end to end.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

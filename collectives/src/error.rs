@@ -46,6 +46,10 @@ pub struct Rejected<B> {
 }
 
 impl<B> Rejected<B> {
+    pub(crate) fn new(error: WorkError, buffers: B) -> Self {
+        Rejected { error, buffers }
+    }
+
     /// The buffers, untouched.
     pub fn into_buffers(self) -> B {
         self.buffers

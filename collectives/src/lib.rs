@@ -3,46 +3,110 @@
 //! A [`ProcessGroup`] runs collectives (all_reduce, broadcast, reduce,
 //! all_gather, reduce_scatter, all_to_all, send/recv, barrier) across the
 //! ranks of a job. Each call is submitted at once, in program order, and
-//! returns a [`Work`] future that owns the op's buffers until the op is done
-//! and then yields them back.
+//! returns a work future that owns the op's buffers until the op is done and
+//! then yields them back: a [`Work`] for host buffers (TCP backend), a
+//! [`DeviceWork`] with explicit completion levels for device buffers (NCCL).
 //!
-//! A map of the crate:
+//! This crate is all a user needs; it re-exports what it uses of the layers
+//! below it (`chorus-core`, `chorus-gpu`, `chorus-store`). A map:
 //!
-//! * [`process_group`]: [`ProcessGroup`], its builder and subgroups;
-//!   [`process_group::group`]: grouped ops ([`Group`], [`Grouped`]);
-//!   [`process_group::capture`]: CUDA graph capture of NCCL ops.
-//! * [`work`]: the typed [`Work`] future.
-//! * [`dtype`]: element types ([`Element`], [`DType`]), [`ReduceOp`] and
-//!   type-erased [`HostBuffer`]s.
-//! * [`reduce`]: reduction arithmetic and the serial reference.
-//! * [`error`]: [`Error`] and [`Rejected`] (a refused op, with its buffers).
-//! * [`device`]: device buffers, the [`OpBuffer`] trait that routes a
-//!   buffer to its backend, and [`DeviceWork`] with its completion levels.
-//! * `backend`: what runs the ops; `backend::tcp` is the TCP backend,
-//!   `backend::nccl` the NCCL backend.
+//! * [`process_group`]: [`ProcessGroup`], its [`GroupBuilder`] and
+//!   subgroups; grouped ops ([`Group`], [`Grouped`]); CUDA graph capture
+//!   ([`Capture`]).
+//! * [`Work`] and [`DeviceWork`]: the futures ops return.
+//! * [`OpBuffer`]: the buffers an op takes, and how their type picks the
+//!   backend at compile time; [`DeviceMem`], the open trait for device
+//!   memory of other crates.
+//! * Element types and reductions: [`DType`], [`Element`], [`ReduceOp`];
+//!   [`reduce`]: the host arithmetic and the serial reference.
+//! * [`Error`] and [`Rejected`] (a refused op, with its buffers);
+//!   [`WorkError`], the error of an op, with its [`OpContext`].
+//! * [`watchdog`]: timeouts, error policies, flight-recorder dumps, the
+//!   heartbeat monitor; [`propagation`]: errors published to the peers;
+//!   [`flight_recorder`]: what a dump holds.
+//! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
+//!   meet (torchrun, SLURM, Open MPI environments, or a builder).
+//! * [`cuda`]: devices, streams and events; [`reactor`]: the completion
+//!   reactor's settings.
+//! * `config`: the one place where this layer reads `CHORUS_*` variables
+//!   (docs/CONFIG.md lists them all).
+//!
+//! Inside: `sequence` (a group's identity, registry and submission lock),
+//! `backend` (the backend interface, and the TCP and NCCL backends),
+//! `buffer` (the routing), `grouped`.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
 // error variants are as large as the buffers' handles by design.
 #![allow(clippy::result_large_err, clippy::type_complexity)]
 
 pub(crate) mod backend;
-pub mod device;
-pub mod dtype;
+mod buffer;
+mod config;
+mod device_work;
 pub mod error;
+mod grouped;
 pub mod process_group;
 pub mod propagation;
 pub mod reduce;
+mod sequence;
 pub mod watchdog;
-pub mod work;
+mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions};
 pub use backend::tcp::TcpOptions;
-pub use chorus_core::{OpContext, WorkError, WorkStatus};
-pub use chorus_gpu::nccl::batch::Ticket;
-pub use device::{DeviceBuffer, DeviceResult, DeviceWork, NcclType, OpBuffer, RawDeviceBuffer};
-pub use dtype::{DType, Element, HostBuffer, ReduceOp};
+pub use buffer::OpBuffer;
+pub use chorus_core::flight_recorder;
+pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};
+pub use chorus_core::{WorkError, WorkStatus};
+pub use chorus_gpu::cuda::{self, Device, Event, Stream, StreamPriority};
+pub use chorus_gpu::nccl::{
+    DeviceBuffer, DeviceBuffers, DeviceElement, DeviceMem, EndEvent, Graph, NcclCommError,
+    RawDeviceBuffer, Ticket,
+};
+pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
+pub use chorus_gpu::reactor;
+pub use chorus_store::rendezvous;
+pub use device_work::DeviceWork;
 pub use error::{Error, Rejected};
-pub use process_group::capture::{Capture, CaptureGroup, Graph};
-pub use process_group::group::{Group, Grouped};
+pub use grouped::Grouped;
+pub use process_group::capture::{Capture, CaptureGroup};
+pub use process_group::group::Group;
 pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
-pub use work::{CoalescedWork, OpResult, Work};
+pub use work::Work;
+
+/// The NCCL library this process loads: its path and version
+/// `(major, minor, patch)`.
+///
+/// # Errors
+///
+/// [`NcclCommError::Unavailable`] naming what was searched when no usable
+/// NCCL loads (set `CHORUS_NCCL_LIBRARY` to its path).
+pub fn nccl_library() -> Result<(String, (u32, u32, u32)), NcclCommError> {
+    chorus_gpu::nccl::library()
+}
+
+/// The job's key-value store: the [`Store`](store::Store) trait, the TCP
+/// server and client, the prefix and in-memory stores.
+pub mod store {
+    pub use chorus_store::{
+        ClientOptions, InMemoryStore, PrefixStore, ServerOptions, Store, StoreError, TcpStore,
+        TcpStoreServer, DEFAULT_TIMEOUT, MAX_FRAME_LEN, MAX_KEYS_PER_OP, MAX_KEY_LEN,
+        MAX_TOKEN_LEN, MAX_VALUE_LEN, TOKEN_ENV,
+    };
+}
+
+/// Per-phase timing of the NCCL enqueue path, for benchmarks (feature
+/// `profile`).
+#[cfg(feature = "profile")]
+pub use chorus_core::profile;
+
+/// Helpers for GPU tests and benchmarks (feature `test-util`): a spin
+/// kernel of exact length, an add-one kernel, stream holds, diagnostic
+/// counters.
+#[cfg(feature = "test-util")]
+pub mod test_util {
+    pub use chorus_gpu::cuda::kernels::Kernels;
+    pub use chorus_gpu::cuda::StreamHold;
+    pub use chorus_gpu::nccl::{end_events_created, in_progress_returns};
+}

@@ -43,7 +43,7 @@
 //!
 //! Switch it on per group with `GroupBuilder::propagate_errors(true)` in
 //! the `chorus` crate, or for every group of a process with
-//! `CHORUS_PROPAGATE_ERRORS=1` ([`enabled_from_env`]).
+//! `CHORUS_PROPAGATE_ERRORS=1` (read by the group builder).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -55,10 +55,6 @@ use crate::watchdog::ErrorPolicy;
 use chorus_core::Registry;
 use chorus_core::{OpContext, WorkError};
 use chorus_store::{Store, StoreError};
-
-/// Environment variable that switches error propagation on for every group
-/// of the process (`1` or `true`) unless the group's builder says otherwise.
-pub const ENV: &str = "CHORUS_PROPAGATE_ERRORS";
 
 /// How long publishing an error may take before it is given up (the store
 /// is gone or hung).
@@ -78,11 +74,6 @@ pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// outlives the delivery; bounded, since a dead or stopped peer never
 /// acknowledges.
 pub const ACK_WAIT: Duration = Duration::from_millis(500);
-
-/// Whether [`ENV`] switches propagation on (`1` or `true`).
-pub fn enabled_from_env() -> bool {
-    std::env::var(ENV).is_ok_and(|v| matches!(v.trim(), "1" | "true"))
-}
 
 /// The store key (inside the group's namespace) under which a group's
 /// failure is published.

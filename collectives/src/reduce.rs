@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 
-use crate::dtype::{Element, HostBuffer, ReduceOp};
+use chorus_core::{Element, HostBuffer, ReduceOp};
 
 /// Arithmetic a reduction needs, per element type (sealed through
 /// [`Element`]).
@@ -83,6 +83,8 @@ int_reducible!(i8);
 int_reducible!(u8);
 int_reducible!(i32);
 int_reducible!(i64);
+int_reducible!(u32);
+int_reducible!(u64);
 
 fn combine_slice<T: Reducible>(op: ReduceOp, dst: &mut [T], src: &[u8]) {
     match bytemuck::try_cast_slice::<u8, T>(src) {
@@ -123,6 +125,8 @@ pub(crate) fn combine_into(
         HostBuffer::U8(v) => combine_slice(op, &mut v[range], src),
         HostBuffer::I32(v) => combine_slice(op, &mut v[range], src),
         HostBuffer::I64(v) => combine_slice(op, &mut v[range], src),
+        HostBuffer::U32(v) => combine_slice(op, &mut v[range], src),
+        HostBuffer::U64(v) => combine_slice(op, &mut v[range], src),
     }
 }
 
@@ -152,6 +156,8 @@ pub(crate) fn finish_avg(
         HostBuffer::U8(v) => div_slice(&mut v[range], n),
         HostBuffer::I32(v) => div_slice(&mut v[range], n),
         HostBuffer::I64(v) => div_slice(&mut v[range], n),
+        HostBuffer::U32(v) => div_slice(&mut v[range], n),
+        HostBuffer::U64(v) => div_slice(&mut v[range], n),
     }
 }
 

@@ -33,14 +33,15 @@
 //! [`crate::propagation`]. The watchdog applies the group's policy to a
 //! peer's failure as to a local one.
 //!
-//! Settings come from [`configure`] (before the first group is watched) or
-//! from the environment: `CHORUS_WATCHDOG_INTERVAL_MS` (default 10),
-//! `CHORUS_HEARTBEAT_TIMEOUT_S` (default 60), `CHORUS_TRACE_DIR` (where
-//! dumps go; default the system temp folder), `CHORUS_DUMP_ON_SIGUSR1`
-//! (default 1), `CHORUS_WATCHDOG` (default 1; `0` switches the watchdog off:
-//! [`watch`] then registers nothing and no thread is started, so ops time
-//! out only through blocking waits such as `wait_timeout`. Meant for
-//! measuring the watchdog's overhead, not for production).
+//! Settings ([`WatchdogConfig`]) come from [`configure`] (before the first
+//! group is watched), or else from the environment
+//! ([`WatchdogConfig::from_env`]: `CHORUS_WATCHDOG_INTERVAL_MS`,
+//! `CHORUS_HEARTBEAT_TIMEOUT_S`, `CHORUS_TRACE_DIR`, `CHORUS_DUMP_ON_SIGUSR1`,
+//! `CHORUS_WATCHDOG`; docs/CONFIG.md). With the watchdog switched off
+//! ([`WatchdogConfig::enabled`]), [`watch`] registers nothing and no thread
+//! is started, so ops time out only through blocking waits such as
+//! `wait_timeout`: meant for measuring the watchdog's overhead, not for
+//! production.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,23 +85,16 @@ pub struct WatchdogConfig {
     pub enabled: bool,
 }
 
-impl WatchdogConfig {
-    /// Settings from the environment (see the module docs), defaults
-    /// otherwise.
-    pub fn from_env() -> WatchdogConfig {
-        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+impl Default for WatchdogConfig {
+    /// A check every 10 ms, a 60 s heartbeat timeout, dumps into the system
+    /// temp folder, a dump on SIGUSR1, the watchdog on.
+    fn default() -> Self {
         WatchdogConfig {
-            interval: Duration::from_millis(
-                num("CHORUS_WATCHDOG_INTERVAL_MS").unwrap_or(10).max(1),
-            ),
-            heartbeat_timeout: Duration::from_secs(
-                num("CHORUS_HEARTBEAT_TIMEOUT_S").unwrap_or(60).max(1),
-            ),
-            dump_dir: std::env::var_os("CHORUS_TRACE_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(std::env::temp_dir),
-            dump_on_sigusr1: std::env::var("CHORUS_DUMP_ON_SIGUSR1").map_or(true, |v| v != "0"),
-            enabled: std::env::var("CHORUS_WATCHDOG").map_or(true, |v| v.trim() != "0"),
+            interval: Duration::from_millis(10),
+            heartbeat_timeout: Duration::from_secs(60),
+            dump_dir: std::env::temp_dir(),
+            dump_on_sigusr1: true,
+            enabled: true,
         }
     }
 }

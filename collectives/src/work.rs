@@ -1,4 +1,4 @@
-//! The typed work a collective returns.
+//! [`Work`], the future of an op on host buffers (the TCP backend).
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -6,60 +6,15 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use chorus_core::{OpContext, WorkError, WorkStatus};
+use chorus_core::{HostBuffer, HostBuffers, OpContext, OpFuture, WorkError, WorkStatus};
 
-use crate::backend::OpOutput;
-use crate::dtype::{Element, HostBuffer};
-
-/// The input and output buffers of all_gather, reduce_scatter and
-/// all_to_all, as their work yields them back.
-pub type InOut<T> = (Vec<T>, Vec<T>);
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// What a finished op gives back: its buffers, with their types.
+/// The future of one collective or point-to-point op on host buffers.
 ///
-/// Implemented for `Vec<T>` (in-place ops, send, recv), `(Vec<T>, Vec<T>)`
-/// (input and output of all_gather, reduce_scatter, all_to_all) and `()`
-/// (barrier). Sealed.
-pub trait OpResult: Sized + sealed::Sealed {
-    #[doc(hidden)]
-    fn from_output(out: OpOutput) -> Option<Self>;
-}
-
-impl sealed::Sealed for () {}
-impl OpResult for () {
-    fn from_output(_: OpOutput) -> Option<Self> {
-        Some(())
-    }
-}
-
-impl<T: Element> sealed::Sealed for Vec<T> {}
-impl<T: Element> OpResult for Vec<T> {
-    fn from_output(out: OpOutput) -> Option<Self> {
-        let mut it = out.into_iter();
-        let b: HostBuffer = it.next()?;
-        T::from_host(b).ok()
-    }
-}
-
-impl<T: Element> sealed::Sealed for (Vec<T>, Vec<T>) {}
-impl<T: Element> OpResult for (Vec<T>, Vec<T>) {
-    fn from_output(out: OpOutput) -> Option<Self> {
-        let mut it = out.into_iter();
-        let a = T::from_host(it.next()?).ok()?;
-        let b = T::from_host(it.next()?).ok()?;
-        Some((a, b))
-    }
-}
-
-/// The future of one collective or point-to-point op.
-///
-/// Resolves to the op's buffers when the op has finished on this rank (for
-/// the TCP backend "finished" is the only level: the data is in the buffers
-/// and nothing touches them any more).
+/// Resolves to the op's buffers `R` (`Vec<T>`, `(Vec<T>, Vec<T>)` for
+/// input and output, `Vec<Vec<T>>` for a coalesced op, `()` for a barrier)
+/// once the op has finished on this rank. For the TCP backend "finished"
+/// is the only completion level: the data is in the buffers and nothing
+/// touches them any more.
 ///
 /// # Cancel safety
 ///
@@ -68,15 +23,19 @@ impl<T: Element> OpResult for (Vec<T>, Vec<T>) {
 /// cancelled by a drop; abort the group to stop them.
 #[must_use = "the op runs anyway, but its buffers come back only through the work"]
 #[derive(Debug)]
-pub struct Work<T> {
-    inner: chorus_core::OpFuture<OpOutput>,
-    _out: PhantomData<fn() -> T>,
+pub struct Work<R> {
+    inner: OpFuture<Vec<HostBuffer>>,
+    /// A coalesced op's buffer lengths: its one result buffer is cut back
+    /// into these. Empty otherwise.
+    split: Vec<usize>,
+    _out: PhantomData<fn() -> R>,
 }
 
-impl<T: OpResult> Work<T> {
-    pub(crate) fn new(inner: chorus_core::OpFuture<OpOutput>) -> Self {
+impl<R: HostBuffers> Work<R> {
+    pub(crate) fn new(inner: OpFuture<Vec<HostBuffer>>, split: Vec<usize>) -> Self {
         Work {
             inner,
+            split,
             _out: PhantomData,
         }
     }
@@ -109,108 +68,41 @@ impl<T: OpResult> Work<T> {
     /// # Errors
     ///
     /// The op's error, or the timeout.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<T, WorkError> {
+    pub fn wait_timeout(self, timeout: Duration) -> Result<R, WorkError> {
         let ctx = self.inner.context().clone();
-        convert(&ctx, self.inner.wait_timeout(timeout))
+        let r = self.inner.wait_timeout(timeout);
+        convert(&ctx, &self.split, r)
     }
 }
 
-fn convert<T: OpResult>(ctx: &OpContext, r: Result<OpOutput, WorkError>) -> Result<T, WorkError> {
-    r.and_then(|out| {
-        T::from_output(out).ok_or_else(|| WorkError::Backend {
-            ctx: ctx.clone(),
-            msg: "the backend returned buffers of another type or number (a chorus bug)".into(),
-        })
-    })
+/// The op's typed buffers from what the backend gave back.
+fn convert<R: HostBuffers>(
+    ctx: &OpContext,
+    split: &[usize],
+    r: Result<Vec<HostBuffer>, WorkError>,
+) -> Result<R, WorkError> {
+    let bug = || WorkError::Backend {
+        ctx: ctx.clone(),
+        msg: "the backend returned buffers of another type or number (a chorus bug)".into(),
+    };
+    let mut out = r?;
+    if !split.is_empty() {
+        // A coalesced op ran as one op on the buffers' concatenation.
+        out = match <[HostBuffer; 1]>::try_from(out) {
+            Ok([fused]) => fused.split(split),
+            Err(_) => return Err(bug()),
+        };
+    }
+    R::from_host(out).ok_or_else(bug)
 }
 
-impl<T: OpResult> Future for Work<T> {
-    type Output = Result<T, WorkError>;
+impl<R: HostBuffers> Future for Work<R> {
+    type Output = Result<R, WorkError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
-        Poll::Ready(convert(self.inner.context(), r))
+        Poll::Ready(convert(self.inner.context(), &self.split, r))
     }
 }
 
-/// The work of [`ProcessGroup::all_reduce_coalesced`] on host buffers: one
-/// all_reduce of the buffers' concatenation (one message exchange), split
-/// back into one buffer per input, in order, when it has finished.
-///
-/// # Cancel safety
-///
-/// As [`Work`]: dropping it detaches the op, which still runs.
-///
-/// [`ProcessGroup::all_reduce_coalesced`]: crate::ProcessGroup::all_reduce_coalesced
-#[must_use = "the op runs anyway, but its buffers come back only through the work"]
-#[derive(Debug)]
-pub struct CoalescedWork<T> {
-    inner: Work<Vec<T>>,
-    lens: Vec<usize>,
-}
-
-impl<T> CoalescedWork<T>
-where
-    Vec<T>: OpResult,
-{
-    pub(crate) fn new(inner: Work<Vec<T>>, lens: Vec<usize>) -> Self {
-        CoalescedWork { inner, lens }
-    }
-
-    /// The op's rank, group, sequence number and name.
-    pub fn context(&self) -> &OpContext {
-        self.inner.context()
-    }
-
-    /// Sequence number of the op in its group (one for all the buffers).
-    pub fn seq(&self) -> u64 {
-        self.inner.seq()
-    }
-
-    /// Where the op stands, without waiting.
-    pub fn status(&self) -> WorkStatus {
-        self.inner.status()
-    }
-
-    /// True once the op has finished or failed.
-    pub fn is_done(&self) -> bool {
-        self.inner.is_done()
-    }
-
-    /// Blocks until the op is done (as [`Work::wait_timeout`]).
-    ///
-    /// # Errors
-    ///
-    /// The op's error, or [`WorkError::OpTimeout`] after `timeout` (the
-    /// group is then aborted).
-    pub fn wait_timeout(self, timeout: Duration) -> Result<Vec<Vec<T>>, WorkError> {
-        let lens = self.lens;
-        self.inner
-            .wait_timeout(timeout)
-            .map(|flat| split(flat, &lens))
-    }
-}
-
-impl<T> Future for CoalescedWork<T>
-where
-    Vec<T>: OpResult,
-{
-    type Output = Result<Vec<Vec<T>>, WorkError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let r = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
-        Poll::Ready(r.map(|flat| split(flat, &self.lens)))
-    }
-}
-
-/// Cuts `flat` into consecutive buffers of `lens` elements (their sum is
-/// `flat.len()`; a shorter `flat` gives shorter trailing buffers).
-pub(crate) fn split<T>(mut flat: Vec<T>, lens: &[usize]) -> Vec<Vec<T>> {
-    let mut out = Vec::with_capacity(lens.len());
-    for &len in lens.iter().rev() {
-        let at = flat.len().saturating_sub(len);
-        out.push(flat.split_off(at));
-    }
-    out.reverse();
-    out
-}
+impl<R> Unpin for Work<R> {}

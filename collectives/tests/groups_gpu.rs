@@ -1,15 +1,16 @@
 //! Grouped NCCL ops and CUDA graph capture on a GPU (issue 7), on a 1-rank
 //! communicator. Ignored by default; run on the GPU machine with
 //! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::reduce::{reference_reduce, Reducible};
+use chorus::store::{InMemoryStore, Store};
+use chorus::DeviceElement;
+use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
-use chorus_gpu::nccl::NcclElement;
-use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 use half::bf16;
 use rand::{Rng, SeedableRng};
@@ -33,11 +34,11 @@ fn group(name: &str) -> ProcessGroup {
     .unwrap_or_else(|e| panic!("group {name}: {e}"))
 }
 
-fn upload<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+fn upload<T: DeviceElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
     DeviceBuffer::new(s.clone_htod(v).unwrap()).unwrap()
 }
 
-fn download<T: NcclElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
+fn download<T: DeviceElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
     b.producer().clone_dtoh(b.slice()).unwrap()
 }
 
@@ -211,25 +212,25 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         let mut inputs = Vec::new();
         for t in &ars {
             let v: Vec<f32> = random(&mut rng, n);
-            let b = &mut graph.buffers_mut(*t).unwrap()[0];
+            let b = graph.buffers_mut(*t).unwrap();
             s.copy_htod(&v, b.slice_mut()).unwrap();
             inputs.push(v);
         }
         let agv: Vec<f32> = random(&mut rng, n);
         {
             let bufs = graph.buffers_mut(ag).unwrap();
-            s.copy_htod(&agv, bufs[0].slice_mut()).unwrap();
-            s.copy_htod(&zeros, bufs[1].slice_mut()).unwrap();
+            s.copy_htod(&agv, bufs.0.slice_mut()).unwrap();
+            s.copy_htod(&zeros, bufs.1.slice_mut()).unwrap();
         }
         graph.launch(&s).unwrap();
         graph.done_event().synchronize().unwrap();
         for (t, v) in ars.iter().zip(&inputs) {
-            let b = &graph.buffers(*t).unwrap()[0];
+            let b = graph.buffers(*t).unwrap();
             assert_eq!(s.clone_dtoh(b.slice()).unwrap(), *v, "replay {replay}");
         }
         let bufs = graph.buffers(ag).unwrap();
         assert_eq!(
-            s.clone_dtoh(bufs[1].slice()).unwrap(),
+            s.clone_dtoh(bufs.1.slice()).unwrap(),
             agv,
             "replay {replay}: the captured all_gather wrote its output"
         );

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::reduce::{reference_reduce, Reducible};
+use chorus::store::{InMemoryStore, Store};
+use chorus::test_util::Kernels;
+use chorus::{DType, DeviceElement, DeviceMem};
+use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, RawDeviceBuffer, ReduceOp, WorkError, WorkStatus};
-use chorus_gpu::cuda::kernels::Kernels;
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
-use chorus_gpu::nccl::{DeviceMem, NcclElement, NcclType};
-use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
@@ -39,11 +39,11 @@ fn store() -> Arc<dyn Store> {
     Arc::new(InMemoryStore::new())
 }
 
-fn upload<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+fn upload<T: DeviceElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
     DeviceBuffer::new(s.clone_htod(v).unwrap()).unwrap()
 }
 
-fn download<T: NcclElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
+fn download<T: DeviceElement + Copy + Default>(b: &DeviceBuffer<T>) -> Vec<T> {
     b.producer().clone_dtoh(b.slice()).unwrap()
 }
 
@@ -56,7 +56,7 @@ fn every_op<T>(
     n: usize,
     fails: &mut Vec<String>,
 ) where
-    T: NcclElement + Reducible + Copy + Default + PartialEq + std::fmt::Debug,
+    T: DeviceElement + Reducible + Copy + Default + PartialEq + std::fmt::Debug,
 {
     let name = format!("{} n={n}", std::any::type_name::<T>());
     let data: Vec<T> = (0..n).map(|_| gen()).collect();
@@ -201,7 +201,7 @@ fn gpu_every_op_and_dtype_one_rank() {
         RawDeviceBuffer::new(
             owner.device_ptr(),
             owner.len(),
-            NcclType::I32,
+            DType::I32,
             owner.producer().clone(),
         )
     };
@@ -345,7 +345,7 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
     dev.synchronize().unwrap();
     let (free0, _) = dev.memory_info().unwrap();
     let n = 16 << 20; // 64 MiB of f32
-    let reactor = chorus_gpu::reactor::global();
+    let reactor = chorus::reactor::global();
     for round in 0..8 {
         let buf = DeviceBuffer::new(s.alloc_zeros::<f32>(n).unwrap()).unwrap();
         k.spin(&s, Duration::from_millis(30)).unwrap();
@@ -412,7 +412,7 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
     let mut buf = upload(&s, &data);
     let n = 4000;
     let mut most = 0;
-    let events0 = chorus_gpu::nccl::end_events_created();
+    let events0 = chorus::test_util::end_events_created();
     for i in 0..n {
         let w = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
         buf = w.stream_ordered().unwrap();
@@ -424,7 +424,7 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
         most = most.max(pg.pending());
     }
     let left = pg.pending();
-    let created = chorus_gpu::nccl::end_events_created() - events0;
+    let created = chorus::test_util::end_events_created() - events0;
     println!(
         "stream-ordered loop of {n}: at most {most} ops pending, {left} at the end; {created} end events created"
     );
@@ -446,7 +446,7 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
     let rec = pg.flight_record();
     assert!(
         rec.iter()
-            .all(|r| r.state == chorus_core::flight_recorder::OpState::Completed),
+            .all(|r| r.state == chorus::flight_recorder::OpState::Completed),
         "every recorded op completed"
     );
     assert_eq!(download(&buf), data, "a sum over one rank keeps the data");

@@ -1,12 +1,13 @@
 //! No NCCL library (and, on CI, no GPU): every device entry point is a
 //! typed error and host ops keep working. Runs everywhere: the library path
 //! is pointed at nothing before anything loads NCCL.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
+use chorus::store::{InMemoryStore, Store};
 use chorus::{Error, ProcessGroup, ReduceOp};
 use chorus_gpu::nccl::{self, NcclCommError};
-use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 
 #[test]

@@ -6,17 +6,18 @@
 //!
 //! Ignored by default; run on the GPU machine with `--include-ignored
 //! --test-threads=1`. Fails when no GPU is found.
+#![forbid(unsafe_code)]
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus::reduce::reference_reduce;
+use chorus::store::{InMemoryStore, Store};
+use chorus::test_util::Kernels;
 use chorus::watchdog;
+use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
-use chorus_gpu::cuda::kernels::Kernels;
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
-use chorus_store::{InMemoryStore, Store};
 use futures::executor::block_on;
 use rand::{Rng, SeedableRng};
 
@@ -193,7 +194,7 @@ fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
     assert_eq!(rec.len(), 2, "flight record: {rec:?}");
     assert!(
         rec.iter()
-            .all(|r| r.state == chorus_core::flight_recorder::OpState::Completed),
+            .all(|r| r.state == chorus::flight_recorder::OpState::Completed),
         "flight record: {rec:?}"
     );
     let out = block_on(held).expect("the held op completes normally");

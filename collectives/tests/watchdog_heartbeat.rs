@@ -7,6 +7,7 @@
 //! watchdog in-process; the `AbortProcess` case runs in a child process
 //! (this test binary re-run on the `child_*` test, which does nothing
 //! unless the parent's environment variable is set).
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

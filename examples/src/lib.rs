@@ -1,5 +1,6 @@
 //! Helpers shared by the chorus examples, and the test kit of the
 //! integration tests.
+#![forbid(unsafe_code)]
 
 pub mod testkit;
 

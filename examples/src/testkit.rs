@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::reduce::{reference_reduce, Reducible};
+use chorus::store::{InMemoryStore, Store};
 use chorus::{Element, ProcessGroup, ReduceOp, TcpOptions};
-use chorus_store::{InMemoryStore, Store};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

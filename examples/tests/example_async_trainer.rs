@@ -2,6 +2,7 @@
 //! trains at a small size, and must report a falling loss, bit-identical
 //! parameters and its overlap; a rank whose parameters are perturbed must
 //! make it fail loudly.
+#![forbid(unsafe_code)]
 
 use std::process::{Command, Output};
 
@@ -120,7 +121,7 @@ fn diverging_parameters_fail_loudly() {
 #[test]
 fn device_cuda_runs_on_a_gpu_or_fails_with_the_reason() {
     let (out, text) = run(&["--nproc", "1", "--quick", "--device", "cuda"]);
-    let gpus = chorus_gpu::cuda::device_count().unwrap_or(0);
+    let gpus = chorus::cuda::device_count().unwrap_or(0);
     if gpus > 0 {
         // On a GPU machine the buckets go through NCCL and training works.
         assert!(out.status.success(), "{:?}\n{text}", out.status);
@@ -138,7 +139,7 @@ fn device_cuda_runs_on_a_gpu_or_fails_with_the_reason() {
 fn device_auto_falls_back_to_the_host_without_a_gpu() {
     let (out, text) = run(&["--nproc", "2", "--quick", "--sequential"]);
     assert!(out.status.success(), "{:?}\n{text}", out.status);
-    let gpus = chorus_gpu::cuda::device_count().unwrap_or(0);
+    let gpus = chorus::cuda::device_count().unwrap_or(0);
     if gpus < 2 {
         assert!(text.contains("buckets on host (tcp)"), "{text}");
     }

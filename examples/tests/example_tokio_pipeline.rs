@@ -2,6 +2,7 @@
 //! every rank must run the same rounds, and account for every record it
 //! read (read == written + unwritten), after `--batches`, after a Ctrl-C
 //! that reached one rank only, and with a slow sink or slow collectives.
+#![forbid(unsafe_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -3,6 +3,7 @@
 //! propagation through the store), mismatched collectives, the store's host
 //! dying. Each fault runs 20 times; every run must end without
 //! a hang and leave no process behind.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -31,8 +32,8 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks the pid.
-    unsafe { libc::kill(pid, 0) == 0 }
+    // Signal "none" only checks the pid.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
 /// Runs `scenario` across WORLD ranks; once every survivor has reported,
@@ -103,8 +104,8 @@ fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
         if out.results.len() >= survivors {
             if let Some(pid) = victim.take() {
                 if alive(pid) {
-                    // SAFETY: signalling a pid this test's run started.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    let pid = nix::unistd::Pid::from_raw(pid);
+                    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
                 }
             }
         }

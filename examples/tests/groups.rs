@@ -1,6 +1,7 @@
 //! Grouped ops on the TCP backend (issue 7): mixed ops and dtypes against
 //! the serial reference, fused all_reduces, a bad argument that leaves the
 //! group usable, dropped groups, and a grouping mismatch across ranks.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

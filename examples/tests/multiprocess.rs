@@ -1,6 +1,7 @@
 //! Separate processes started by `chorus-run`: every op × dtype against the
 //! serial reference for world sizes 1 to 5 (the same checks as `ops.rs`,
 //! which runs ranks as tasks of one process).
+#![forbid(unsafe_code)]
 
 use std::process::Command;
 

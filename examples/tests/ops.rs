@@ -2,6 +2,7 @@
 //! ranks as tasks of one process over loopback, checked against a serial
 //! reference on fresh random data. Outputs are poisoned before each op.
 //! (`multiprocess.rs` runs the same checks with one process per rank.)
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! DESIGN §2 rules 1, 4, 5, 7 and 8 on the TCP backend, plus errors:
 //! eager ordered submission, owned buffers, drop detaches, executor
 //! agnosticism, honest status, timeouts, mismatches, abort, subgroups.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

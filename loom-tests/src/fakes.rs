@@ -222,3 +222,107 @@ pub fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
         Poll::Ready(Pin::new(&mut *f).poll(cx))
     }))
 }
+
+/// What the single-flight model needs of a communicator cache: a first use
+/// that joins or starts the one initialization of its key, and how many
+/// initializations were started. The production cache and the known-bad
+/// one below both implement it, so the same model runs against both.
+pub trait SingleFlight: Send + Sync + 'static {
+    /// The communicator of `key`, created on first use (waits for it).
+    ///
+    /// # Errors
+    ///
+    /// The initialization's error, as text.
+    fn get_comm(&self, key: CommKey) -> Result<Arc<FakeComm>, String>;
+    /// Initializations started so far.
+    fn created(&self) -> u64;
+}
+
+impl SingleFlight for FakeCache {
+    fn get_comm(&self, key: CommKey) -> Result<Arc<FakeComm>, String> {
+        loom::future::block_on(self.get(key)).map_err(|e| e.to_string())
+    }
+
+    fn created(&self) -> u64 {
+        CommCache::created(self)
+    }
+}
+
+/// A deliberately broken cache, for the suite to show that it can fail:
+/// it looks the key up under its lock, lets go of the lock, creates the
+/// communicator, and inserts it under a second hold of the lock without
+/// looking again, so two concurrent first uses can both create one.
+pub struct CheckThenInsert {
+    map: loom::sync::Mutex<Vec<(CommKey, Arc<FakeComm>)>>,
+    factory: Fake,
+    created: loom::sync::atomic::AtomicU64,
+}
+
+impl fmt::Debug for CheckThenInsert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckThenInsert").finish_non_exhaustive()
+    }
+}
+
+impl CheckThenInsert {
+    /// An empty cache over `factory`.
+    pub fn new(factory: Fake) -> Self {
+        CheckThenInsert {
+            map: loom::sync::Mutex::new(Vec::new()),
+            factory,
+            created: loom::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn cached(&self, key: &CommKey) -> Option<Arc<FakeComm>> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter().find(|(k, _)| k == key).map(|(_, c)| c.clone())
+    }
+}
+
+impl SingleFlight for CheckThenInsert {
+    fn get_comm(&self, key: CommKey) -> Result<Arc<FakeComm>, String> {
+        if let Some(c) = self.cached(&key) {
+            return Ok(c);
+        }
+        // BUG (deliberate): nothing holds the key between the look-up above
+        // and the insert below.
+        let n = self.created.fetch_add(1, Ordering::SeqCst);
+        let init = self.factory.create(&key, format!("comm/{n}"));
+        let comm = Arc::new(loom::future::block_on(init).map_err(|e| e.to_string())?);
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = map.iter().find(|(k, _)| *k == key) {
+            return Ok(c.clone());
+        }
+        map.push((key, comm.clone()));
+        Ok(comm)
+    }
+
+    fn created(&self) -> u64 {
+        self.created.load(Ordering::SeqCst)
+    }
+}
+
+/// The single-flight property, for any cache: `callers` concurrent first
+/// uses of one key start exactly one initialization, and every caller gets
+/// the same communicator.
+pub fn single_flight_holds<C: SingleFlight>(cache: C, callers: usize) {
+    let cache = Arc::new(cache);
+    let key = CommKey::devices([0, 1]);
+    let handles: Vec<_> = (1..callers)
+        .map(|_| {
+            let cache = cache.clone();
+            let key = key.clone();
+            loom::thread::spawn(move || cache.get_comm(key).expect("init succeeds"))
+        })
+        .collect();
+    let mine = cache.get_comm(key).expect("init succeeds");
+    for h in handles {
+        let theirs = h.join().expect("caller thread");
+        assert!(
+            Arc::ptr_eq(&mine, &theirs),
+            "every caller gets the same communicator"
+        );
+    }
+    assert_eq!(cache.created(), 1, "exactly one initialization");
+}

@@ -1,4 +1,5 @@
 //! Loom models of the communicator cache and its in-initialization map.
+#![forbid(unsafe_code)]
 #![cfg(loom)]
 
 use chorus_core::comm_cache::{CommCacheError, CommKey};

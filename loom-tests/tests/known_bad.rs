@@ -1,26 +1,19 @@
 //! The suite can fail: a deliberately broken cache (check, unlock, then
-//! insert without checking again) must be caught by the single-flight model.
+//! insert without checking again; `CheckThenInsert`, outside the production
+//! cache) must be caught by the same single-flight model that the
+//! production cache passes.
+#![forbid(unsafe_code)]
 #![cfg(loom)]
 
-use chorus_core::comm_cache::CommKey;
-use chorus_loom_tests::{model, Fake, FakeCache};
-use loom::future::block_on;
-use loom::sync::Arc;
-use loom::thread;
+use chorus_loom_tests::{model, single_flight_holds, CheckThenInsert, Fake, FakeCache};
 
 #[test]
 #[should_panic(expected = "exactly one initialization")]
 fn check_then_insert_bug_is_caught() {
-    model(|| {
-        let cache = Arc::new(FakeCache::new_with_check_then_insert_bug(
-            "g",
-            Fake::new(0, false),
-        ));
-        let c2 = cache.clone();
-        let h = thread::spawn(move || block_on(c2.get(CommKey::devices([0]))).map(|_| ()));
-        let mine = block_on(cache.get(CommKey::devices([0]))).map(|_| ());
-        let theirs = h.join().expect("caller thread");
-        assert!(mine.is_ok() && theirs.is_ok());
-        assert_eq!(cache.created(), 1, "exactly one initialization");
-    });
+    model(|| single_flight_holds(CheckThenInsert::new(Fake::new(0, false)), 2));
+}
+
+#[test]
+fn the_production_cache_passes_the_same_model() {
+    model(|| single_flight_holds(FakeCache::new("g", Fake::new(0, false)), 2));
 }

@@ -1,5 +1,6 @@
 //! Loom models of the work slot and the registry: complete vs poll vs drop
 //! of a work, and abort racing submissions.
+#![forbid(unsafe_code)]
 #![cfg(loom)]
 
 use std::sync::Arc as StdArc;

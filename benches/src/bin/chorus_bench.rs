@@ -29,6 +29,7 @@
 //! markers `<!-- chorus-bench:begin -->` and `<!-- chorus-bench:end -->` of
 //! the output file (appended when they are missing), so hand-written
 //! sections elsewhere in the file stay.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

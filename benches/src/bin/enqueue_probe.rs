@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Layers: (1) a bare `ncclAllReduce`; (2) + input-ready record, stream wait
-//! and end record as raw driver calls (the floor of DESIGN §2 rule 3);
+//! and end record as raw driver calls (the floor of the two events per
+//! launch, docs/ARCHITECTURE.md rule 3);
 //! (3) the same through chorus's `Event`/`Stream` wrappers; (4)
 //! `Communicator::submit` (checks, event pool, lock); (5) + hand-off to the
 //! completion reactor and a stream-ordered take; (6) `Work::new_started`
@@ -20,16 +21,16 @@
 //! (2q, 2p, 2s) another thread querying the end event at three rates; and
 //! (8, 8x) work + submit with the completions batched on this thread or on
 //! another one.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::{DeviceBuffer, ReduceOp};
-use chorus_gpu::cuda::{Device, StreamPriority};
-use chorus_gpu::nccl::{CommOp, CommOptions, Communicator, NcclRedOp, PendingComm};
+use chorus::{Device, DeviceBuffer, ReduceOp, StreamPriority};
+use chorus_core::Op;
+use chorus_gpu::floor::RawComm;
+use chorus_gpu::nccl::{CommOptions, Communicator, PendingComm};
 use clap::Parser;
-use cudarc::driver::sys;
-use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 
 #[derive(Parser, Debug)]
 #[command(about = "Layer-by-layer host cost of a device all_reduce (1 rank, device 0)")]
@@ -86,34 +87,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::get(0)?;
     dev.bind_to_thread()?;
     let prod = dev.new_stream(StreamPriority::Normal)?;
-    let nccl = nccl_sys::nccl()?;
-
-    // Raw communicator and stream.
-    let cs = dev.new_stream(StreamPriority::Normal)?;
-    let mut id = ncclUniqueId::zeroed();
-    let mut comm: ncclComm_t = std::ptr::null_mut();
-    // SAFETY: `id` and `comm` are valid for writes; one rank of one.
-    unsafe {
-        nccl.check((nccl.ncclGetUniqueId)(&mut id))?;
-        nccl.check((nccl.ncclCommInitRank)(&mut comm, 1, id, 0))?;
-    }
-    let buf = DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count])?)?;
-    let p = chorus_gpu::nccl::DeviceMem::device_ptr(&buf) as *mut std::ffi::c_void;
+    // Raw communicator with its own stream and buffer.
+    let raw = RawComm::one_rank(&dev, 1, args.count)?;
+    let cs = raw.stream();
     let count = args.count;
     let raw_ar = || {
-        // SAFETY: `p` is `count` live f32 on this device; comm and stream live.
-        let rc = unsafe {
-            (nccl.ncclAllReduce)(
-                p,
-                p,
-                count,
-                ncclDataType_t::ncclFloat32,
-                ncclRedOp_t::ncclSum,
-                comm,
-                cs.as_raw() as cudaStream_t,
-            )
-        };
-        assert!(rc.is_success());
+        raw.all_reduce(0).expect("ncclAllReduce");
     };
     let sync_all = || {
         cs.synchronize().expect("sync");
@@ -130,20 +109,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     layer("1 ncclAllReduce", args.iters, raw_ar, sync_all);
     let ready = dev.new_event()?;
     let end = dev.new_event()?;
-    // The DESIGN §2 rule-3 floor as raw driver calls: input-ready record on
+    // The floor of the two events per launch as raw driver calls:
+    // input-ready record on
     // the producer stream, the comm stream waits on it, the op, the end
     // record (on `endv`).
-    let rule3 = |endv: &chorus_gpu::cuda::Event| {
-        // SAFETY: live events and streams of the current context.
-        unsafe {
-            sys::cuEventRecord(ready.as_raw(), prod.as_raw());
-            sys::cuStreamWaitEvent(cs.as_raw(), ready.as_raw(), 0);
-        }
-        raw_ar();
-        // SAFETY: as above.
-        unsafe {
-            sys::cuEventRecord(endv.as_raw(), cs.as_raw());
-        }
+    let rule3 = |endv: &chorus::Event| {
+        raw.with_events(&prod, &ready, endv, |c| c.all_reduce(0))
+            .and_then(|r| r)
+            .expect("raw launch");
     };
     layer(
         "2 + record/wait/record, raw driver calls",
@@ -160,7 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ready.record(&prod).expect("record");
             cs.wait_event(&ready).expect("wait");
             raw_ar();
-            end.record(&cs).expect("record");
+            end.record(cs).expect("record");
         },
         sync_all,
     );
@@ -170,7 +143,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || {
             ready.record(&prod).expect("record");
             cs.wait_event(&ready).expect("wait");
-            end.record(&cs).expect("record");
+            end.record(cs).expect("record");
         },
         sync_all,
     );
@@ -184,10 +157,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             rule3(&end);
             let dt = t0.elapsed();
-            // SAFETY: as above (the stream-ordered take, untimed).
-            unsafe {
-                sys::cuStreamWaitEvent(prod.as_raw(), end.as_raw(), 0);
-            }
+            // The stream-ordered take, untimed.
+            prod.wait_event_bound(&end).expect("wait");
             dt
         },
         sync_all,
@@ -235,10 +206,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rule3(endv);
                 let dt = t0.elapsed();
                 if take {
-                    // SAFETY: as above.
-                    unsafe {
-                        sys::cuStreamWaitEvent(prod.as_raw(), endv.as_raw(), 0);
-                    }
+                    prod.wait_event_bound(endv).expect("wait");
                 }
                 dt
             },
@@ -349,7 +317,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::thread::sleep(Duration::from_millis(1));
     };
     let ccs = c.stream().clone();
-    let op = CommOp::AllReduce(NcclRedOp::Sum);
+    let op = Op::AllReduce(ReduceOp::Sum);
+    let buf = DeviceBuffer::new(prod.clone_htod(&vec![1f32; args.count])?)?;
     let mut held = Some(buf);
     layer_timed(
         "4 Communicator::submit (checks, pool, lock, events, NCCL)",
@@ -357,9 +326,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || {
             let b = held.take().expect("buffer");
             let t0 = Instant::now();
-            let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+            let f = c.submit(op, b).map_err(|(e, _)| e).expect("submit");
             let dt = t0.elapsed();
-            held = Some(f.wait().expect("wait").remove(0));
+            held = Some(f.wait().expect("wait").expect("buffer"));
             dt
         },
         || {},
@@ -370,7 +339,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.iters,
         || {
             let b = held.take().expect("buffer");
-            let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+            let f = c.submit(op, b).map_err(|(e, _)| e).expect("submit");
             let tx = btx.clone();
             let w = f.watch(move |(_, bufs)| {
                 if let Some(b) = bufs {
@@ -378,9 +347,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             });
             held = Some(match w.take_stream_ordered(None).expect("take") {
-                Some(mut b) => b.remove(0),
+                Some(b) => b,
                 // Finished already: the callback has the buffer.
-                None => brx.recv().expect("buffer").remove(0),
+                None => brx.recv().expect("buffer"),
             });
         },
         || {
@@ -459,7 +428,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 seq += 1;
                 let t0 = Instant::now();
                 let (w, done) = chorus_benches::started_work(&reg, &group, seq, t0).expect("work");
-                let f = c.submit(op, vec![b]).map_err(|(e, _)| e).expect("submit");
+                let f = c.submit(op, b).map_err(|(e, _)| e).expect("submit");
                 let dt = t0.elapsed();
                 batch.push((f, done, w));
                 if batch.len() == 16 {
@@ -532,7 +501,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     chorus_benches::print_profile();
     prod.synchronize()?;
-    // SAFETY: the raw communicator is ours and idle.
-    unsafe { (nccl.ncclCommDestroy)(comm) };
     Ok(())
 }

@@ -1,25 +1,26 @@
-//! Sequential vs grouped all_reduces on one GPU (issue 7): host submit time
+//! Sequential vs grouped all_reduces on one GPU: host submit time
 //! and total time (submit until the GPU finished) for chorus and for raw
 //! NCCL calls (`ncclAllReduce` in a loop, and inside `ncclGroupStart/End`),
 //! at widths 1, 2, 4, 8, 16 of 1 MiB each, and chorus's coalesced
 //! all_reduce (`all_reduce_coalesced`: the same NCCL group, one work). PyTorch's coalescing manager is
 //! measured by `benches/compare/torch_coalesce.py` in the same call.
 //!
-//! A third pair of columns, "raw + events", is the floor of any library that
-//! follows DESIGN §2 rule 3: the same raw NCCL calls plus, per op (one by
+//! A third pair of columns, "raw + events", is the floor of any library
+//! that keeps two events per launch (docs/ARCHITECTURE.md, rule 3): the
+//! same raw NCCL calls plus, per op (one by
 //! one) or per group, an input-ready event recorded on a producer stream,
 //! the communicator's stream waiting on it, and an end event recorded after
 //! the op(s); the total waits on the end event.
 //!
 //! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
+#![forbid(unsafe_code)]
 
 use std::time::Instant;
 
-use chorus::{DeviceBuffer, ReduceOp};
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
+use chorus::{Device, DeviceBuffer, Event, ReduceOp, Stream, StreamPriority};
+use chorus_gpu::floor::RawComm;
 use clap::Parser;
 use futures::executor::block_on;
-use nccl_sys::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclUniqueId};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -59,139 +60,73 @@ fn measure(iters: usize, mut f: impl FnMut() -> (Instant, Instant)) -> (f64, f64
     (median(&mut sub), median(&mut tot))
 }
 
-/// A raw NCCL communicator of one rank with its own stream and buffers.
+/// The raw floor: a raw NCCL communicator of one rank with its own stream
+/// and buffers, a producer stream and the two events of a launch.
 struct Raw {
-    nccl: &'static nccl_sys::Nccl,
-    comm: ncclComm_t,
-    stream: Stream,
-    /// For the "raw + events" floor: a producer stream and the two events.
+    comm: RawComm,
     producer: Stream,
-    ready: chorus_gpu::cuda::Event,
-    end: chorus_gpu::cuda::Event,
-    ptrs: Vec<u64>,
-    _bufs: Vec<chorus_gpu::cuda::CudaSlice<f32>>,
-    count: usize,
+    ready: Event,
+    end: Event,
 }
 
 impl Raw {
     fn new(dev: &Device, width: usize, count: usize) -> Result<Raw, Box<dyn std::error::Error>> {
-        use cudarc::driver::DevicePtr;
-        let nccl = nccl_sys::nccl()?;
-        dev.bind_to_thread()?;
-        let stream = dev.new_stream(StreamPriority::Normal)?;
-        let mut id = ncclUniqueId::zeroed();
-        let mut comm: ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `id` and `comm` are valid for writes; one rank of one.
-        unsafe {
-            nccl.check((nccl.ncclGetUniqueId)(&mut id))?;
-            nccl.check((nccl.ncclCommInitRank)(&mut comm, 1, id, 0))?;
-        }
-        let mut bufs = Vec::new();
-        let mut ptrs = Vec::new();
-        for _ in 0..width {
-            let b = stream.alloc_zeros::<f32>(count)?;
-            let p = {
-                let (p, _g) = b.device_ptr(stream.cudarc());
-                p
-            };
-            ptrs.push(p);
-            bufs.push(b);
-        }
-        stream.synchronize()?;
         Ok(Raw {
-            nccl,
-            comm,
+            comm: RawComm::one_rank(dev, width, count)?,
             producer: dev.new_stream(StreamPriority::Normal)?,
             ready: dev.new_event()?,
             end: dev.new_event()?,
-            stream,
-            ptrs,
-            _bufs: bufs,
-            count,
         })
     }
 
-    fn all_reduce(&self, p: u64) {
-        let p = p as *mut std::ffi::c_void;
-        // SAFETY: `p` is a live allocation of `count` f32 on this device
-        // (kept in `_bufs`); the communicator and stream are live.
-        let rc = unsafe {
-            (self.nccl.ncclAllReduce)(
-                p,
-                p,
-                self.count,
-                ncclDataType_t::ncclFloat32,
-                ncclRedOp_t::ncclSum,
-                self.comm,
-                self.stream.as_raw() as cudaStream_t,
-            )
-        };
-        if let Err(e) = self.nccl.check(rc) {
-            eprintln!("ncclAllReduce: {e}");
+    /// Every buffer's all_reduce, one by one.
+    fn each(c: &RawComm) {
+        for i in 0..c.width() {
+            if let Err(e) = c.all_reduce(i) {
+                eprintln!("ncclAllReduce: {e}");
+            }
         }
     }
 
+    /// The raw calls alone, one by one or in one NCCL group; the total
+    /// waits for the stream.
     fn run(&self, grouped: bool) -> (Instant, Instant) {
-        if grouped {
-            // SAFETY: paired with ncclGroupEnd below on this thread.
-            let _ = unsafe { (self.nccl.ncclGroupStart)() };
-        }
-        for &p in &self.ptrs {
-            self.all_reduce(p);
-        }
-        if grouped {
-            // SAFETY: closes the group opened above.
-            let _ = unsafe { (self.nccl.ncclGroupEnd)() };
+        let r = if grouped {
+            self.comm.group(Self::each)
+        } else {
+            Self::each(&self.comm);
+            Ok(())
+        };
+        if let Err(e) = r {
+            eprintln!("group: {e}");
         }
         let t1 = Instant::now();
-        let _ = self.stream.synchronize();
+        let _ = self.comm.stream().synchronize();
         (t1, Instant::now())
     }
 
-    /// The DESIGN §2 rule 3 floor: `run` plus the input-ready record and
-    /// stream wait and the end record, per op (`grouped` false) or once
-    /// around the group; the total waits on the end event.
+    /// The floor of the two events per launch: `run` plus the input-ready
+    /// record and stream wait and the end record, per op (`grouped` false)
+    /// or once around the group; the total waits on the end event.
     fn run_events(&self, grouped: bool) -> (Instant, Instant) {
-        let events = |before: bool| {
-            let r = if before {
-                self.ready
-                    .record(&self.producer)
-                    .and_then(|()| self.stream.wait_event(&self.ready))
-            } else {
-                self.end.record(&self.stream)
-            };
-            if let Err(e) = r {
-                eprintln!("event: {e}");
-            }
-        };
-        if grouped {
-            events(true);
-            // SAFETY: paired with ncclGroupEnd below on this thread.
-            let _ = unsafe { (self.nccl.ncclGroupStart)() };
-            for &p in &self.ptrs {
-                self.all_reduce(p);
-            }
-            // SAFETY: closes the group opened above.
-            let _ = unsafe { (self.nccl.ncclGroupEnd)() };
-            events(false);
+        let (p, ready, end) = (&self.producer, &self.ready, &self.end);
+        let r = if grouped {
+            self.comm
+                .with_events(p, ready, end, |c| c.group(Self::each))
+                .and_then(|r| r)
         } else {
-            for &p in &self.ptrs {
-                events(true);
-                self.all_reduce(p);
-                events(false);
-            }
+            (0..self.comm.width()).try_for_each(|i| {
+                self.comm
+                    .with_events(p, ready, end, |c| c.all_reduce(i))
+                    .and_then(|r| r)
+            })
+        };
+        if let Err(e) = r {
+            eprintln!("events: {e}");
         }
         let t1 = Instant::now();
         let _ = self.end.synchronize();
         (t1, Instant::now())
-    }
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        let _ = self.stream.synchronize();
-        // SAFETY: the communicator is ours and idle.
-        unsafe { (self.nccl.ncclCommDestroy)(self.comm) };
     }
 }
 

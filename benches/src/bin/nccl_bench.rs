@@ -11,6 +11,7 @@
 //!   time).
 //!
 //! Needs a CUDA GPU and NCCL. `nccl_bench --help` for the knobs.
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -5,6 +5,7 @@
 //! flight each (like PyTorch's synchronous calls), and 1 client with 32
 //! and 128 ops in flight (pipelined on one connection). Lines read
 //! `chorus <op> <clients>[x<in flight>] <ops/s>`.
+#![forbid(unsafe_code)]
 
 use chorus_benches::store::{ops_per_sec, Op, Setup};
 

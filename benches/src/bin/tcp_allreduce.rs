@@ -5,6 +5,7 @@
 //! ```sh
 //! target/release/chorus-run --nproc-per-node 2 -- target/release/tcp_allreduce --sizes 4,65536,16777216
 //! ```
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -10,6 +10,7 @@
 //!   groups (each timed-out group is aborted).
 //!
 //! Prints one JSON line on stdout. Needs a CUDA GPU and NCCL.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,170 +1,136 @@
-//! Backends: what runs an op once the [`ProcessGroup`](crate::ProcessGroup)
-//! has validated it and registered its work.
+//! Backends: what runs an op once its group has taken it.
 //!
-//! A backend receives [`OpRequest`]s in program order through
-//! [`Backend::submit`], which must not block, runs them in that order, and
-//! completes each request's completer with the buffers it was given.
+//! Both backends implement the one interface here. [`Backend`] is what a
+//! group does with any backend (name it, launch a staged group, close it,
+//! abort it, ask it for an asynchronous error); [`Runs<S>`] runs an op
+//! whose buffers come as `S` (one buffer, or an input and an output);
+//! [`Coalesces<B>`] runs a one-buffer op on several buffers `B` as one op.
+//!
+//! | | host buffers (`Vec<T>`) | device buffers ([`DeviceMem`](chorus_gpu::nccl::DeviceMem)) |
+//! |---|---|---|
+//! | backend | [`tcp::TcpBackend`] | [`nccl::NcclBackend`] |
+//! | work | [`Work`](crate::Work) | [`DeviceWork`](crate::DeviceWork) |
+//!
+//! Which one an op goes to is decided at compile time by the buffer's
+//! [`Placement`](chorus_gpu::placement::Placement) (see
+//! [`OpBuffer`](crate::OpBuffer)); nothing on the op path is dynamic.
+//!
+//! A backend receives ops in program order: it takes each op's sequence
+//! number under the group's submission lock ([`Sequencer::lock`]) and hands
+//! the op on before it lets go, and it never blocks the caller beyond that
+//! (a device op's first use of a communicator waits for its creation).
 
 use std::fmt;
 use std::time::Duration;
 
-use chorus_core::flight_recorder::OpMeta;
-use chorus_core::{Completer, OpContext, WorkError};
+use chorus_core::{Op, WorkError};
+use futures::future::BoxFuture;
 
-use crate::dtype::{HostBuffer, ReduceOp};
+use crate::error::Rejected;
+use crate::grouped::Grouped;
+use crate::sequence::Sequencer;
 
 pub(crate) mod nccl;
 pub(crate) mod tcp;
 
-/// What an op asks its backend to do. Buffers are moved in and come back, in
-/// the same order, in the op's output.
-#[derive(Debug)]
-pub(crate) enum OpKind {
-    /// In place: every rank ends with the reduction of all ranks' `buf`.
-    AllReduce { buf: HostBuffer, op: ReduceOp },
-    /// In place: every rank ends with `root`'s `buf`.
-    Broadcast { buf: HostBuffer, root: usize },
-    /// In place on `root` (the other ranks' buffers come back unchanged).
-    Reduce {
-        buf: HostBuffer,
-        root: usize,
-        op: ReduceOp,
-    },
-    /// `output` (len = size * input.len()) receives every rank's `input` in
-    /// rank order.
-    AllGather {
-        input: HostBuffer,
-        output: HostBuffer,
-    },
-    /// `input` (len = size * output.len()) is reduced across ranks; rank r
-    /// gets block r in `output`.
-    ReduceScatter {
-        input: HostBuffer,
-        output: HostBuffer,
-        op: ReduceOp,
-    },
-    /// `input` and `output` have size * k elements; block j of rank i's input
-    /// goes to block i of rank j's output.
-    AllToAll {
-        input: HostBuffer,
-        output: HostBuffer,
-    },
-    /// Sends `buf` to `peer`; `buf` comes back.
-    Send { buf: HostBuffer, peer: usize },
-    /// Receives into `buf` (its length must match the sender's) from `peer`.
-    Recv { buf: HostBuffer, peer: usize },
-    /// Completes when every rank has entered it.
-    Barrier,
-}
-
-impl OpKind {
-    /// The op's name as it appears in errors and traces.
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            OpKind::AllReduce { .. } => "all_reduce",
-            OpKind::Broadcast { .. } => "broadcast",
-            OpKind::Reduce { .. } => "reduce",
-            OpKind::AllGather { .. } => "all_gather",
-            OpKind::ReduceScatter { .. } => "reduce_scatter",
-            OpKind::AllToAll { .. } => "all_to_all",
-            OpKind::Send { .. } => "send",
-            OpKind::Recv { .. } => "recv",
-            OpKind::Barrier => "barrier",
-        }
-    }
-}
-
-impl OpKind {
-    /// What the flight recorder keeps of the op: dtype, (input) count, and
-    /// root or peer.
-    pub(crate) fn meta(&self) -> OpMeta {
-        let (buf, peer) = match self {
-            OpKind::AllReduce { buf, .. } => (Some(buf), None),
-            OpKind::Broadcast { buf, root } | OpKind::Reduce { buf, root, .. } => {
-                (Some(buf), Some(*root))
-            }
-            OpKind::Send { buf, peer } | OpKind::Recv { buf, peer } => (Some(buf), Some(*peer)),
-            OpKind::AllGather { input, .. }
-            | OpKind::ReduceScatter { input, .. }
-            | OpKind::AllToAll { input, .. } => (Some(input), None),
-            OpKind::Barrier => (None, None),
-        };
-        OpMeta {
-            dtype: buf.map(|b| std::borrow::Cow::Borrowed(b.dtype().name())),
-            count: buf.map_or(0, |b| b.len() as u64),
-            peer,
-        }
-    }
-
-    /// The op's buffers, in the order they came in (what a finished op
-    /// hands back, and what a refused op gives back).
-    pub(crate) fn into_buffers(self) -> OpOutput {
-        match self {
-            OpKind::AllReduce { buf, .. }
-            | OpKind::Broadcast { buf, .. }
-            | OpKind::Reduce { buf, .. }
-            | OpKind::Send { buf, .. }
-            | OpKind::Recv { buf, .. } => vec![buf],
-            OpKind::AllGather { input, output }
-            | OpKind::ReduceScatter { input, output, .. }
-            | OpKind::AllToAll { input, output } => vec![input, output],
-            OpKind::Barrier => Vec::new(),
-        }
-    }
-
-    /// True for ops every rank of the group takes part in.
-    pub(crate) fn is_collective(&self) -> bool {
-        !matches!(self, OpKind::Send { .. } | OpKind::Recv { .. })
-    }
-}
-
-/// The buffers of a finished op, in the order they were given.
-pub(crate) type OpOutput = Vec<HostBuffer>;
-
-/// One op handed to a backend.
-#[derive(Debug)]
-pub(crate) struct OpRequest {
-    /// Rank, group, sequence number and op name. For collectives `seq` is
-    /// the group's collective sequence number (equal on every rank for the
-    /// same call); for send/recv it is the number of the message between
-    /// this pair in this direction (the n-th send from a to b matches the
-    /// n-th recv on b from a).
-    pub(crate) ctx: OpContext,
-    pub(crate) kind: OpKind,
-    /// How long the op may take once it starts running.
-    pub(crate) timeout: Duration,
-    pub(crate) completer: Completer<OpOutput>,
-}
-
-/// A backend of a process group.
+/// What a group does with a backend besides running single ops.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
+    /// The ops of one group (see [`Group`](crate::Group)) staged for this
+    /// backend. Dropped unlaunched, it fails their works: the ops never ran.
+    type Staged: Default;
+
     /// Short name, e.g. `"tcp"`.
     fn name(&self) -> &'static str;
 
-    /// Queues `req`; runs ops in submission order; never blocks the caller.
-    /// Arguments were validated by the process group (lengths, roots, peers,
-    /// dtypes), but the backend checks what only the wire can tell (the other
-    /// ranks' op, dtype and count).
-    fn submit(&self, req: OpRequest);
+    /// Issues the staged ops as one, in staging order: they take their
+    /// sequence numbers now, under one hold of the submission lock, so a
+    /// group is atomic with respect to ops other threads submit.
+    ///
+    /// # Errors
+    ///
+    /// The group failed before, or the launch failed; every op of the group
+    /// then fails with the same error.
+    fn launch(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        staged: Self::Staged,
+    ) -> Result<(), WorkError>;
 
-    /// Queues the ops of a group (see [`Group`](crate::Group)), which run
-    /// as one, in order. The default runs them as separate ops.
-    fn submit_group(&self, reqs: Vec<OpRequest>) {
-        for r in reqs {
-            self.submit(r);
-        }
-    }
-
-    /// Closes the backend gracefully at the end of a job: tells every peer
-    /// goodbye and waits (bounded) until every peer has said goodbye too, so
-    /// that no rank exits while another still reads what it sent. Ops
-    /// submitted afterwards fail.
-    fn close(&self) -> futures::future::BoxFuture<'static, ()> {
+    /// Closes the backend gracefully at the end of a job: says goodbye to
+    /// every peer and waits (bounded) for theirs, so that no rank exits
+    /// while another still reads what it sent. Ops submitted afterwards
+    /// fail.
+    fn close(&self) -> BoxFuture<'static, ()> {
         Box::pin(async {})
     }
 
-    /// Tears the backend down after a failure: close connections, stop the
-    /// worker. Pending and later requests fail; buffers of ops still in
-    /// flight are released only when the worker lets go of them.
+    /// Tears the backend down after a failure (close connections, abort
+    /// communicators). Pending and later ops fail; buffers of ops still in
+    /// flight are released only once nothing can touch them.
     fn abort(&self, cause: &WorkError);
+
+    /// The backend's asynchronous error, if it has one (NCCL:
+    /// `ncclCommGetAsyncError` of a live communicator); the watchdog asks.
+    fn async_error(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Running ops whose buffers come as `S`: one buffer `B`, or an input and
+/// an output `(B, B)`.
+pub(crate) trait Runs<S>: Backend {
+    /// The future the op returns; it yields the buffers back as `S`.
+    type Work;
+
+    /// Checks `op` on `bufs`, takes its sequence number and submits it.
+    ///
+    /// # Errors
+    ///
+    /// The op was refused (invalid arguments, a failed group, a
+    /// communicator that cannot be had): nothing ran, and the buffers come
+    /// back untouched.
+    fn submit(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        op: Op,
+        bufs: S,
+    ) -> Result<Self::Work, Rejected<S>>;
+
+    /// Checks `op` on `bufs` and stages it in `staged`; it runs when the
+    /// group is launched ([`Backend::launch`]).
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit`](Self::submit); the group stays as it was.
+    fn stage(
+        &self,
+        seq: &Sequencer,
+        staged: &mut Self::Staged,
+        op: Op,
+        bufs: S,
+    ) -> Result<Grouped<Self::Work>, Rejected<S>>;
+}
+
+/// A one-buffer op on each of several buffers `B`, as one op with one
+/// sequence number and one work (PyTorch's `all_reduce_coalesced`).
+pub(crate) trait Coalesces<B>: Backend {
+    /// The future the op returns; it yields the buffers back in order.
+    type Work;
+
+    /// Checks and submits the coalesced op.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Runs::submit`]; on NCCL, a failure inside the NCCL group
+    /// (after part of it may have been enqueued) keeps the buffers until
+    /// the stream has passed it, and the rejection holds none.
+    fn submit_coalesced(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        op: Op,
+        bufs: Vec<B>,
+    ) -> Result<Self::Work, Rejected<Vec<B>>>;
 }

@@ -6,7 +6,7 @@
 //! back after every group); other work enqueued on [`Capture::stream`] is
 //! captured in between, in issue order. [`Capture::finish`] instantiates the
 //! [`Graph`], which replays everything with
-//! [`Graph::launch`](chorus_gpu::nccl::batch::Graph::launch).
+//! [`Graph::launch`](chorus_gpu::nccl::Graph::launch).
 //!
 //! # What a captured op is
 //!
@@ -15,7 +15,7 @@
 //! while the capture runs). Each op returns a [`Ticket`] instead, which
 //! names its buffers inside the graph. "Done" for a replay is
 //! stream-ordered on the replay stream, or GPU-finished once
-//! [`Graph::done_event`](chorus_gpu::nccl::batch::Graph::done_event)
+//! [`Graph::done_event`](chorus_gpu::nccl::Graph::done_event)
 //! completed.
 //!
 //! # Lifetimes
@@ -24,8 +24,8 @@
 //! holds the communicators: neither can be freed while the graph can still
 //! be replayed, and dropping the graph waits for its last replay. Read and
 //! write the buffers between replays with
-//! [`Graph::buffers`](chorus_gpu::nccl::batch::Graph::buffers) /
-//! [`buffers_mut`](chorus_gpu::nccl::batch::Graph::buffers_mut).
+//! [`Graph::buffers`](chorus_gpu::nccl::Graph::buffers) /
+//! [`buffers_mut`](chorus_gpu::nccl::Graph::buffers_mut).
 //!
 //! # Rules
 //!
@@ -38,18 +38,13 @@
 //! * The communicator is created (if needed) before the capture begins: NCCL
 //!   must not initialize inside a capture.
 
-use chorus_core::WorkError;
+use chorus_core::{Op, ReduceOp, WorkError};
 use chorus_gpu::cuda::Stream;
-use chorus_gpu::nccl::batch::{Batch, Capture as RawCapture, Ticket};
-use chorus_gpu::nccl::{CommOp, DeviceMem};
+use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Graph, GraphCapture, Ticket};
 
-pub use chorus_gpu::nccl::batch::Graph;
-
-use super::group::device_check;
-use super::{comm_error, lookup_error, ProcessGroup};
-use crate::device::{one, two, Op1, Op2};
+use super::handle::ProcessGroup;
+use crate::backend::nccl::{comm_error, device_check, lookup_error};
 use crate::error::Rejected;
-use crate::ReduceOp;
 
 /// A CUDA graph capture of NCCL ops on one stream (see the
 /// [module docs](self)). `!Send`: a capture belongs to the thread that began
@@ -59,7 +54,7 @@ use crate::ReduceOp;
 pub struct Capture<'pg> {
     pg: &'pg ProcessGroup,
     dev: u32,
-    raw: RawCapture,
+    raw: GraphCapture,
 }
 
 impl ProcessGroup {
@@ -80,7 +75,7 @@ impl ProcessGroup {
             .nccl
             .collective(dev)
             .map_err(|e| lookup_error(ctx.clone(), &e))?;
-        let mut raw = RawCapture::begin(stream).map_err(|e| WorkError::Backend {
+        let mut raw = GraphCapture::begin(stream).map_err(|e| WorkError::Backend {
             ctx: ctx.clone(),
             msg: e.to_string(),
         })?;
@@ -108,7 +103,7 @@ impl<'pg> Capture<'pg> {
     /// # Examples
     ///
     /// ```no_run
-    /// # fn demo(pg: &chorus::ProcessGroup, s: &chorus_gpu::cuda::Stream,
+    /// # fn demo(pg: &chorus::ProcessGroup, s: &chorus::Stream,
     /// #         bufs: Vec<chorus::DeviceBuffer<f32>>) -> Result<(), Box<dyn std::error::Error>> {
     /// use chorus::ReduceOp;
     /// let mut cap = pg.capture(s)?;
@@ -124,7 +119,7 @@ impl<'pg> Capture<'pg> {
     ///     graph.launch(s)?;
     /// }
     /// graph.done_event().synchronize()?;
-    /// let first: &[chorus::DeviceBuffer<f32>] = graph.buffers(tickets[0]).unwrap_or_default();
+    /// let first: Option<&chorus::DeviceBuffer<f32>> = graph.buffers(tickets[0]);
     /// # let _ = first;
     /// # Ok(())
     /// # }
@@ -167,7 +162,7 @@ impl<'pg> Capture<'pg> {
 
 /// The ops of one captured group (see [`Capture::group`]). Each checks its
 /// arguments at once and returns the [`Ticket`] of its buffers in the graph
-/// (a two-buffer op's ticket names `[input, output]`).
+/// (a two-buffer op's ticket names `(input, output)`).
 ///
 /// # Errors
 ///
@@ -181,34 +176,24 @@ pub struct CaptureGroup<'a> {
 }
 
 impl CaptureGroup<'_> {
-    fn stage<B: DeviceMem>(
-        &mut self,
-        op: CommOp,
-        bufs: Vec<B>,
-    ) -> Result<Ticket<B>, (WorkError, Vec<B>)> {
-        let (dev, _) = match device_check(self.pg, op, &bufs) {
+    fn stage<C: DeviceBuffers>(&mut self, op: Op, bufs: C) -> Result<Ticket<C>, Rejected<C>> {
+        let name = op.name();
+        let counts: Vec<usize> = bufs.iter().map(DeviceMem::count).collect();
+        let (dev, _) = match device_check(&self.pg.inner.seq, op, name, &bufs, &counts) {
             Ok(v) => v,
-            Err(e) => return Err((e, bufs)),
+            Err(e) => return Err(Rejected::new(e, bufs)),
         };
-        let ctx = self.pg.ctx(0, super::device_op_name(op));
+        let ctx = self.pg.ctx(0, name);
         if dev != self.dev {
             let msg = format!(
                 "the buffers are on device {dev} but the capture's stream on device {}",
                 self.dev
             );
-            return Err((WorkError::InvalidArgument { ctx, msg }, bufs));
+            return Err(Rejected::new(WorkError::InvalidArgument { ctx, msg }, bufs));
         }
         self.batch
             .push(op, bufs)
-            .map_err(|(e, bufs)| (comm_error(&ctx, e), bufs))
-    }
-
-    fn one<B: DeviceMem>(&mut self, b: B, op: Op1) -> Result<Ticket<B>, Rejected<B>> {
-        one(self.stage(op.comm_op(), vec![b]))
-    }
-
-    fn two<B: DeviceMem>(&mut self, i: B, o: B, op: Op2) -> Result<Ticket<B>, Rejected<(B, B)>> {
-        two(self.stage(op.comm_op(), vec![i, o]))
+            .map_err(|(e, bufs)| Rejected::new(comm_error(&ctx, e), bufs))
     }
 
     /// Captures an all_reduce, in place.
@@ -217,7 +202,7 @@ impl CaptureGroup<'_> {
         buf: B,
         op: ReduceOp,
     ) -> Result<Ticket<B>, Rejected<B>> {
-        self.one(buf, Op1::AllReduce(op))
+        self.stage(Op::AllReduce(op), buf)
     }
 
     /// Captures a broadcast from `root`, in place.
@@ -226,7 +211,7 @@ impl CaptureGroup<'_> {
         buf: B,
         root: usize,
     ) -> Result<Ticket<B>, Rejected<B>> {
-        self.one(buf, Op1::Broadcast { root })
+        self.stage(Op::Broadcast { root }, buf)
     }
 
     /// Captures a reduce onto `root`, in place.
@@ -236,17 +221,17 @@ impl CaptureGroup<'_> {
         root: usize,
         op: ReduceOp,
     ) -> Result<Ticket<B>, Rejected<B>> {
-        self.one(buf, Op1::Reduce { root, op })
+        self.stage(Op::Reduce { root, op }, buf)
     }
 
     /// Captures a send to `dst` (on the collective communicator).
     pub fn send<B: DeviceMem>(&mut self, buf: B, dst: usize) -> Result<Ticket<B>, Rejected<B>> {
-        self.one(buf, Op1::Send { peer: dst })
+        self.stage(Op::Send { peer: dst }, buf)
     }
 
     /// Captures a recv from `src` (on the collective communicator).
     pub fn recv<B: DeviceMem>(&mut self, buf: B, src: usize) -> Result<Ticket<B>, Rejected<B>> {
-        self.one(buf, Op1::Recv { peer: src })
+        self.stage(Op::Recv { peer: src }, buf)
     }
 
     /// Captures an all_gather of `input` into `output`.
@@ -254,8 +239,8 @@ impl CaptureGroup<'_> {
         &mut self,
         input: B,
         output: B,
-    ) -> Result<Ticket<B>, Rejected<(B, B)>> {
-        self.two(input, output, Op2::AllGather)
+    ) -> Result<Ticket<(B, B)>, Rejected<(B, B)>> {
+        self.stage(Op::AllGather, (input, output))
     }
 
     /// Captures a reduce_scatter of `input` into `output`.
@@ -264,8 +249,8 @@ impl CaptureGroup<'_> {
         input: B,
         output: B,
         op: ReduceOp,
-    ) -> Result<Ticket<B>, Rejected<(B, B)>> {
-        self.two(input, output, Op2::ReduceScatter(op))
+    ) -> Result<Ticket<(B, B)>, Rejected<(B, B)>> {
+        self.stage(Op::ReduceScatter(op), (input, output))
     }
 
     /// Captures an all_to_all of `input` into `output`.
@@ -273,7 +258,7 @@ impl CaptureGroup<'_> {
         &mut self,
         input: B,
         output: B,
-    ) -> Result<Ticket<B>, Rejected<(B, B)>> {
-        self.two(input, output, Op2::AllToAll)
+    ) -> Result<Ticket<(B, B)>, Rejected<(B, B)>> {
+        self.stage(Op::AllToAll, (input, output))
     }
 }

@@ -25,14 +25,16 @@
 //!   median host time of the `all_reduce` call alone, `in_progress` how many
 //!   of the timed calls returned `ncclInProgress`, `loop_us` per op of 20
 //!   back-to-back ops, `busbw_gbps` from each).
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
 use chorus::reduce::Reducible;
+use chorus::test_util::in_progress_returns;
+use chorus::DeviceElement;
+use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
 use chorus_examples::testkit::{data, poison, reference, TestElem, OPS};
-use chorus_gpu::cuda::{Device, Stream, StreamPriority};
-use chorus_gpu::nccl::{in_progress_returns, NcclElement};
 use half::{bf16, f16};
 
 fn env_num(key: &str, default: u64) -> u64 {
@@ -44,12 +46,12 @@ fn env_num(key: &str, default: u64) -> u64 {
 
 type Res<T> = Result<T, String>;
 
-fn up<T: NcclElement + Copy>(s: &Stream, v: &[T]) -> Res<DeviceBuffer<T>> {
+fn up<T: DeviceElement + Copy>(s: &Stream, v: &[T]) -> Res<DeviceBuffer<T>> {
     let slice = s.clone_htod(v).map_err(|e| format!("upload: {e}"))?;
     DeviceBuffer::new(slice).map_err(|e| format!("device buffer: {e}"))
 }
 
-fn down<T: NcclElement + Copy>(b: &DeviceBuffer<T>) -> Res<Vec<T>> {
+fn down<T: DeviceElement + Copy>(b: &DeviceBuffer<T>) -> Res<Vec<T>> {
     b.producer()
         .clone_dtoh(b.slice())
         .map_err(|e| format!("download: {e}"))
@@ -96,7 +98,7 @@ fn rej<B>(what: &str) -> impl Fn(chorus::Rejected<B>) -> String + '_ {
 /// Every op for element type `T` at `len` elements per rank.
 async fn ops<T>(pg: &ProcessGroup, s: &Stream, salt: u64, len: usize, ck: &mut Checker) -> Res<()>
 where
-    T: TestElem + Reducible + NcclElement,
+    T: TestElem + Reducible + DeviceElement,
 {
     let (rank, size) = (pg.rank(), pg.size());
     let dt = T::DTYPE;
@@ -430,14 +432,14 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     for replay in 0..5u64 {
         let c = 5000 + 10 * replay;
         for (i, t) in tickets.iter().enumerate() {
-            let b = &mut graph.buffers_mut(*t).ok_or("ticket")?[0];
+            let b = graph.buffers_mut(*t).ok_or("ticket")?;
             s.copy_htod(
                 &data::<f32>(c + i as u64, rank, len, ReduceOp::Sum),
                 b.slice_mut(),
             )
             .map_err(|e| format!("fill: {e}"))?;
         }
-        let b = &mut graph.buffers_mut(st).ok_or("ticket")?[0];
+        let b = graph.buffers_mut(st).ok_or("ticket")?;
         s.copy_htod(&data::<f32>(c + 9, rank, len, ReduceOp::Sum), b.slice_mut())
             .map_err(|e| format!("fill: {e}"))?;
         graph.launch(s).map_err(|e| format!("replay: {e}"))?;
@@ -446,7 +448,7 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
             .synchronize()
             .map_err(|e| format!("replay sync: {e}"))?;
         for (i, t) in tickets.iter().enumerate() {
-            let b = &graph.buffers(*t).ok_or("ticket")?[0];
+            let b = graph.buffers(*t).ok_or("ticket")?;
             let got = s.clone_dtoh(b.slice()).map_err(|e| format!("read: {e}"))?;
             ck.check(
                 format!("replay {replay} all_reduce {i}"),
@@ -454,7 +456,7 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
                 &reference::<f32>(c + i as u64, n, len, ReduceOp::Sum),
             );
         }
-        let b = &graph.buffers(rt).ok_or("ticket")?[0];
+        let b = graph.buffers(rt).ok_or("ticket")?;
         let got = s.clone_dtoh(b.slice()).map_err(|e| format!("read: {e}"))?;
         ck.check(
             format!("replay {replay} recv"),
@@ -584,10 +586,7 @@ async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
                 std::process::id(),
                 start.elapsed()
             );
-            // SAFETY: getpid and kill have no memory-safety preconditions.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         }
     }
     let submitted = start.elapsed();

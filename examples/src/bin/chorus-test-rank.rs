@@ -19,7 +19,9 @@
 //!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
+#![forbid(unsafe_code)]
 
+use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
 use chorus::{ProcessGroup, ReduceOp};
@@ -55,11 +57,8 @@ fn outcome<T>(rank: usize, start: Instant, r: Result<T, chorus::WorkError>) -> i
     }
 }
 
-fn signal_self(sig: i32) {
-    // SAFETY: getpid and kill have no memory-safety preconditions.
-    unsafe {
-        libc::kill(libc::getpid(), sig);
-    }
+fn signal_self(sig: Signal) {
+    let _ = nix::sys::signal::raise(sig);
 }
 
 /// Two all_reduces, then the victim stops itself (SIGSTOP); the others run
@@ -77,7 +76,7 @@ async fn stop_scenario(
             "VICTIM rank={rank} pid={} stopping itself",
             std::process::id()
         );
-        signal_self(libc::SIGSTOP);
+        signal_self(Signal::SIGSTOP);
     }
     let start = Instant::now();
     let r = op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await;
@@ -127,7 +126,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     "VICTIM rank={rank} pid={} killing itself",
                     std::process::id()
                 );
-                signal_self(libc::SIGKILL);
+                signal_self(Signal::SIGKILL);
             }
             Ok(outcome(rank, start, w.await))
         }
@@ -162,7 +161,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 // socket may reset data still in flight to the others.
                 std::thread::sleep(Duration::from_millis(200));
                 println!("VICTIM rank=0 pid={} killing itself", std::process::id());
-                signal_self(libc::SIGKILL);
+                signal_self(Signal::SIGKILL);
             }
             // Give the store host time to die, then use the store.
             tokio::time::sleep(Duration::from_millis(600)).await;

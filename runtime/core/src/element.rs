@@ -146,6 +146,36 @@ impl HostBuffer {
     }
 }
 
+impl HostBuffer {
+    /// The buffers one after another, as one buffer: `None` if they are not
+    /// all of one type (or there is none).
+    pub fn concat(parts: Vec<HostBuffer>) -> Option<HostBuffer> {
+        fn join<T: Copy>(
+            parts: Vec<HostBuffer>,
+            take: fn(HostBuffer) -> Option<Vec<T>>,
+        ) -> Option<Vec<T>> {
+            let mut it = parts.into_iter();
+            let mut out = take(it.next()?)?;
+            for p in it {
+                out.extend_from_slice(&take(p)?);
+            }
+            Some(out)
+        }
+        let dtype = parts.first()?.dtype();
+        macro_rules! cat {
+            ($($v:ident),*) => {
+                match dtype {
+                    $(DType::$v => join(parts, |b| match b {
+                        HostBuffer::$v(v) => Some(v),
+                        _ => None,
+                    }).map(HostBuffer::$v),)*
+                }
+            };
+        }
+        cat!(F32, F64, F16, BF16, I8, U8, I32, I64, U32, U64)
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -197,6 +227,132 @@ element!(i64, I64);
 element!(u32, U32);
 element!(u64, U64);
 
+/// The host buffers of one op, as it takes them and gives them back: one
+/// buffer (`Vec<T>`), an input and an output (`(Vec<T>, Vec<T>)`), several
+/// (`Vec<Vec<T>>`, a coalesced op), or none (`()`, a barrier). Sealed.
+pub trait HostBuffers: Sized + Send + sealed::Sealed + 'static {
+    /// Number of buffers.
+    fn len(&self) -> usize;
+    /// True if there is no buffer.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Element count of buffer `i`.
+    fn count(&self, i: usize) -> Option<usize>;
+    /// The element type (`None` without buffers).
+    fn dtype(&self) -> Option<DType>;
+    /// The buffers, type-erased, in order.
+    fn into_host(self) -> Vec<HostBuffer>;
+    /// The buffers back with their types; `None` if `v` does not hold this
+    /// shape.
+    fn from_host(v: Vec<HostBuffer>) -> Option<Self>;
+    /// The shape with no elements (what a buffer that does not fit the
+    /// shape comes back as in [`recover`](Self::recover)).
+    fn empty() -> Self;
+    /// The buffers back with their types, for buffers this shape made with
+    /// [`into_host`](Self::into_host): they always fit; anything that does
+    /// not is replaced by empty buffers rather than lost silently in a
+    /// panic.
+    fn recover(v: Vec<HostBuffer>) -> Self {
+        Self::from_host(v).unwrap_or_else(Self::empty)
+    }
+}
+
+impl<T: Element> sealed::Sealed for Vec<T> {}
+impl<T: Element> HostBuffers for Vec<T> {
+    fn len(&self) -> usize {
+        1
+    }
+    fn count(&self, i: usize) -> Option<usize> {
+        (i == 0).then_some(Vec::len(self))
+    }
+    fn dtype(&self) -> Option<DType> {
+        Some(T::DTYPE)
+    }
+    fn into_host(self) -> Vec<HostBuffer> {
+        vec![T::into_host(self)]
+    }
+    fn from_host(v: Vec<HostBuffer>) -> Option<Self> {
+        let mut it = v.into_iter();
+        let b = T::from_host(it.next()?).ok()?;
+        it.next().is_none().then_some(b)
+    }
+    fn empty() -> Self {
+        Vec::new()
+    }
+}
+
+impl<T: Element> sealed::Sealed for (Vec<T>, Vec<T>) {}
+impl<T: Element> HostBuffers for (Vec<T>, Vec<T>) {
+    fn len(&self) -> usize {
+        2
+    }
+    fn count(&self, i: usize) -> Option<usize> {
+        match i {
+            0 => Some(self.0.len()),
+            1 => Some(self.1.len()),
+            _ => None,
+        }
+    }
+    fn dtype(&self) -> Option<DType> {
+        Some(T::DTYPE)
+    }
+    fn into_host(self) -> Vec<HostBuffer> {
+        vec![T::into_host(self.0), T::into_host(self.1)]
+    }
+    fn from_host(v: Vec<HostBuffer>) -> Option<Self> {
+        let mut it = v.into_iter();
+        let a = T::from_host(it.next()?).ok()?;
+        let b = T::from_host(it.next()?).ok()?;
+        it.next().is_none().then_some((a, b))
+    }
+    fn empty() -> Self {
+        (Vec::new(), Vec::new())
+    }
+}
+
+impl<T: Element> sealed::Sealed for Vec<Vec<T>> {}
+impl<T: Element> HostBuffers for Vec<Vec<T>> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn count(&self, i: usize) -> Option<usize> {
+        self.get(i).map(Vec::len)
+    }
+    fn dtype(&self) -> Option<DType> {
+        Some(T::DTYPE)
+    }
+    fn into_host(self) -> Vec<HostBuffer> {
+        self.into_iter().map(T::into_host).collect()
+    }
+    fn from_host(v: Vec<HostBuffer>) -> Option<Self> {
+        v.into_iter().map(|b| T::from_host(b).ok()).collect()
+    }
+    fn empty() -> Self {
+        Vec::new()
+    }
+}
+
+impl sealed::Sealed for () {}
+impl HostBuffers for () {
+    fn len(&self) -> usize {
+        0
+    }
+    fn count(&self, _: usize) -> Option<usize> {
+        None
+    }
+    fn dtype(&self) -> Option<DType> {
+        None
+    }
+    fn into_host(self) -> Vec<HostBuffer> {
+        Vec::new()
+    }
+    fn from_host(v: Vec<HostBuffer>) -> Option<Self> {
+        v.is_empty().then_some(())
+    }
+    fn empty() -> Self {}
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -217,6 +373,42 @@ mod tests {
         assert_eq!(
             parts,
             vec![HostBuffer::U8(vec![1]), HostBuffer::U8(vec![2, 3])]
+        );
+    }
+
+    #[test]
+    fn concat_joins_one_type_only() {
+        let parts = vec![HostBuffer::F32(vec![1.0]), HostBuffer::F32(vec![2.0, 3.0])];
+        assert_eq!(
+            HostBuffer::concat(parts),
+            Some(HostBuffer::F32(vec![1.0, 2.0, 3.0]))
+        );
+        let mixed = vec![HostBuffer::F32(vec![1.0]), HostBuffer::I8(vec![2])];
+        assert_eq!(HostBuffer::concat(mixed), None);
+        assert_eq!(HostBuffer::concat(Vec::new()), None);
+    }
+
+    #[test]
+    fn shapes_go_to_host_buffers_and_back() {
+        let pair = (vec![1u32, 2], vec![3u32]);
+        assert_eq!(
+            (pair.len(), pair.count(1), pair.dtype()),
+            (2, Some(1), Some(DType::U32))
+        );
+        let back: Option<(Vec<u32>, Vec<u32>)> = HostBuffers::from_host(pair.clone().into_host());
+        assert_eq!(back, Some(pair));
+        let many = vec![vec![1i64], vec![], vec![2, 3]];
+        let back: Option<Vec<Vec<i64>>> = HostBuffers::from_host(many.clone().into_host());
+        assert_eq!(back, Some(many));
+        // The wrong type or number is refused, not guessed.
+        assert_eq!(
+            <Vec<f32> as HostBuffers>::from_host(vec![HostBuffer::I8(vec![1])]),
+            None
+        );
+        assert_eq!(<Vec<f32> as HostBuffers>::from_host(Vec::new()), None);
+        assert_eq!(
+            <() as HostBuffers>::from_host(vec![HostBuffer::U8(vec![])]),
+            None
         );
     }
 

@@ -36,7 +36,7 @@ pub mod profile;
 pub(crate) mod sync;
 pub mod work;
 
-pub use element::{Element, HostBuffer};
+pub use element::{Element, HostBuffer, HostBuffers};
 pub use error::{OpContext, WorkError};
 pub use op::{DType, Op, ReduceOp};
 pub use work::{Completer, FinishedProbe, OpFuture, Registry, WorkStatus};

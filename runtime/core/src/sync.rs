@@ -22,6 +22,15 @@ mod imp {
 #[allow(unused_imports)]
 pub(crate) use imp::*;
 
+/// `std`'s `Arc`, under loom too, for shared state that is also handed out
+/// as a trait object: a work's shared state is its registry entry's
+/// `Arc<dyn Fail>`, and an NCCL op's end event the entry's
+/// `Arc<dyn FinishedProbe>`; loom's `Arc` cannot be coerced to `dyn`. What
+/// such a handle guards sits behind this module's `Mutex`, which loom does
+/// model; only the reference count is std's, and under loom one thread at a
+/// time moves it. Text (`Arc<str>`) that never changes needs no shim.
+pub(crate) type DynArc<T> = std::sync::Arc<T>;
+
 /// Locks a mutex, recovering the data if another thread panicked while
 /// holding it: every state machine guarded here stays consistent between
 /// statements, so a poisoned lock carries no torn state.

@@ -6,15 +6,25 @@
 //!   devices, streams, events; typed errors where there is no GPU.
 //! * [`nccl`]: NCCL communicators (non-blocking init, blocking twins for
 //!   ops), device buffers, in-flight ops and their retire queue;
-//!   [`nccl::batch`]: several ops in one NCCL group, and CUDA graph capture.
+//!   [`nccl::Batch`]: several ops in one NCCL group; [`nccl::GraphCapture`]:
+//!   CUDA graph capture of NCCL ops.
 //! * [`reactor`]: the completion reactor thread that completes GPU ops
 //!   when their end event completes.
+//! * [`placement`]: which side of the machine a buffer type lives on, the
+//!   compile-time switch by which chorus picks a backend.
+//! * `config`: the settings this layer reads from the environment.
+//! * `floor` (feature `test-util`): raw NCCL calls on a one-rank
+//!   communicator, the floor benchmarks compare chorus with.
 //!
 //! Nothing here runs unless called: the TCP backend works on machines
 //! without a GPU. All of chorus's GPU `unsafe` lives in this crate (and in
 //! `nccl-sys`), each block with a `// SAFETY:` line.
 #![warn(missing_docs)]
 
+mod config;
 pub mod cuda;
+#[cfg(feature = "test-util")]
+pub mod floor;
 pub mod nccl;
+pub mod placement;
 pub mod reactor;

@@ -26,9 +26,8 @@
 //! finds it awake and needs no unpark system call), then parks and uses no
 //! CPU until the next registration unparks it.
 //!
-//! The settings come from `CHORUS_REACTOR_SPIN_US`,
-//! `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
-//! `CHORUS_REACTOR_DETACHED_US`.
+//! The settings ([`ReactorConfig`]) come from [`configure`], or from the
+//! `CHORUS_REACTOR_*` variables (see `crate::config`).
 //!
 //! # Detached entries
 //!
@@ -54,6 +53,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
+
+pub use crate::config::ReactorConfig;
 
 /// One watched op.
 pub trait Pending: Send + 'static {
@@ -88,56 +89,6 @@ struct Done;
 impl Pending for Done {
     fn poll_complete(&mut self) -> bool {
         true
-    }
-}
-
-/// How the reactor thread backs off while entries are pending.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReactorConfig {
-    /// Spin (no yield, no sleep) for this long after the last progress.
-    pub spin: Duration,
-    /// Then yield the core between rounds until this long after the last
-    /// progress.
-    pub yield_for: Duration,
-    /// Then sleep between rounds, 10 µs doubling up to this.
-    pub max_sleep: Duration,
-    /// Detached entries are checked this often.
-    pub detached_poll: Duration,
-}
-
-impl Default for ReactorConfig {
-    fn default() -> Self {
-        ReactorConfig {
-            spin: Duration::from_micros(200),
-            yield_for: Duration::from_millis(20),
-            max_sleep: Duration::from_micros(30),
-            detached_poll: Duration::from_micros(50),
-        }
-    }
-}
-
-impl ReactorConfig {
-    /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
-    /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
-    /// `CHORUS_REACTOR_DETACHED_US`.
-    pub fn from_env() -> ReactorConfig {
-        let us = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_micros)
-        };
-        let d = ReactorConfig::default();
-        ReactorConfig {
-            spin: us("CHORUS_REACTOR_SPIN_US").unwrap_or(d.spin),
-            yield_for: us("CHORUS_REACTOR_YIELD_US").unwrap_or(d.yield_for),
-            max_sleep: us("CHORUS_REACTOR_MAX_SLEEP_US")
-                .unwrap_or(d.max_sleep)
-                .max(Duration::from_micros(1)),
-            detached_poll: us("CHORUS_REACTOR_DETACHED_US")
-                .unwrap_or(d.detached_poll)
-                .max(Duration::from_micros(1)),
-        }
     }
 }
 
@@ -193,11 +144,29 @@ impl std::fmt::Debug for Reactor {
     }
 }
 
-/// The process-wide reactor, with [`ReactorConfig::from_env`]. Its thread
-/// starts on the first registration.
+/// The process-wide reactor. Its settings are those given to
+/// [`configure`] before its first use, else the defaults overridden by the
+/// environment ([`ReactorConfig::from_env`]). Its thread starts on the
+/// first registration.
 pub fn global() -> &'static Reactor {
-    static GLOBAL: OnceLock<Reactor> = OnceLock::new();
-    GLOBAL.get_or_init(|| Reactor::new(ReactorConfig::from_env()))
+    GLOBAL.get_or_init(|| {
+        let pending = PENDING.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Reactor::new(pending.unwrap_or_else(ReactorConfig::from_env))
+    })
+}
+
+static GLOBAL: OnceLock<Reactor> = OnceLock::new();
+static PENDING: Mutex<Option<ReactorConfig>> = Mutex::new(None);
+
+/// Sets the process-wide reactor's settings (the builder equivalent of the
+/// `CHORUS_REACTOR_*` variables). Takes effect only before the reactor's
+/// first use; returns false if it is already running with other settings.
+pub fn configure(config: ReactorConfig) -> bool {
+    if let Some(r) = GLOBAL.get() {
+        return r.config() == config;
+    }
+    *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    true
 }
 
 impl Reactor {

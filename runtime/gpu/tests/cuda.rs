@@ -1,6 +1,7 @@
 //! The CUDA layer. The first tests run everywhere (CI has no GPU: typed
 //! errors, no panic). The `gpu_` tests are ignored by default and run on the
 //! GPU machine with `--include-ignored`; they FAIL when no GPU is found.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

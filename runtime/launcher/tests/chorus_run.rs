@@ -1,5 +1,6 @@
 //! The chorus-run launcher, with `sh` scripts as ranks: environment, output
 //! prefixes, failure propagation, stopping the other ranks, signals.
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};

@@ -4,6 +4,7 @@
 //! `--exact rank_process --nocapture` and `CHORUS_TEST_RANK_MODE` set, and
 //! the `rank_process` test then plays one rank (it does nothing when the
 //! variable is unset, i.e. in a normal test run).
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::io::{InBuf, OutBuf};
-use super::wire::{self, op, Encoder, FrameStatus, Reply};
-use super::{Store, StoreError, DEFAULT_TIMEOUT};
 use std::sync::{Arc, Mutex};
 
-use crate::lock;
+use crate::error::StoreError;
+use crate::io::{InBuf, OutBuf, OUT_HIGH_WATER};
+use crate::lock::lock;
+use crate::store::{Store, DEFAULT_TIMEOUT};
+use crate::wire::{self, op, Encoder, FrameStatus, Reply};
 
 /// Options of [`TcpStore::connect`].
 #[derive(Clone, Debug)]
@@ -47,7 +48,7 @@ impl ClientOptions {
     /// empty: no token).
     pub fn from_env() -> Self {
         ClientOptions {
-            token: super::io::token_from_env(),
+            token: crate::config::token(),
             ..Self::default()
         }
     }
@@ -62,7 +63,7 @@ struct Cmd {
     reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
-/// A client of a [`TcpStoreServer`](super::TcpStoreServer).
+/// A client of a [`TcpStoreServer`](crate::TcpStoreServer).
 ///
 /// One TCP connection, owned by a task on chorus's background runtime; the
 /// methods hand it requests through channels, so they can be awaited from
@@ -587,7 +588,7 @@ async fn connection(
     let mut closed = false;
     let end: StoreError = loop {
         // Take queued requests.
-        while !closed && c.out.pending() < super::io::OUT_HIGH_WATER {
+        while !closed && c.out.pending() < OUT_HIGH_WATER {
             match rx.try_recv() {
                 Ok(cmd) => c.accept(cmd),
                 Err(mpsc::error::TryRecvError::Empty) => break,
@@ -601,7 +602,7 @@ async fn connection(
             Err(e) => break conn_err(&c.addr, format!("write failed: {e}")),
         }
         let next = c.expire();
-        let room = !closed && c.out.pending() < super::io::OUT_HIGH_WATER;
+        let room = !closed && c.out.pending() < OUT_HIGH_WATER;
         let must_write = c.out.pending() > 0;
         tokio::select! {
             cmd = rx.recv(), if room => match cmd {

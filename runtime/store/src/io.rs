@@ -12,19 +12,12 @@ use std::io;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::wire;
+use crate::wire;
 
 /// Bytes waiting to be sent on a connection above which its task stops
 /// taking more work (client: new requests; server: reading requests) until
 /// the socket drains.
 pub(crate) const OUT_HIGH_WATER: usize = 4 << 20;
-
-/// The shared token from `CHORUS_STORE_TOKEN`, if set and not empty.
-pub(crate) fn token_from_env() -> Option<String> {
-    std::env::var(super::TOKEN_ENV)
-        .ok()
-        .filter(|t| !t.is_empty())
-}
 
 /// Bytes offered to one `read` at least (unless the frame needs fewer).
 const MIN_READ: usize = 4096;

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use futures::task::AtomicWaker;
 
-use super::{wire, Store, StoreError};
+use crate::error::StoreError;
+use crate::store::Store;
+use crate::wire;
 use std::sync::{Arc, Mutex};
 
-use crate::lock;
+use crate::lock::lock;
 
 /// A waiter registered on one or more missing keys; a set of any of them
 /// wakes it, and it looks again.

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Store, StoreError};
+use crate::error::StoreError;
+use crate::store::Store;
 
 /// Keys of this store are `"{prefix}/{key}"` in the inner store.
 ///

@@ -11,15 +11,24 @@ use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle, Runtime};
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+static CONFIGURED: OnceLock<usize> = OnceLock::new();
 
-/// Number of I/O worker threads: `CHORUS_IO_THREADS`, or by default one per
-/// core this process has to itself (cores ÷ `LOCAL_WORLD_SIZE`, as set by
-/// `chorus-run` and torchrun), at least 1 and at most 2.
+/// Sets the number of I/O threads (the builder equivalent of
+/// `CHORUS_IO_THREADS`; at least 1). Takes effect only before the runtime
+/// first starts; returns false if it already runs or was configured.
+pub fn configure(io_threads: usize) -> bool {
+    RUNTIME.get().is_none() && CONFIGURED.set(io_threads.max(1)).is_ok()
+}
+
+/// Number of I/O worker threads: what [`configure`] set, else
+/// `CHORUS_IO_THREADS`, or by default one per core this process has to
+/// itself (cores ÷ `LOCAL_WORLD_SIZE`, as set by `chorus-run` and
+/// torchrun), at least 1 and at most 2.
 fn io_threads() -> usize {
-    std::env::var("CHORUS_IO_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
+    CONFIGURED
+        .get()
+        .copied()
+        .or_else(crate::config::io_threads)
         .unwrap_or_else(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let local = std::env::var("LOCAL_WORLD_SIZE")

@@ -15,11 +15,12 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::io::{InBuf, OutBuf};
-use super::memory::{take_all, take_present, Kv};
-use super::wire::{self, status, Encoder, FrameStatus, Request};
-use super::{InMemoryStore, StoreError};
 use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::io::{InBuf, OutBuf, OUT_HIGH_WATER};
+use crate::memory::{take_all, take_present, InMemoryStore, Kv};
+use crate::wire::{self, status, Encoder, FrameStatus, Request};
 
 /// Most waiting operations (get, wait, multi_get whose keys are missing)
 /// one connection may have in flight; more get an error reply.
@@ -56,7 +57,7 @@ impl ServerOptions {
     /// empty: no token).
     pub fn from_env() -> Self {
         ServerOptions {
-            token: super::io::token_from_env(),
+            token: crate::config::token(),
             ..Self::default()
         }
     }
@@ -80,7 +81,7 @@ struct Shared {
 /// There is no encryption; the optional token ([`ServerOptions::token`],
 /// `CHORUS_STORE_TOKEN`) only keeps out peers that do not know it.
 ///
-/// [`TcpStore`]: super::TcpStore
+/// [`TcpStore`]: crate::TcpStore
 #[derive(Debug)]
 pub struct TcpStoreServer {
     local_addr: SocketAddr,
@@ -303,7 +304,7 @@ impl Conn {
                 Some(started + timeout)
             };
             // Replies pile up: stop reading until the client reads.
-            let can_read = self.out.pending() < super::io::OUT_HIGH_WATER;
+            let can_read = self.out.pending() < OUT_HIGH_WATER;
             let must_write = self.out.pending() > 0;
             tokio::select! {
                 _ = stop.changed() => return Ok(()),

@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use super::StoreError;
+use crate::error::StoreError;
 
 /// Version byte of this wire format.
 pub(crate) const VERSION: u8 = 1;

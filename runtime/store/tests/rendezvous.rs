@@ -1,6 +1,7 @@
 //! Rendezvous of ranks running as tasks and threads of one process: joining,
 //! the shared store, ranks that never arrive, leaving, misconfigurations.
 //! (Ranks in separate processes under chorus-run: `rendezvous_procs.rs`.)
+#![forbid(unsafe_code)]
 
 use std::collections::HashSet;
 use std::net::TcpListener;

@@ -1,5 +1,6 @@
 //! Rendezvous configuration: the torchrun, SLURM and Open MPI environments
 //! (through a lookup map, never the process environment) and the builder.
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

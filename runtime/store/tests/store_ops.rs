@@ -1,5 +1,6 @@
 //! Every store operation, on every store: the in-memory store, the TCP
 //! client/server, and prefix stores over both.
+#![forbid(unsafe_code)]
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -1,5 +1,6 @@
 //! The TCP store server and client: many connections, bad input, tokens,
 //! executors, shutdown, connect retries.
+#![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -11,10 +11,9 @@ use super::wire::{
     op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST, CLASS_COLL, CLASS_P2P, NONE32,
     NONE8,
 };
-use super::worker::{Op, Worker};
-use crate::backend::OpKind;
-use crate::dtype::{DType, HostBuffer, ReduceOp};
+use super::worker::{Active, Worker};
 use crate::reduce::{self, finish_avg, Reducible};
+use chorus_core::{DType, HostBuffer, Op, ReduceOp};
 
 /// Elements `i` of `0..count` split into `n` blocks as evenly as possible
 /// (the first `count % n` blocks get one more).
@@ -128,6 +127,8 @@ fn combine_to(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
         DType::U8 => combine3_raw::<u8>(op, out, a, b),
         DType::I32 => combine3_raw::<i32>(op, out, a, b),
         DType::I64 => combine3_raw::<i64>(op, out, a, b),
+        DType::U32 => combine3_raw::<u32>(op, out, a, b),
+        DType::U64 => combine3_raw::<u64>(op, out, a, b),
     }
 }
 
@@ -152,6 +153,8 @@ fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
         DType::U8 => combine_raw::<u8>(op, dst, src),
         DType::I32 => combine_raw::<i32>(op, dst, src),
         DType::I64 => combine_raw::<i64>(op, dst, src),
+        DType::U32 => combine_raw::<u32>(op, dst, src),
+        DType::U64 => combine_raw::<u64>(op, dst, src),
     }
 }
 
@@ -170,8 +173,8 @@ impl Worker {
         (1..n).map(move |s| (me + s) % n)
     }
 
-    fn op<'a>(ctx: &'a OpContext, sig: Sig) -> Op<'a> {
-        Op {
+    fn op<'a>(ctx: &'a OpContext, sig: Sig) -> Active<'a> {
+        Active {
             ctx,
             sig,
             class: CLASS_COLL,
@@ -201,37 +204,44 @@ impl Worker {
     pub(super) async fn execute(
         &mut self,
         ctx: &OpContext,
-        kind: &mut OpKind,
+        op: Op,
+        bufs: &mut [HostBuffer],
     ) -> Result<(), WorkError> {
         self.begin();
-        self.validate(ctx, kind)?;
-        match kind {
-            OpKind::AllReduce { buf, op } => self.all_reduce(ctx, buf, *op).await,
-            OpKind::Broadcast { buf, root } => self.broadcast(ctx, buf, *root).await,
-            OpKind::Reduce { buf, root, op } => self.reduce(ctx, buf, *root, *op).await,
-            OpKind::AllGather { input, output } => self.all_gather(ctx, input, output).await,
-            OpKind::ReduceScatter { input, output, op } => {
-                self.reduce_scatter(ctx, input, output, *op).await
+        self.validate(ctx, op, bufs)?;
+        match (op, bufs) {
+            (Op::AllReduce(r), [buf]) => self.all_reduce(ctx, buf, r).await,
+            (Op::Broadcast { root }, [buf]) => self.broadcast(ctx, buf, root).await,
+            (Op::Reduce { root, op }, [buf]) => self.reduce(ctx, buf, root, op).await,
+            (Op::AllGather, [input, output]) => self.all_gather(ctx, input, output).await,
+            (Op::ReduceScatter(r), [input, output]) => {
+                self.reduce_scatter(ctx, input, output, r).await
             }
-            OpKind::AllToAll { input, output } => self.all_to_all(ctx, input, output).await,
-            OpKind::Send { buf, peer } => self.send_op(ctx, buf, *peer).await,
-            OpKind::Recv { buf, peer } => self.recv_op(ctx, buf, *peer).await,
-            OpKind::Barrier => self.barrier(ctx).await,
+            (Op::AllToAll, [input, output]) => self.all_to_all(ctx, input, output).await,
+            (Op::Send { peer }, [buf]) => self.send_op(ctx, buf, peer).await,
+            (Op::Recv { peer }, [buf]) => self.recv_op(ctx, buf, peer).await,
+            (Op::Barrier, []) => self.barrier(ctx).await,
+            (op, bufs) => Err(WorkError::InvalidArgument {
+                ctx: ctx.clone(),
+                msg: format!(
+                    "{op} with {} buffer(s) does not run on the TCP backend",
+                    bufs.len()
+                ),
+            }),
         }
     }
 
-    /// Checks what the process group already validated, so that a bad
-    /// request is an error rather than a panic.
-    fn validate(&self, ctx: &OpContext, kind: &OpKind) -> Result<(), WorkError> {
-        let n = self.n();
+    /// Checks what the process group already checked ([`Op::check`], one
+    /// dtype, no send to this rank), so that a bad request is an error
+    /// rather than a panic.
+    fn validate(&self, ctx: &OpContext, op: Op, bufs: &[HostBuffer]) -> Result<(), WorkError> {
         let bad = |msg: String| {
             Err(WorkError::InvalidArgument {
                 ctx: ctx.clone(),
                 msg,
             })
         };
-        let pair = |a: &HostBuffer, b: &HostBuffer, big_is_a: bool, what: &str| {
-            let (big, small) = if big_is_a { (a, b) } else { (b, a) };
+        if let [a, b] = bufs {
             if a.dtype() != b.dtype() {
                 return bad(format!(
                     "input is {} but output is {}",
@@ -239,39 +249,13 @@ impl Worker {
                     b.dtype()
                 ));
             }
-            if small.len().checked_mul(n) != Some(big.len()) {
-                return bad(format!(
-                    "{what}: {} elements is not {n} (the group size) times {}",
-                    big.len(),
-                    small.len()
-                ));
-            }
-            Ok(())
-        };
-        match kind {
-            OpKind::Broadcast { root, .. } | OpKind::Reduce { root, .. } if *root >= n => {
-                bad(format!("root {root} is not a rank of this group of {n}"))
-            }
-            OpKind::AllGather { input, output } => pair(input, output, false, "all_gather output"),
-            OpKind::ReduceScatter { input, output, .. } => {
-                pair(input, output, true, "reduce_scatter input")
-            }
-            OpKind::AllToAll { input, output } => {
-                if input.dtype() != output.dtype()
-                    || input.len() != output.len()
-                    || input.len() % n != 0
-                {
-                    return bad(format!(
-                        "all_to_all needs input and output of the same dtype and length, a multiple of {n}; got {} {} and {} {}",
-                        input.len(),
-                        input.dtype(),
-                        output.len(),
-                        output.dtype()
-                    ));
-                }
-                Ok(())
-            }
-            OpKind::Send { peer, .. } | OpKind::Recv { peer, .. } => self.check_peer(ctx, *peer),
+        }
+        let counts: Vec<usize> = bufs.iter().map(HostBuffer::len).collect();
+        if let Err(msg) = op.check(self.n(), &counts) {
+            return bad(msg);
+        }
+        match op {
+            Op::Send { peer } | Op::Recv { peer } => self.check_peer(ctx, peer),
             _ => Ok(()),
         }
     }
@@ -413,7 +397,7 @@ impl Worker {
     /// receives every other rank's block from its owner.
     async fn gather_from_owners(
         &mut self,
-        o: &Op<'_>,
+        o: &Active<'_>,
         buf: &mut HostBuffer,
         blk: impl Fn(usize) -> Range<usize>,
         ce: usize,
@@ -449,7 +433,7 @@ impl Worker {
     /// and all steps stream at once.
     async fn ring_in_place(
         &mut self,
-        o: &Op<'_>,
+        o: &Active<'_>,
         buf: &mut HostBuffer,
         op: Option<ReduceOp>,
         blk: impl Fn(usize) -> Range<usize>,
@@ -813,11 +797,11 @@ impl Worker {
         Ok(())
     }
 
-    fn p2p_op<'a>(ctx: &'a OpContext, buf: &HostBuffer) -> Op<'a> {
+    fn p2p_op<'a>(ctx: &'a OpContext, buf: &HostBuffer) -> Active<'a> {
         // Both sides describe the message as the sender's op.
         let mut sig = Self::sig(ctx, Some(buf.dtype()), None, None, buf.len(), ALGO_DIRECT);
         sig.op = op_code("send");
-        Op {
+        Active {
             ctx,
             sig,
             class: CLASS_P2P,

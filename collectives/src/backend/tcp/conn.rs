@@ -3,92 +3,17 @@
 
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use super::setup::{ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
+use super::pool::PoolBuf;
 use super::shm;
+use super::state::{Inner, PeerState};
 use super::wire::{Header, CLASS_BYE, CLASS_COLL, CLASS_P2P, HEADER_LEN};
-use super::Inner;
-
-/// Recycled receive buffers, so that steady-state ops allocate nothing per
-/// chunk. Buffers are `u64`-backed, so their bytes are aligned for every
-/// dtype.
-#[derive(Debug)]
-pub(super) struct Pool {
-    bufs: Mutex<Vec<Vec<u64>>>,
-    /// How many idle buffers are kept.
-    keep: usize,
-}
-
-impl Pool {
-    pub(super) fn new(keep: usize) -> Arc<Pool> {
-        Arc::new(Pool {
-            bufs: Mutex::new(Vec::new()),
-            keep,
-        })
-    }
-
-    /// A buffer of `len` bytes (contents unspecified).
-    pub(super) fn get(self: &Arc<Self>, len: usize) -> PoolBuf {
-        let mut words = self
-            .bufs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default();
-        let need = len.div_ceil(8);
-        if words.len() < need {
-            words.resize(need, 0);
-        }
-        PoolBuf {
-            words,
-            len,
-            pool: self.clone(),
-        }
-    }
-
-    fn put(&self, words: Vec<u64>) {
-        let mut bufs = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
-        if bufs.len() < self.keep {
-            bufs.push(words);
-        }
-    }
-}
-
-/// A buffer from the [`Pool`]; goes back to it when dropped.
-pub(super) struct PoolBuf {
-    words: Vec<u64>,
-    len: usize,
-    pool: Arc<Pool>,
-}
-
-impl std::fmt::Debug for PoolBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PoolBuf({} bytes)", self.len)
-    }
-}
-
-impl PoolBuf {
-    pub(super) fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
-    }
-
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
-    }
-}
-
-impl Drop for PoolBuf {
-    fn drop(&mut self) {
-        if self.words.capacity() > 0 {
-            self.pool.put(std::mem::take(&mut self.words));
-        }
-    }
-}
 
 /// A received frame's payload: read from the socket into a pool buffer, or
 /// left by the peer in a shared-memory slot (freed when dropped).
@@ -119,18 +44,6 @@ impl Payload {
 pub(super) struct Frame {
     pub(super) hdr: Header,
     pub(super) payload: Payload,
-}
-
-/// How a peer's connection ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum PeerState {
-    /// Connected.
-    Open,
-    /// The peer said goodbye: its backend was dropped after finishing its
-    /// ops. Frames already received can still be used.
-    Departed,
-    /// The connection broke (EOF without goodbye, reset, corrupt stream).
-    Lost(String),
 }
 
 /// The buffered read side of a connection.

@@ -10,16 +10,15 @@
 //!   per op, as Gloo's coalesced all_reduce does); every other op runs as it
 //!   is, in order.
 
-use chorus_core::{Completer, OpContext, Registry, WorkError};
+use chorus_core::{Completer, HostBuffer, Op, OpContext, OpFuture, Registry, WorkError};
 
-use crate::backend::{OpKind, OpOutput, OpRequest};
-use crate::dtype::HostBuffer;
+use super::request::OpRequest;
 
 /// One all_reduce folded into a fused one: where its result goes.
 struct Member {
     ctx: OpContext,
     buf: HostBuffer,
-    completer: Completer<OpOutput>,
+    completer: Completer<Vec<HostBuffer>>,
 }
 
 /// The requests to queue for a group: runs of two or more all_reduces with
@@ -29,21 +28,21 @@ pub(super) fn fuse(reqs: Vec<OpRequest>) -> Vec<OpRequest> {
     let handle = chorus_store::rt::handle().ok();
     let (sends, rest): (Vec<_>, Vec<_>) = reqs
         .into_iter()
-        .partition(|r| matches!(r.kind, OpKind::Send { .. }));
+        .partition(|r| matches!(r.op, Op::Send { .. }));
     let mut out = sends;
     let mut run: Vec<OpRequest> = Vec::new();
     for r in rest {
-        let joins = match (run.first().map(|f| &f.kind), &r.kind) {
-            (Some(OpKind::AllReduce { buf: a, op: oa }), OpKind::AllReduce { buf: b, op: ob }) => {
-                a.dtype() == b.dtype() && oa == ob
+        let joins = match (run.first(), r.op) {
+            (Some(first), Op::AllReduce(ob)) => {
+                first.op == Op::AllReduce(ob) && dtype_of(first) == dtype_of(&r)
             }
-            (None, OpKind::AllReduce { .. }) => true,
+            (None, Op::AllReduce(_)) => true,
             _ => false,
         };
         if !joins {
             flush(&mut run, &mut out, handle.as_ref());
         }
-        if matches!(r.kind, OpKind::AllReduce { .. }) {
+        if matches!(r.op, Op::AllReduce(_)) {
             run.push(r);
         } else {
             out.push(r);
@@ -66,8 +65,8 @@ fn flush(
     let Some(first) = reqs.first() else {
         return;
     };
-    let (dtype, op) = match &first.kind {
-        OpKind::AllReduce { buf, op } => (buf.dtype(), *op),
+    let (dtype, op) = match (first.op, dtype_of(first)) {
+        (Op::AllReduce(_), Some(dtype)) => (dtype, first.op),
         _ => return out.extend(reqs),
     };
     let ctx = first.ctx.clone();
@@ -76,18 +75,18 @@ fn flush(
         .map(|r| r.timeout)
         .max()
         .unwrap_or(first.timeout);
-    let total: usize = reqs.iter().map(|r| op_len(&r.kind)).sum();
+    let total: usize = reqs.iter().map(op_len).sum();
     let mut fused = HostBuffer::zeros(dtype, total);
     let mut members = Vec::with_capacity(reqs.len());
     let mut at = 0;
     for r in reqs {
         let OpRequest {
             ctx,
-            kind,
+            bufs,
             completer,
             ..
         } = r;
-        let OpKind::AllReduce { buf, .. } = kind else {
+        let Ok([buf]) = <[HostBuffer; 1]>::try_from(bufs) else {
             continue;
         };
         let bytes = buf.as_bytes();
@@ -103,16 +102,15 @@ fn flush(
     // works stay in the group's registry (deadlines, flight recorder) and
     // are completed from the fused result.
     let registry = std::sync::Arc::new(Registry::new());
-    let (work, completer) =
-        match chorus_core::OpFuture::<OpOutput>::new(ctx.clone(), &registry, None) {
-            Ok(pair) => pair,
-            Err(e) => {
-                for m in members {
-                    m.completer.complete(Err(e.for_op(m.ctx)));
-                }
-                return;
+    let (work, completer) = match OpFuture::<Vec<HostBuffer>>::new(ctx.clone(), &registry, None) {
+        Ok(pair) => pair,
+        Err(e) => {
+            for m in members {
+                m.completer.complete(Err(e.for_op(m.ctx)));
             }
-        };
+            return;
+        }
+    };
     for m in &members {
         m.completer.started();
     }
@@ -122,22 +120,26 @@ fn flush(
     });
     out.push(OpRequest {
         ctx,
-        kind: OpKind::AllReduce { buf: fused, op },
+        op,
+        bufs: vec![fused],
         timeout,
         completer,
     });
 }
 
-fn op_len(kind: &OpKind) -> usize {
-    match kind {
-        OpKind::AllReduce { buf, .. } => buf.len(),
-        _ => 0,
-    }
+/// The element type of a request's first buffer.
+fn dtype_of(r: &OpRequest) -> Option<chorus_core::DType> {
+    r.bufs.first().map(HostBuffer::dtype)
+}
+
+/// The element count of a request's first buffer.
+fn op_len(r: &OpRequest) -> usize {
+    r.bufs.first().map_or(0, HostBuffer::len)
 }
 
 /// Copies each member's part of the fused result back into its own buffer
 /// and completes it; a failure fails every member.
-fn scatter(res: Result<OpOutput, WorkError>, members: Vec<Member>) {
+fn scatter(res: Result<Vec<HostBuffer>, WorkError>, members: Vec<Member>) {
     let fused = match res.map(|mut v| v.pop()) {
         Ok(Some(b)) => b,
         Ok(None) => {
@@ -173,23 +175,27 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use chorus_core::{OpContext, OpFuture, Registry};
+    use chorus_core::{HostBuffer, Op, OpContext, OpFuture, ReduceOp, Registry};
 
+    use super::super::request::OpRequest;
     use super::fuse;
-    use crate::backend::{OpKind, OpOutput, OpRequest};
-    use crate::dtype::{HostBuffer, ReduceOp};
 
-    fn req(reg: &Arc<Registry>, seq: u64, kind: OpKind) -> (OpFuture<OpOutput>, OpRequest) {
+    fn req(
+        reg: &Arc<Registry>,
+        seq: u64,
+        (op, buf): (Op, HostBuffer),
+    ) -> (OpFuture<Vec<HostBuffer>>, OpRequest) {
         let ctx = OpContext {
             rank: 0,
             group: "g".into(),
             seq,
-            op: kind.name(),
+            op: op.name(),
         };
         let (work, completer) = OpFuture::new(ctx.clone(), reg, None).expect("registry");
         let r = OpRequest {
             ctx,
-            kind,
+            op,
+            bufs: vec![buf],
             timeout: Duration::from_secs(5),
             completer,
         };
@@ -203,24 +209,16 @@ mod tests {
     #[test]
     fn sends_go_first_and_runs_of_matching_all_reduces_fuse() {
         let reg = Arc::new(Registry::new());
-        let ar = |v: &[f32], op| OpKind::AllReduce { buf: f32s(v), op };
+        let ar = |v: &[f32], op| (Op::AllReduce(op), f32s(v));
         let plan = vec![
             ar(&[1.0, 2.0], ReduceOp::Sum),
             ar(&[3.0], ReduceOp::Sum),
             ar(&[4.0], ReduceOp::Max), // another reduction: a new run
-            OpKind::Recv {
-                buf: f32s(&[0.0]),
-                peer: 1,
-            },
-            OpKind::Send {
-                buf: f32s(&[9.0]),
-                peer: 1,
-            },
+            (Op::Recv { peer: 1 }, f32s(&[0.0])),
+            (Op::Send { peer: 1 }, f32s(&[9.0])),
             ar(&[5.0], ReduceOp::Sum),
-            OpKind::AllReduce {
-                buf: HostBuffer::I32(vec![7]),
-                op: ReduceOp::Sum,
-            }, // another dtype: not fused with the f32 one before it
+            // Another dtype: not fused with the f32 one before it.
+            (Op::AllReduce(ReduceOp::Sum), HostBuffer::I32(vec![7])),
         ];
         let mut works = Vec::new();
         let mut reqs = Vec::new();
@@ -230,10 +228,8 @@ mod tests {
             reqs.push(r);
         }
         let out = fuse(reqs);
-        let shape: Vec<(&str, usize)> = out
-            .iter()
-            .map(|r| (r.kind.name(), r.kind.meta().count as usize))
-            .collect();
+        let shape: Vec<(&str, usize)> =
+            out.iter().map(|r| (r.op.name(), r.bufs[0].len())).collect();
         assert_eq!(
             shape,
             vec![

@@ -21,9 +21,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
+use super::options::TcpOptions;
 use super::shm;
 use super::wire::{Hello, HELLO_BCAST, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
-use super::TcpOptions;
 
 /// Who this rank is, for the handshake.
 #[derive(Clone, Debug)]

@@ -15,10 +15,74 @@ use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{TcpBackend, TcpOptions};
-use crate::backend::{Backend, OpKind, OpOutput, OpRequest};
-use crate::dtype::{DType, HostBuffer, ReduceOp};
+use chorus_core::{DType, HostBuffer, Op, ReduceOp};
+
+use super::backend::TcpBackend;
+use super::options::TcpOptions;
+use super::request::OpRequest;
+use crate::backend::Backend;
 use crate::reduce::{reference_reduce, Reducible};
+
+/// The buffers an op comes back with.
+type OpOutput = Vec<HostBuffer>;
+
+/// An op with its buffers, as these tests write them.
+#[derive(Debug)]
+enum Call {
+    AllReduce {
+        buf: HostBuffer,
+        op: ReduceOp,
+    },
+    Broadcast {
+        buf: HostBuffer,
+        root: usize,
+    },
+    Reduce {
+        buf: HostBuffer,
+        root: usize,
+        op: ReduceOp,
+    },
+    AllGather {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
+    ReduceScatter {
+        input: HostBuffer,
+        output: HostBuffer,
+        op: ReduceOp,
+    },
+    AllToAll {
+        input: HostBuffer,
+        output: HostBuffer,
+    },
+    Send {
+        buf: HostBuffer,
+        peer: usize,
+    },
+    Recv {
+        buf: HostBuffer,
+        peer: usize,
+    },
+    Barrier,
+}
+
+impl Call {
+    fn into_parts(self) -> (Op, Vec<HostBuffer>) {
+        match self {
+            Call::AllReduce { buf, op } => (Op::AllReduce(op), vec![buf]),
+            Call::Broadcast { buf, root } => (Op::Broadcast { root }, vec![buf]),
+            Call::Reduce { buf, root, op } => (Op::Reduce { root, op }, vec![buf]),
+            Call::AllGather { input, output } => (Op::AllGather, vec![input, output]),
+            Call::ReduceScatter { input, output, op } => {
+                (Op::ReduceScatter(op), vec![input, output])
+            }
+            Call::AllToAll { input, output } => (Op::AllToAll, vec![input, output]),
+            Call::Send { buf, peer } => (Op::Send { peer }, vec![buf]),
+            Call::Recv { buf, peer } => (Op::Recv { peer }, vec![buf]),
+            Call::Barrier => (Op::Barrier, Vec::new()),
+        }
+    }
+}
 
 /// A tiny in-memory store: a map and a notifier.
 #[derive(Debug, Default)]
@@ -105,12 +169,13 @@ impl Rank {
         self.be.rank()
     }
 
-    fn submit_at(&self, seq: u64, kind: OpKind, timeout: Duration) -> OpFuture<OpOutput> {
+    fn submit_at(&self, seq: u64, kind: Call, timeout: Duration) -> OpFuture<OpOutput> {
+        let (op, bufs) = kind.into_parts();
         let ctx = OpContext {
             rank: self.rank(),
             group: self.group.clone(),
             seq,
-            op: kind.name(),
+            op: op.name(),
         };
         // A registry per op: these tests check the backend's own failure
         // handling, so the registry's abort-on-error (which refuses later
@@ -118,9 +183,10 @@ impl Rank {
         let reg = Arc::new(Registry::new());
         let (work, completer) =
             OpFuture::new(ctx.clone(), &reg, None).expect("registry refused the op");
-        self.be.submit(OpRequest {
+        self.be.enqueue(OpRequest {
             ctx,
-            kind,
+            op,
+            bufs,
             timeout,
             completer,
         });
@@ -128,17 +194,17 @@ impl Rank {
     }
 
     /// Submits a collective with the next collective seq.
-    fn coll(&mut self, kind: OpKind) -> OpFuture<OpOutput> {
+    fn coll(&mut self, kind: Call) -> OpFuture<OpOutput> {
         self.seq += 1;
         self.submit_at(self.seq, kind, TIMEOUT)
     }
 
     /// Submits a send or recv with the pair-direction message number.
-    fn p2p(&mut self, kind: OpKind) -> OpFuture<OpOutput> {
+    fn p2p(&mut self, kind: Call) -> OpFuture<OpOutput> {
         let me = self.rank();
         let key = match &kind {
-            OpKind::Send { peer, .. } => (me, *peer),
-            OpKind::Recv { peer, .. } => (*peer, me),
+            Call::Send { peer, .. } => (me, *peer),
+            Call::Recv { peer, .. } => (*peer, me),
             _ => unreachable!("not a p2p op"),
         };
         let n = self.p2p.entry(key).or_insert(0);
@@ -207,6 +273,8 @@ fn from_i64(dtype: DType, v: &[i64]) -> HostBuffer {
         DType::U8 => HostBuffer::U8(v.iter().map(|&x| x as u8).collect()),
         DType::I32 => HostBuffer::I32(v.iter().map(|&x| x as i32).collect()),
         DType::I64 => HostBuffer::I64(v.to_vec()),
+        DType::U32 => HostBuffer::U32(v.iter().map(|&x| x as u32).collect()),
+        DType::U64 => HostBuffer::U64(v.iter().map(|&x| x as u64).collect()),
     }
 }
 
@@ -248,6 +316,8 @@ fn reference(op: ReduceOp, inputs: &[HostBuffer]) -> HostBuffer {
         DType::U8 => reference_t::<u8>(op, inputs),
         DType::I32 => reference_t::<i32>(op, inputs),
         DType::I64 => reference_t::<i64>(op, inputs),
+        DType::U32 => reference_t::<u32>(op, inputs),
+        DType::U64 => reference_t::<u64>(op, inputs),
     }
 }
 
@@ -430,7 +500,7 @@ fn a_peer_that_dies_holding_slots_fails_the_sender_without_a_hang() {
     let mut rng = StdRng::seed_from_u64(0xdead);
     // Twice what the slots hold, never received by rank 1.
     let len = 2 * shm_capacity() / 4;
-    let s = w[0].p2p(OpKind::Send {
+    let s = w[0].p2p(Call::Send {
         buf: gen(&mut rng, DType::F32, len, ReduceOp::Sum),
         peer: 1,
     });
@@ -442,7 +512,7 @@ fn a_peer_that_dies_holding_slots_fails_the_sender_without_a_hang() {
     w[0].seq += 1;
     let a = w[0].submit_at(
         w[0].seq,
-        OpKind::AllReduce {
+        Call::AllReduce {
             buf: gen(&mut rng, DType::F32, len, ReduceOp::Sum),
             op: ReduceOp::Sum,
         },
@@ -480,41 +550,41 @@ fn check_batch(w: &mut [Rank], rng: &mut StdRng, dtype: DType, len: usize, salt:
     for (r, rk) in w.iter_mut().enumerate() {
         let mut v = Vec::new();
         for (i, &op) in OPS.iter().enumerate() {
-            v.push(rk.coll(OpKind::AllReduce {
+            v.push(rk.coll(Call::AllReduce {
                 buf: ar_in[i][r].clone(),
                 op,
             }));
         }
-        v.push(rk.coll(OpKind::Broadcast {
+        v.push(rk.coll(Call::Broadcast {
             buf: bc_in[r].clone(),
             root: root_b,
         }));
-        v.push(rk.coll(OpKind::Reduce {
+        v.push(rk.coll(Call::Reduce {
             buf: rd_in[r].clone(),
             root: root_r,
             op: redop,
         }));
-        v.push(rk.coll(OpKind::AllGather {
+        v.push(rk.coll(Call::AllGather {
             input: ag_in[r].clone(),
             output: gen(rng, dtype, n * len, redop),
         }));
-        v.push(rk.coll(OpKind::ReduceScatter {
+        v.push(rk.coll(Call::ReduceScatter {
             input: rs_in[r].clone(),
             output: gen(rng, dtype, len, redop),
             op: redop,
         }));
-        v.push(rk.coll(OpKind::AllToAll {
+        v.push(rk.coll(Call::AllToAll {
             input: aa_in[r].clone(),
             output: gen(rng, dtype, n * len, redop),
         }));
-        v.push(rk.coll(OpKind::Barrier));
+        v.push(rk.coll(Call::Barrier));
         if n > 1 {
             // Everyone sends first, then receives.
-            v.push(rk.p2p(OpKind::Send {
+            v.push(rk.p2p(Call::Send {
                 buf: p2p_in[r].clone(),
                 peer: (r + 1) % n,
             }));
-            v.push(rk.p2p(OpKind::Recv {
+            v.push(rk.p2p(Call::Recv {
                 buf: gen(rng, dtype, len, redop),
                 peer: (r + n - 1) % n,
             }));
@@ -620,7 +690,7 @@ fn float_results_are_bit_identical_on_every_rank() {
                 let works = w
                     .iter_mut()
                     .zip(&ins)
-                    .map(|(rk, b)| rk.coll(OpKind::AllReduce { buf: b.clone(), op }))
+                    .map(|(rk, b)| rk.coll(Call::AllReduce { buf: b.clone(), op }))
                     .collect();
                 let outs = wait_all(works);
                 for o in &outs {
@@ -662,7 +732,7 @@ fn mismatched_ops_name_both_sides() {
     let w = world(2, &tcp_opts());
     let a = w[0].submit_at(
         7,
-        OpKind::AllReduce {
+        Call::AllReduce {
             buf: HostBuffer::F32(vec![1.0; 12]),
             op: ReduceOp::Sum,
         },
@@ -670,7 +740,7 @@ fn mismatched_ops_name_both_sides() {
     );
     let b = w[1].submit_at(
         7,
-        OpKind::AllGather {
+        Call::AllGather {
             input: HostBuffer::F32(vec![1.0; 10]),
             output: HostBuffer::F32(vec![0.0; 20]),
         },
@@ -688,7 +758,7 @@ fn mismatched_ops_name_both_sides() {
         "{eb}"
     );
     // The group is failed: later ops fail with the same cause.
-    let c = w[0].submit_at(8, OpKind::Barrier, TIMEOUT);
+    let c = w[0].submit_at(8, Call::Barrier, TIMEOUT);
     let ec = expect_err(c);
     assert!(
         matches!(&ec, WorkError::Mismatch { ctx, .. } if ctx.seq == 8 && ctx.op == "barrier"),
@@ -700,47 +770,47 @@ fn mismatched_ops_name_both_sides() {
 /// differ in dtype, or disagree on the root.
 #[test]
 fn mismatches_of_size_dtype_and_root() {
-    let cases: Vec<(OpKind, OpKind, &str)> = vec![
+    let cases: Vec<(Call, Call, &str)> = vec![
         (
-            OpKind::AllReduce {
+            Call::AllReduce {
                 buf: HostBuffer::F32(vec![1.0; 100_000]),
                 op: ReduceOp::Sum,
             },
-            OpKind::AllReduce {
+            Call::AllReduce {
                 buf: HostBuffer::F32(vec![1.0; 12]),
                 op: ReduceOp::Sum,
             },
             "called all_reduce(count=12)",
         ),
         (
-            OpKind::AllReduce {
+            Call::AllReduce {
                 buf: HostBuffer::F32(vec![1.0; 12]),
                 op: ReduceOp::Sum,
             },
-            OpKind::AllReduce {
+            Call::AllReduce {
                 buf: HostBuffer::F64(vec![1.0; 12]),
                 op: ReduceOp::Max,
             },
             "called all_reduce(count=12, dtype=f64, op=max)",
         ),
         (
-            OpKind::Broadcast {
+            Call::Broadcast {
                 buf: HostBuffer::I32(vec![1; 5]),
                 root: 0,
             },
-            OpKind::Broadcast {
+            Call::Broadcast {
                 buf: HostBuffer::I32(vec![1; 5]),
                 root: 1,
             },
             "called broadcast(count=5, root=1)",
         ),
         (
-            OpKind::Reduce {
+            Call::Reduce {
                 buf: HostBuffer::I32(vec![1; 5000]),
                 root: 0,
                 op: ReduceOp::Sum,
             },
-            OpKind::Reduce {
+            Call::Reduce {
                 buf: HostBuffer::I32(vec![1; 5000]),
                 root: 1,
                 op: ReduceOp::Sum,
@@ -748,11 +818,11 @@ fn mismatches_of_size_dtype_and_root() {
             "called reduce(count=5000, root=1)",
         ),
         (
-            OpKind::Broadcast {
+            Call::Broadcast {
                 buf: HostBuffer::U8(vec![1; 5000]),
                 root: 0,
             },
-            OpKind::Broadcast {
+            Call::Broadcast {
                 buf: HostBuffer::U8(vec![1; 5000]),
                 root: 1,
             },
@@ -773,11 +843,11 @@ fn mismatches_of_size_dtype_and_root() {
 #[test]
 fn recv_of_a_different_length_is_a_mismatch() {
     let mut w = world(2, &small_opts());
-    let a = w[0].p2p(OpKind::Send {
+    let a = w[0].p2p(Call::Send {
         buf: HostBuffer::F32(vec![1.0; 10]),
         peer: 1,
     });
-    let b = w[1].p2p(OpKind::Recv {
+    let b = w[1].p2p(Call::Recv {
         buf: HostBuffer::F32(vec![0.0; 12]),
         peer: 0,
     });
@@ -798,13 +868,13 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
     let mut w = world(2, &small_opts());
     let a = w[0].submit_at(
         1,
-        OpKind::Recv {
+        Call::Recv {
             buf: HostBuffer::F32(vec![0.0; 4]),
             peer: 1,
         },
         Duration::from_millis(200),
     );
-    let queued = w[0].coll(OpKind::Barrier);
+    let queued = w[0].coll(Call::Barrier);
     let e = expect_err(a);
     assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
     let e = expect_err(queued);
@@ -812,9 +882,9 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
         matches!(&e, WorkError::OpTimeout { ctx, .. } if ctx.op == "barrier"),
         "{e}"
     );
-    let later = w[0].coll(OpKind::Barrier);
+    let later = w[0].coll(Call::Barrier);
     assert!(matches!(expect_err(later), WorkError::OpTimeout { .. }));
-    let b = w[1].coll(OpKind::Barrier);
+    let b = w[1].coll(Call::Barrier);
     let e = expect_err(b);
     assert!(matches!(e, WorkError::PeerLost { peer: 0, .. }), "{e}");
 }
@@ -826,12 +896,12 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
 fn a_short_timeout_after_longer_ones_still_fires() {
     let mut w = world(2, &small_opts());
     for _ in 0..3 {
-        let works = w.iter_mut().map(|r| r.coll(OpKind::Barrier)).collect();
+        let works = w.iter_mut().map(|r| r.coll(Call::Barrier)).collect();
         wait_all(works);
     }
     let a = w[0].submit_at(
         1,
-        OpKind::Recv {
+        Call::Recv {
             buf: HostBuffer::F32(vec![0.0; 4]),
             peer: 1,
         },
@@ -850,7 +920,7 @@ fn a_collective_the_peer_never_calls_times_out() {
     w[0].seq += 1;
     let a = w[0].submit_at(
         w[0].seq,
-        OpKind::AllReduce {
+        Call::AllReduce {
             buf: HostBuffer::F32(vec![1.0; 4]),
             op: ReduceOp::Sum,
         },
@@ -858,7 +928,7 @@ fn a_collective_the_peer_never_calls_times_out() {
     );
     let e = expect_err(a);
     assert!(matches!(e, WorkError::OpTimeout { .. }), "{e}");
-    let b = w[1].coll(OpKind::Barrier);
+    let b = w[1].coll(Call::Barrier);
     let e = expect_err(b);
     assert!(
         matches!(
@@ -887,16 +957,16 @@ fn aborted(rank: usize) -> WorkError {
 fn aborted_peer_fails_pending_ops_with_peer_lost() {
     let mut w = world(3, &tcp_opts());
     let buf = || HostBuffer::I64(vec![3; 1000]);
-    let a = w[0].coll(OpKind::AllReduce {
+    let a = w[0].coll(Call::AllReduce {
         buf: buf(),
         op: ReduceOp::Sum,
     });
-    let b = w[1].coll(OpKind::AllReduce {
+    let b = w[1].coll(Call::AllReduce {
         buf: buf(),
         op: ReduceOp::Sum,
     });
     w[2].be.abort(&aborted(2));
-    let later = w[2].coll(OpKind::Barrier);
+    let later = w[2].coll(Call::Barrier);
     let e = expect_err(later);
     assert!(matches!(e, WorkError::Aborted { .. }), "{e}");
     for e in [expect_err(a), expect_err(b)] {
@@ -910,13 +980,13 @@ fn aborted_peer_fails_pending_ops_with_peer_lost() {
 fn dropped_peer_fails_later_ops_with_peer_lost() {
     let mut w = world(3, &small_opts());
     // A first op that everyone completes.
-    let works = w.iter_mut().map(|rk| rk.coll(OpKind::Barrier)).collect();
+    let works = w.iter_mut().map(|rk| rk.coll(Call::Barrier)).collect();
     wait_all(works);
     drop(w.pop());
     let works: Vec<_> = w
         .iter_mut()
         .map(|rk| {
-            rk.coll(OpKind::AllReduce {
+            rk.coll(Call::AllReduce {
                 buf: HostBuffer::F32(vec![1.0; 7]),
                 op: ReduceOp::Sum,
             })
@@ -940,11 +1010,11 @@ fn both_sending_first_does_not_deadlock() {
         .collect();
     let mut works = Vec::new();
     for (r, rk) in w.iter_mut().enumerate() {
-        let s = rk.p2p(OpKind::Send {
+        let s = rk.p2p(Call::Send {
             buf: data[r].clone(),
             peer: 1 - r,
         });
-        let v = rk.p2p(OpKind::Recv {
+        let v = rk.p2p(Call::Recv {
             buf: HostBuffer::zeros(DType::F32, big),
             peer: 1 - r,
         });
@@ -966,7 +1036,7 @@ fn ops_complete_in_submission_order() {
     for rk in w.iter_mut() {
         let v: Vec<_> = (0..40)
             .map(|i| {
-                rk.coll(OpKind::AllReduce {
+                rk.coll(Call::AllReduce {
                     buf: HostBuffer::I32(vec![i; 1 + (i as usize % 3) * 600]),
                     op: ReduceOp::Sum,
                 })
@@ -1074,7 +1144,7 @@ fn time_all_reduce_cpu(w: &mut [Rank], len: usize, iters: usize) -> (Duration, D
             .iter_mut()
             .zip(bufs.iter_mut())
             .map(|(rk, b)| {
-                rk.coll(OpKind::AllReduce {
+                rk.coll(Call::AllReduce {
                     buf: b.take().unwrap(),
                     op: ReduceOp::Sum,
                 })

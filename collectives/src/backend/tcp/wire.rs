@@ -24,7 +24,7 @@
 //! |        |        | shared-memory slot `k` and nothing follows (`shm`); |
 //! |        |        | bit 15 set: of the sender's broadcast segment       |
 
-use crate::dtype::{DType, ReduceOp};
+use chorus_core::{DType, ReduceOp};
 
 /// First bytes of every frame and handshake ("CHRC").
 pub(super) const MAGIC: u32 = 0x4348_5243;

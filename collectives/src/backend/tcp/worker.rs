@@ -6,18 +6,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_core::{OpContext, WorkError};
+use chorus_core::{HostBuffer, Op, OpContext, WorkError};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::conn::{Frame, Incoming, Lent, Link, Payload, PeerState, Writer};
+use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
+use super::request::OpRequest;
 use super::shm;
+use super::state::{Inner, PeerState};
 use super::wire::{op_name, Header, Sig, CLASS_BYE, CLASS_P2P, NONE32, NONE8};
-use super::Inner;
-use crate::backend::{OpKind, OpRequest};
 
 /// What [`Worker::take`] got.
 enum Got {
@@ -27,7 +27,7 @@ enum Got {
 
 /// One running op, as the frame helpers see it.
 #[derive(Debug)]
-pub(super) struct Op<'a> {
+pub(super) struct Active<'a> {
     pub(super) ctx: &'a OpContext,
     pub(super) sig: Sig,
     pub(super) class: u8,
@@ -84,20 +84,11 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Bytes an op moves from this rank's point of view (for traces).
-fn op_bytes(kind: &OpKind) -> usize {
-    match kind {
-        OpKind::AllReduce { buf, .. }
-        | OpKind::Broadcast { buf, .. }
-        | OpKind::Reduce { buf, .. }
-        | OpKind::Send { buf, .. }
-        | OpKind::Recv { buf, .. } => buf.as_bytes().len(),
-        OpKind::AllGather { output, .. } | OpKind::AllToAll { output, .. } => {
-            output.as_bytes().len()
-        }
-        OpKind::ReduceScatter { input, .. } => input.as_bytes().len(),
-        OpKind::Barrier => 0,
-    }
+/// Bytes an op moves from this rank's point of view (for traces): its
+/// output's for all_gather and all_to_all, its first buffer's otherwise.
+fn op_bytes(op: Op, bufs: &[HostBuffer]) -> usize {
+    let i = usize::from(matches!(op, Op::AllGather | Op::AllToAll));
+    bufs.get(i).map_or(0, |b| b.as_bytes().len())
 }
 
 impl Worker {
@@ -152,7 +143,8 @@ impl Worker {
             };
             let OpRequest {
                 ctx,
-                mut kind,
+                op,
+                mut bufs,
                 timeout,
                 completer,
             } = req;
@@ -167,7 +159,7 @@ impl Worker {
                 rank = ctx.rank,
                 seq = ctx.seq,
                 op = ctx.op,
-                bytes = op_bytes(&kind)
+                bytes = op_bytes(op, &bufs)
             );
             let now = tokio::time::Instant::now();
             let deadline = now
@@ -180,7 +172,7 @@ impl Worker {
                     // mismatching header) are looked at before a stop caused by
                     // that peer closing its connection.
                     biased;
-                    r = self.execute(&ctx, &mut kind) => r,
+                    r = self.execute(&ctx, op, &mut bufs) => r,
                     () = &mut timer => Err(WorkError::OpTimeout { ctx: ctx.clone(), after: timeout }),
                     () = stopped(&mut stop) => Err(inner.settle().for_op(ctx.clone())),
                 }
@@ -188,7 +180,7 @@ impl Worker {
             .instrument(span)
             .await;
             match res {
-                Ok(()) => completer.complete(Ok(kind.into_buffers())),
+                Ok(()) => completer.complete(Ok(bufs)),
                 Err(e) => {
                     tracing::debug!(op = %ctx, error = %e, "op failed");
                     inner.fail(&e);
@@ -269,7 +261,7 @@ impl Worker {
     /// Sends one frame of `op` to `peer`.
     pub(super) async fn send(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         payload: &[u8],
     ) -> Result<(), WorkError> {
@@ -304,7 +296,7 @@ impl Worker {
     /// the header), else to each peer with [`Worker::send`].
     pub(super) async fn send_to_all(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         payload: &[u8],
     ) -> Result<(), WorkError> {
         let others: Vec<usize> = self.others().collect();
@@ -364,7 +356,7 @@ impl Worker {
     /// for `peer`.
     pub(super) async fn send_reserved(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         r: shm::Reserved,
     ) -> Result<(), WorkError> {
@@ -384,7 +376,7 @@ impl Worker {
     /// field `slot`) and `body` to `peer`.
     async fn write(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         len: usize,
         slot: u16,
@@ -423,7 +415,7 @@ impl Worker {
     /// the payload must be `len` bytes.
     pub(super) async fn recv(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         len: usize,
     ) -> Result<Frame, WorkError> {
@@ -443,7 +435,7 @@ impl Worker {
     /// from the socket straight into `dst`.
     pub(super) async fn recv_into(
         &mut self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         dst: &mut [u8],
     ) -> Result<(), WorkError> {
@@ -466,7 +458,7 @@ impl Worker {
 
     /// Reads a lent frame's payload into a pool buffer and gives the read
     /// side back.
-    async fn absorb(&mut self, op: &Op<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
+    async fn absorb(&mut self, op: &Active<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
         let Lent { hdr, rd, back } = l;
         let mut payload = self.inner.pool.get(hdr.len as usize);
         read_lent(op, peer, rd, back, payload.bytes_mut()).await?;
@@ -479,7 +471,7 @@ impl Worker {
     /// The next item of `op`'s class from `peer`. With `direct`, a large
     /// collective frame that has not arrived yet may come as a lent read
     /// side (see [`Link`]).
-    async fn take(&mut self, op: &Op<'_>, peer: usize, direct: bool) -> Result<Got, WorkError> {
+    async fn take(&mut self, op: &Active<'_>, peer: usize, direct: bool) -> Result<Got, WorkError> {
         let no_conn = || WorkError::Backend {
             ctx: op.ctx.clone(),
             msg: format!("no connection to rank {peer}"),
@@ -556,7 +548,7 @@ impl Worker {
 
     fn check(
         &self,
-        op: &Op<'_>,
+        op: &Active<'_>,
         peer: usize,
         h: &Header,
         idx: u32,
@@ -621,7 +613,7 @@ impl Worker {
 /// its reader (or, if the read failed, the reason, and fails the op with
 /// the peer lost).
 async fn read_lent(
-    op: &Op<'_>,
+    op: &Active<'_>,
     peer: usize,
     mut rd: super::conn::Rd,
     back: tokio::sync::oneshot::Sender<Result<super::conn::Rd, String>>,

@@ -1,5 +1,5 @@
 //! The communicator cache of one process group, with its in-initialization
-//! map (DESIGN §3).
+//! map (docs/ARCHITECTURE.md, "Communicators").
 //!
 //! * **One cache per group**, never shared, even between groups with the
 //!   same members.
@@ -171,9 +171,6 @@ pub struct CommCache<F: CommFactory> {
     factory: F,
     state: Mutex<State<F>>,
     created: AtomicU64,
-    /// The known-bad variant the loom suite must catch.
-    #[cfg(loom)]
-    check_then_insert_bug: bool,
 }
 
 impl<F: CommFactory> fmt::Debug for CommCache<F> {
@@ -203,24 +200,6 @@ impl<F: CommFactory> CommCache<F> {
                 aborted: None,
             }),
             created: AtomicU64::new(0),
-            #[cfg(loom)]
-            check_then_insert_bug: false,
-        }
-    }
-
-    /// The known-bad variant for the loom suite: checks for the key under the
-    /// lock, releases it, and inserts the new initialization under a second
-    /// lock without checking again, so concurrent first uses can start two
-    /// initializations. Exists only under `cfg(loom)`.
-    #[cfg(loom)]
-    #[doc(hidden)]
-    pub fn new_with_check_then_insert_bug(
-        group: impl Into<std::sync::Arc<str>>,
-        factory: F,
-    ) -> Self {
-        CommCache {
-            check_then_insert_bug: true,
-            ..Self::new(group, factory)
         }
     }
 
@@ -381,13 +360,6 @@ impl<F: CommFactory> CommCache<F> {
         let flight = match st.initializing.get(key) {
             Some(f) => f.clone(),
             None => {
-                #[cfg(loom)]
-                if self.check_then_insert_bug {
-                    // BUG (deliberate, loom only): the check above and the
-                    // insert below are not under one lock.
-                    drop(st);
-                    st = lock(&self.state);
-                }
                 let store_key = match key {
                     CommKey::Pair { lo, hi } => format!("p2p/{lo}:{hi}"),
                     CommKey::Devices(_) => {
@@ -531,7 +503,9 @@ impl<F: CommFactory> CommCache<F> {
                                 aborted: None,
                             },
                         );
-                        // Only the known-bad loom variant replaces an entry.
+                        // The in-initialization map admits one flight per
+                        // key, so nothing is replaced; were it, the old
+                        // communicator is dropped outside the lock.
                         replaced = old;
                         Ok(comm)
                     }

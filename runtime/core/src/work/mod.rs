@@ -19,18 +19,8 @@
 mod registry;
 mod slot;
 
-pub use registry::Registry;
+pub use registry::{FinishedProbe, Registry};
 pub use slot::WorkStatus;
-
-/// Tells whether an op has finished, without its work: the watchdog asks
-/// it before timing out an op past its deadline. An NCCL op's end event is
-/// one: the op may have finished long ago while nobody has polled its work
-/// yet (works are completed lazily, when polled, dropped or taken back
-/// stream-ordered).
-pub trait FinishedProbe: Send + Sync {
-    /// True once the op has finished. Must not block.
-    fn finished(&self) -> bool;
-}
 
 use std::fmt;
 use std::future::Future;
@@ -42,7 +32,7 @@ use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::{FlightRecorder, OpMeta};
-use crate::sync::Arc;
+use crate::sync::{Arc, DynArc};
 use registry::Fail;
 use slot::Slot;
 
@@ -82,7 +72,7 @@ impl<T: Send + 'static> Fail for Shared<T> {
 /// the group.
 #[must_use = "a work does nothing when polled late, but its result (the buffers) is lost if dropped"]
 pub struct OpFuture<T> {
-    shared: std::sync::Arc<Shared<T>>,
+    shared: DynArc<Shared<T>>,
 }
 
 /// The backend's side of an [`OpFuture`]: completes it with the op's outcome.
@@ -90,7 +80,7 @@ pub struct OpFuture<T> {
 /// Dropping a completer without calling [`complete`](Completer::complete)
 /// fails the work (a backend bug must not become a hang).
 pub struct Completer<T> {
-    shared: Option<std::sync::Arc<Shared<T>>>,
+    shared: Option<DynArc<Shared<T>>>,
 }
 
 impl<T> fmt::Debug for OpFuture<T> {
@@ -182,7 +172,7 @@ impl<T: Send + 'static> OpFuture<T> {
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
         let shared = registry.insert(ctx, now, deadline, probe, record, |ctx, id, rec| {
-            std::sync::Arc::new(Shared {
+            DynArc::new(Shared {
                 ctx,
                 id,
                 rec,
@@ -206,7 +196,7 @@ impl<T: Send + 'static> OpFuture<T> {
     /// A work that has already failed with `err` (for example a refused
     /// submission), not registered anywhere.
     pub fn failed(err: WorkError) -> OpFuture<T> {
-        let shared = std::sync::Arc::new(Shared {
+        let shared = DynArc::new(Shared {
             ctx: err.context().clone(),
             id: 0,
             rec: None,
@@ -366,7 +356,7 @@ impl<T> Completer<T> {
             // The registry let go above: a count of one means the work was
             // dropped (or taken back stream-ordered) and nobody can read
             // the slot; the outcome is dropped here either way.
-            if std::sync::Arc::strong_count(&shared) > 1 {
+            if DynArc::strong_count(&shared) > 1 {
                 drop(shared.slot.resolve(outcome));
             }
         }

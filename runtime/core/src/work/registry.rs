@@ -10,10 +10,19 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Instant;
 
-use super::FinishedProbe;
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::FlightRecorder;
-use crate::sync::{lock, Arc, Mutex, MutexGuard};
+use crate::sync::{lock, Arc, DynArc, Mutex, MutexGuard};
+
+/// Tells whether an op has finished, without its work: the watchdog asks
+/// it before timing out an op past its deadline. An NCCL op's end event is
+/// one: the op may have finished long ago while nobody has polled its work
+/// yet (works are completed lazily, when polled, dropped or taken back
+/// stream-ordered).
+pub trait FinishedProbe: Send + Sync {
+    /// True once the op has finished. Must not block.
+    fn finished(&self) -> bool;
+}
 
 /// Something the registry can fail: a type-erased handle on a work's
 /// shared state (the registry never holds the buffers).
@@ -27,9 +36,9 @@ struct Entry {
     submitted: Instant,
     deadline: Option<Instant>,
     /// The work's shared state, which also names the op.
-    fail: std::sync::Arc<dyn Fail>,
+    fail: DynArc<dyn Fail>,
     /// Asked before the op is reported expired.
-    probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+    probe: Option<DynArc<dyn FinishedProbe>>,
     /// Its flight record, if the registry records.
     rec: Option<u64>,
 }
@@ -241,8 +250,8 @@ impl Registry {
         deadline: Option<Instant>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
-        make: impl FnOnce(OpContext, u64, Option<u64>) -> std::sync::Arc<F>,
-    ) -> Result<std::sync::Arc<F>, WorkError> {
+        make: impl FnOnce(OpContext, u64, Option<u64>) -> DynArc<F>,
+    ) -> Result<DynArc<F>, WorkError> {
         let mut inner = lock(&self.inner);
         if let Some(cause) = &inner.errored {
             return Err(WorkError::GroupErrored {

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
-use super::{driver_error, CudaError, Stream};
+use super::error::{driver_error, CudaError};
+use super::stream::Stream;
 
 struct HoldState {
     released: AtomicBool,
@@ -98,7 +99,7 @@ impl Stream {
             timed_out: AtomicBool::new(false),
             max,
         });
-        self.device.bind_to_thread()?;
+        self.device().bind_to_thread()?;
         let user = Arc::into_raw(state.clone()) as *mut c_void;
         // SAFETY: the stream is alive; `hold_here` matches CUhostFn and
         // receives `user` exactly once, which it turns back into the Arc.

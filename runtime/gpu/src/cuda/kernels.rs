@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use cudarc::driver::{result, sys, CudaSlice, DevicePtr, DevicePtrMut};
 
-use super::{driver_error, CudaError, Device, Stream};
+use super::device::Device;
+use super::error::{driver_error, CudaError};
+use super::stream::Stream;
 
 const PTX: &str = r#"
 .version 7.0

@@ -2,7 +2,10 @@
 
 use cudarc::driver::{sys::CUresult, DriverError};
 
-use super::*;
+use super::device::{PriorityRange, StreamPriority};
+use super::driver::probe_library;
+use super::error::{guarded, CudaError};
+use super::event::query_outcome;
 
 #[test]
 fn missing_driver_library_is_unavailable_listing_what_was_tried() {

@@ -1,4 +1,4 @@
-//! Several ops in one NCCL group, and CUDA graph capture of NCCL ops.
+//! Several ops in one NCCL group.
 //!
 //! * [`Batch`]: ops staged on one communicator, checked as they are pushed,
 //!   and enqueued by [`Batch::launch`] inside one `ncclGroupStart` …
@@ -7,29 +7,21 @@
 //!   opened and closed inside that one call on the calling thread: it can
 //!   never be left open, and `Batch` is `!Send` besides (the ops' addresses
 //!   were read on this thread).
-//! * [`Capture`]: a CUDA graph capture on a stream. A batch launched into it
-//!   is captured instead of run: the communicator's stream joins the capture
-//!   and is joined back by the capturing stream after every batch, so ending
-//!   the capture always finds every stream joined. While a capture holds a
-//!   communicator, ops outside the capture on that communicator are refused
-//!   ([`NcclCommError::Capturing`]): its stream would capture them.
-//! * [`Graph`]: the instantiated graph. It owns the captured ops' buffers
-//!   and holds their communicators, so neither can go away while the graph
-//!   can still be replayed; dropping it waits for its last replay first.
-
 use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::sys;
+use chorus_core::Op;
 
-use super::{
-    nccl_err, CommOp, Communicator, DeviceMem, EndEvent, EnqueueState, InFlight, NcclCommError,
-    RawOp, Refused,
-};
-use crate::cuda::{driver_error, CudaError, Device, Event, Stream};
+use super::buffer::{DeviceBuffers, DeviceMem};
+use super::communicator::{Communicator, EnqueueState};
+use super::enqueue::{RawOp, Refused};
+use super::error::{nccl_err, NcclCommError};
+use super::event_pool::EndEvent;
+use super::inflight::InFlight;
+use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -38,15 +30,15 @@ fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Names one op pushed into a [`Batch`] (or captured by a [`Capture`]): its
+/// Names one op pushed into a [`Batch`] (or captured by a [`GraphCapture`](super::graph::GraphCapture)): its
 /// buffers come back through it, with their type.
-pub struct Ticket<B> {
-    owner: u64,
-    index: usize,
-    _b: PhantomData<fn() -> B>,
+pub struct Ticket<C> {
+    pub(super) owner: u64,
+    pub(super) index: usize,
+    pub(super) _b: PhantomData<fn() -> C>,
 }
 
-impl<B> fmt::Debug for Ticket<B> {
+impl<C> fmt::Debug for Ticket<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket")
             .field("owner", &self.owner)
@@ -55,25 +47,25 @@ impl<B> fmt::Debug for Ticket<B> {
     }
 }
 
-impl<B> Clone for Ticket<B> {
+impl<C> Clone for Ticket<C> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<B> Copy for Ticket<B> {}
+impl<C> Copy for Ticket<C> {}
 
 /// Ops staged for one NCCL group on one communicator.
 ///
 /// Nothing reaches NCCL before [`launch`](Self::launch); dropping the batch
 /// instead drops the staged buffers, which no GPU work has seen.
 pub struct Batch {
-    comm: Arc<Communicator>,
-    ops: Vec<RawOp>,
+    pub(super) comm: Arc<Communicator>,
+    pub(super) ops: Vec<RawOp>,
     /// Distinct producer streams of the staged buffers, in first-use order.
-    producers: Vec<Stream>,
-    /// Each op's buffers (`Vec<B>`), in push order.
-    items: Vec<Box<dyn Any + Send>>,
-    id: u64,
+    pub(super) producers: Vec<Stream>,
+    /// Each op's buffers (`C`), in push order.
+    pub(super) items: Vec<Box<dyn Any + Send>>,
+    pub(super) id: u64,
     /// `ncclGroupStart`/`End` and the addresses read at push time stay on
     /// this thread.
     _not_send: PhantomData<*const ()>,
@@ -126,15 +118,11 @@ impl Batch {
     /// The buffers come back untouched with [`NcclCommError::InvalidArgument`]
     /// when they do not fit the op or the communicator, or
     /// [`NcclCommError::Aborted`] when the communicator was aborted.
-    pub fn push<B: DeviceMem>(
-        &mut self,
-        op: CommOp,
-        bufs: Vec<B>,
-    ) -> Result<Ticket<B>, Refused<B>> {
+    pub fn push<C: DeviceBuffers>(&mut self, op: Op, bufs: C) -> Result<Ticket<C>, Refused<C>> {
         if let Err(e) = self.comm.live().and_then(|_| self.comm.check(op, &bufs)) {
             return Err((e, bufs));
         }
-        for b in &bufs {
+        for b in bufs.iter() {
             let s = b.stream();
             if !self.producers.iter().any(|p| p.as_raw() == s.as_raw()) {
                 self.producers.push(s.clone());
@@ -229,9 +217,9 @@ impl Communicator {
     /// back with none.
     pub fn submit_coalesced<B: DeviceMem>(
         &self,
-        op: CommOp,
+        op: Op,
         bufs: Vec<B>,
-    ) -> Result<InFlight<B>, Refused<B>> {
+    ) -> Result<InFlight<Vec<B>>, Refused<Vec<B>>> {
         self.submit_coalesced_with_end(op, bufs, None)
     }
 
@@ -243,23 +231,21 @@ impl Communicator {
     /// As for [`submit_coalesced`](Self::submit_coalesced).
     pub fn submit_coalesced_with_end<B: DeviceMem>(
         &self,
-        op: CommOp,
+        op: Op,
         bufs: Vec<B>,
         end: Option<Arc<EndEvent>>,
-    ) -> Result<InFlight<B>, Refused<B>> {
+    ) -> Result<InFlight<Vec<B>>, Refused<Vec<B>>> {
         let checked = if op.buffers() != 1 {
             Err(NcclCommError::InvalidArgument(format!(
-                "{op:?} takes two buffers; only one-buffer ops can be coalesced"
+                "{op} takes two buffers; only one-buffer ops can be coalesced"
             )))
         } else if bufs.is_empty() {
             Err(NcclCommError::InvalidArgument(
                 "a coalesced op needs at least one buffer".into(),
             ))
         } else {
-            self.live().and_then(|_| {
-                bufs.iter()
-                    .try_for_each(|b| self.check(op, std::slice::from_ref(b)))
-            })
+            self.live()
+                .and_then(|_| bufs.iter().try_for_each(|b| self.check(op, b)))
         };
         if let Err(e) = checked {
             return Err((e, bufs));
@@ -271,10 +257,7 @@ impl Communicator {
                 producers.push(s.clone());
             }
         }
-        let ops: Vec<RawOp> = bufs
-            .iter()
-            .map(|b| RawOp::new(op, std::slice::from_ref(b)))
-            .collect();
+        let ops: Vec<RawOp> = bufs.iter().map(|b| RawOp::new(op, b)).collect();
         let end = match end.map_or_else(|| self.reserve_end_event(), Ok) {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
@@ -322,7 +305,7 @@ impl Communicator {
     /// Waits for the producers, issues `ops` as one NCCL group, records `end`
     /// (and makes `join` wait on it). The caller holds the enqueue lock
     /// (`st`). The error says whether NCCL was called.
-    fn enqueue_group(
+    pub(super) fn enqueue_group(
         &self,
         st: &EnqueueState,
         raw: nccl_sys::sys::ncclComm_t,
@@ -351,7 +334,7 @@ impl Communicator {
             // SAFETY: `raw` is live and the caller holds the enqueue lock;
             // each op passed `check` when pushed, and its buffers are kept by
             // the caller until the end event completes (`Launched`) or by the
-            // graph that replays them (`Capture`).
+            // graph that replays them (`GraphCapture`).
             let (call, rc) = unsafe { self.issue(raw, op) };
             if !(rc.is_success() || rc.is_in_progress()) {
                 failed = Some(nccl_err(n, call, rc));
@@ -412,13 +395,13 @@ impl Launched {
     /// shares the group's end event. `None` for a ticket of another batch, one
     /// taken before, or a failed launch that enqueued nothing (the buffers are
     /// then dropped with this value).
-    pub fn take<B: DeviceMem>(&mut self, ticket: Ticket<B>) -> Option<InFlight<B>> {
+    pub fn take<C: DeviceBuffers>(&mut self, ticket: Ticket<C>) -> Option<InFlight<C>> {
         if ticket.owner != self.owner {
             return None;
         }
         let end = self.end.clone()?;
         let item = self.items.get_mut(ticket.index)?.take()?;
-        match item.downcast::<Vec<B>>() {
+        match item.downcast::<C>() {
             Ok(bufs) => Some(InFlight {
                 device: self.device.clone(),
                 order: self.order,
@@ -487,300 +470,6 @@ impl Pending for KeepAlive {
                 self.items = None;
                 true
             }
-        }
-    }
-}
-
-/// A CUDA graph capture on one stream (`cuStreamBeginCapture` in
-/// thread-local mode: other threads, such as chorus's completion reactor,
-/// keep working while it runs).
-///
-/// Launch batches into it with [`launch`](Self::launch); enqueue other work
-/// (kernels, copies) on [`stream`](Self::stream). [`finish`](Self::finish)
-/// ends the capture and instantiates the [`Graph`]. Dropping the capture
-/// unfinished ends it and discards what was captured. `!Send`: a capture
-/// belongs to the thread that began it.
-pub struct Capture {
-    stream: Stream,
-    comms: Vec<Arc<Communicator>>,
-    /// Each captured batch's id and buffers.
-    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
-    open: bool,
-    _not_send: PhantomData<*const ()>,
-}
-
-impl fmt::Debug for Capture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Capture")
-            .field("stream", &self.stream)
-            .field("ops", &self.items.len())
-            .finish()
-    }
-}
-
-impl Capture {
-    /// Begins capturing `stream` (which must not be capturing already, and
-    /// must not be the legacy default stream).
-    ///
-    /// # Errors
-    ///
-    /// The CUDA error of `cuStreamBeginCapture`.
-    pub fn begin(stream: &Stream) -> Result<Capture, CudaError> {
-        stream.device().bind_to_thread()?;
-        // SAFETY: the stream is live (we hold it); thread-local mode only
-        // restricts this thread.
-        let rc = unsafe {
-            sys::cuStreamBeginCapture_v2(
-                stream.as_raw(),
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        };
-        check(rc, "cuStreamBeginCapture")?;
-        Ok(Capture {
-            stream: stream.clone(),
-            comms: Vec::new(),
-            items: Vec::new(),
-            open: true,
-            _not_send: PhantomData,
-        })
-    }
-
-    /// Reserves `comm` for this capture until it ends: from now on the
-    /// communicator refuses ops outside the capture
-    /// ([`NcclCommError::Capturing`]), since they would wait on the
-    /// capturing stream or run on a stream that joined the capture.
-    /// [`launch`](Self::launch) holds the batch's communicator itself; hold
-    /// it earlier to refuse stray ops from the start.
-    ///
-    /// # Errors
-    ///
-    /// [`NcclCommError::Capturing`] if another capture holds it,
-    /// [`NcclCommError::Aborted`] if it was aborted.
-    pub fn hold(&mut self, comm: &Arc<Communicator>) -> Result<(), NcclCommError> {
-        comm.live()?;
-        if self.comms.iter().any(|c| Arc::ptr_eq(c, comm)) {
-            return Ok(());
-        }
-        if comm.capturing.swap(true, Ordering::AcqRel) {
-            return Err(NcclCommError::Capturing);
-        }
-        self.comms.push(comm.clone());
-        Ok(())
-    }
-
-    /// The capturing stream: work enqueued here is captured too, ordered
-    /// with the batches as issued.
-    pub fn stream(&self) -> &Stream {
-        &self.stream
-    }
-
-    /// Captures `batch` as one NCCL group: the communicator's stream waits
-    /// for the capturing stream (and the batch's producer streams, which
-    /// must be the capturing stream or streams already in the capture), then
-    /// the capturing stream waits for the group. The buffers move into the
-    /// capture; the tickets are valid on the finished graph.
-    ///
-    /// # Errors
-    ///
-    /// An aborted communicator, one captured by another capture, or the
-    /// CUDA/NCCL error (the capture is then usually invalidated: finish
-    /// reports it). The batch's buffers are kept by the capture in any case.
-    pub fn launch(&mut self, batch: Batch) -> Result<(), NcclCommError> {
-        let Batch {
-            comm,
-            ops,
-            mut producers,
-            items,
-            id,
-            ..
-        } = batch;
-        self.items.push((id, items));
-        let end = comm.end_event()?;
-        self.hold(&comm)?;
-        let st = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
-        let raw = comm.live()?;
-        // The communicator's stream joins the capture by waiting on the
-        // capturing stream.
-        if !producers.iter().any(|p| p.as_raw() == self.stream.as_raw()) {
-            producers.insert(0, self.stream.clone());
-        }
-        comm.enqueue_group(&st, raw, &ops, &producers, &end, Some(&self.stream))
-            .map_err(|(e, _)| e)
-    }
-
-    /// Ends the capture and instantiates the graph.
-    ///
-    /// # Errors
-    ///
-    /// The CUDA error of ending (e.g. the capture was invalidated by a
-    /// prohibited call) or of instantiating; what was captured is discarded.
-    pub fn finish(mut self) -> Result<Graph, CudaError> {
-        let (graph, end_rc) = self.end();
-        let items = std::mem::take(&mut self.items);
-        let comms = std::mem::take(&mut self.comms);
-        check(end_rc, "cuStreamEndCapture")?;
-        if graph.is_null() {
-            return Err(CudaError::Driver {
-                call: "cuStreamEndCapture",
-                code: 0,
-                name: "no graph was captured".into(),
-            });
-        }
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: `graph` is the graph the capture returned; `exec` is
-        // written on success.
-        let rc = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
-        if let Err(e) = check(rc, "cuGraphInstantiateWithFlags") {
-            // SAFETY: `graph` is ours and no exec was created.
-            unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e);
-        }
-        let done = self.stream.device().new_event()?;
-        Ok(Graph {
-            device: self.stream.device().clone(),
-            graph,
-            exec,
-            comms,
-            items,
-            done,
-            launched: false,
-        })
-    }
-
-    /// Ends the capture (once) and releases the communicators.
-    fn end(&mut self) -> (sys::CUgraph, sys::CUresult) {
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        if !self.open {
-            return (graph, sys::CUresult::CUDA_SUCCESS);
-        }
-        self.open = false;
-        let _ = self.stream.device().bind_to_thread();
-        // SAFETY: the stream is capturing (begun by `begin`) and live.
-        let rc = unsafe { sys::cuStreamEndCapture(self.stream.as_raw(), &mut graph) };
-        for c in &self.comms {
-            c.capturing.store(false, Ordering::Release);
-        }
-        (graph, rc)
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        let (graph, _) = self.end();
-        if !graph.is_null() {
-            // SAFETY: the graph is ours and was never instantiated.
-            unsafe { sys::cuGraphDestroy(graph) };
-        }
-    }
-}
-
-fn check(rc: sys::CUresult, call: &'static str) -> Result<(), CudaError> {
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(driver_error(call, cudarc::driver::DriverError(rc)))
-    }
-}
-
-/// An instantiated CUDA graph of captured NCCL ops (and whatever else was
-/// captured). It owns the captured ops' buffers and keeps their
-/// communicators alive: replays always find both.
-pub struct Graph {
-    device: Device,
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
-    comms: Vec<Arc<Communicator>>,
-    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
-    /// Recorded after each replay; waited for before the graph goes.
-    done: Event,
-    launched: bool,
-}
-
-// SAFETY: the graph and its exec are only used through `&mut self` (replay)
-// or in `drop`, so calls on them are serialized as CUDA requires; the
-// buffers are `Send`.
-unsafe impl Send for Graph {}
-
-impl fmt::Debug for Graph {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Graph")
-            .field("device", &self.device.ordinal())
-            .field("ops", &self.items.len())
-            .finish()
-    }
-}
-
-impl Graph {
-    /// Replays the graph on `stream` (`cuGraphLaunch`) and records the
-    /// replay's done event after it. Returns at once.
-    ///
-    /// Every rank must replay its graph in the same order relative to its
-    /// other ops on the same communicators, as for any NCCL op.
-    ///
-    /// # Errors
-    ///
-    /// [`NcclCommError::Aborted`] if a communicator of the graph was aborted
-    /// (nothing is launched), or the CUDA error of the launch.
-    pub fn launch(&mut self, stream: &Stream) -> Result<(), NcclCommError> {
-        for c in &self.comms {
-            c.live()?;
-        }
-        self.device.bind_to_thread()?;
-        // SAFETY: `exec` is live (destroyed only in drop) and used under
-        // `&mut self`; the stream is live.
-        let rc = unsafe { sys::cuGraphLaunch(self.exec, stream.as_raw()) };
-        check(rc, "cuGraphLaunch")?;
-        self.launched = true;
-        self.done.record(stream)?;
-        Ok(())
-    }
-
-    /// The event recorded after the latest replay.
-    pub fn done_event(&self) -> &Event {
-        &self.done
-    }
-
-    /// The buffers of a captured op. `None` for a ticket of a batch this
-    /// graph did not capture.
-    pub fn buffers<B: DeviceMem>(&self, ticket: Ticket<B>) -> Option<&[B]> {
-        self.items
-            .iter()
-            .find(|(id, _)| *id == ticket.owner)?
-            .1
-            .get(ticket.index)?
-            .downcast_ref::<Vec<B>>()
-            .map(Vec::as_slice)
-    }
-
-    /// The buffers of a captured op, mutable (to fill inputs between
-    /// replays: order such work after [`done_event`](Self::done_event)).
-    pub fn buffers_mut<B: DeviceMem>(&mut self, ticket: Ticket<B>) -> Option<&mut [B]> {
-        self.items
-            .iter_mut()
-            .find(|(id, _)| *id == ticket.owner)?
-            .1
-            .get_mut(ticket.index)?
-            .downcast_mut::<Vec<B>>()
-            .map(Vec::as_mut_slice)
-    }
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        let _ = self.device.bind_to_thread();
-        if self.launched {
-            // The last replay must be done before its buffers go.
-            if let Err(e) = self.done.synchronize() {
-                tracing::error!(error = %e, "a graph replay failed; its buffers are leaked");
-                for item in self.items.drain(..) {
-                    std::mem::forget(item);
-                }
-            }
-        }
-        // SAFETY: both handles are ours; no replay is running any more.
-        unsafe {
-            sys::cuGraphExecDestroy(self.exec);
-            sys::cuGraphDestroy(self.graph);
         }
     }
 }

@@ -30,9 +30,15 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
-use super::{end_outcome, DeviceMem, EndEvent, Finished};
+use super::buffer::DeviceBuffers;
+use super::event_pool::EndEvent;
 use crate::cuda::{CudaError, Device};
 use crate::reactor::{self, Pending};
+
+/// What a finished op's callback receives: the buffers (unless they were
+/// taken early by a stream-ordered wait), or the CUDA error that ended it
+/// with the buffers to release.
+pub type Finished<C> = (Result<(), CudaError>, Option<C>);
 
 /// Pushes between two looks at the end events of the queued ops.
 pub(super) const CHECK_EVERY: u32 = 8;
@@ -40,21 +46,21 @@ pub(super) const CHECK_EVERY: u32 = 8;
 pub(super) const RETIRE_PER_PUSH: usize = 2;
 
 /// An op nobody waits for: what runs once its end event completed.
-pub(super) struct Detached<B: DeviceMem, F> {
+pub(super) struct Detached<C: DeviceBuffers, F> {
     pub(super) order: (u64, u64),
     pub(super) device: Device,
     pub(super) end: Arc<EndEvent>,
-    pub(super) bufs: Option<Vec<B>>,
+    pub(super) bufs: Option<C>,
     pub(super) done: Option<F>,
 }
 
-impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Detached<B, F> {
+impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Detached<C, F> {
     fn order(&self) -> Option<(u64, u64)> {
         Some(self.order)
     }
 
     fn poll_complete(&mut self) -> bool {
-        let Some(outcome) = end_outcome(&self.device, &self.end, true) else {
+        let Some(outcome) = self.end.outcome(&self.device, true) else {
             return false;
         };
         self.finish_with(outcome);
@@ -62,7 +68,7 @@ impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Pending for Detached
     }
 }
 
-impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Detached<B, F> {
+impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Detached<C, F> {
     fn finish_with(&mut self, outcome: Result<(), CudaError>) {
         if let Some(done) = self.done.take() {
             done((outcome, self.bufs.take()));
@@ -79,9 +85,9 @@ pub(super) trait Retiring: Send {
     fn finish(self: Box<Self>, outcome: Result<(), CudaError>);
 }
 
-impl<B: DeviceMem, F: FnOnce(Finished<B>) + Send + 'static> Retiring for Detached<B, F> {
+impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Retiring for Detached<C, F> {
     fn outcome(&self, on_reactor: bool) -> Option<Result<(), CudaError>> {
-        end_outcome(&self.device, &self.end, on_reactor)
+        self.end.outcome(&self.device, on_reactor)
     }
 
     fn finish(mut self: Box<Self>, outcome: Result<(), CudaError>) {

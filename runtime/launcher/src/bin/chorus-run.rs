@@ -17,6 +17,7 @@
 //! (128+N for a rank killed by signal N); with `--keep-going` the others
 //! run on and it exits with the first failing code once all are done. See
 //! `chorus-run --help`. The logic lives in `chorus_launcher`.
+#![forbid(unsafe_code)]
 
 fn main() {
     std::process::exit(chorus_launcher::main_from_args(std::env::args_os()));

@@ -7,6 +7,7 @@
 //! ```
 //!
 //! Exits 0 when the ranks agree, 1 when a divergence was found, 2 on error.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,6 +5,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use crate::config::{RENDEZVOUS_TIMEOUT_ENV, TOKEN_ENV};
+
 /// Default time [`rendezvous`](super::rendezvous) waits for every rank to
 /// join (`CHORUS_RENDEZVOUS_TIMEOUT` or [`RendezvousConfigBuilder::timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -249,7 +251,7 @@ impl RendezvousConfig {
             }
         };
 
-        let timeout = match get("CHORUS_RENDEZVOUS_TIMEOUT") {
+        let timeout = match get(RENDEZVOUS_TIMEOUT_ENV) {
             None => DEFAULT_TIMEOUT,
             Some(v) => v
                 .trim()
@@ -258,15 +260,15 @@ impl RendezvousConfig {
                 .filter(|s| *s > 0.0)
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 .ok_or(EnvError::Malformed {
-                    var: "CHORUS_RENDEZVOUS_TIMEOUT",
+                    var: RENDEZVOUS_TIMEOUT_ENV,
                     value: v,
                     expected: "a positive number of seconds",
                 })?,
         };
-        let token = match get("CHORUS_STORE_TOKEN") {
+        let token = match get(TOKEN_ENV) {
             Some(t) if t.is_empty() => {
                 return Err(EnvError::Malformed {
-                    var: "CHORUS_STORE_TOKEN",
+                    var: TOKEN_ENV,
                     value: t,
                     expected: "a non-empty shared secret (unset it to run without one)",
                 })

@@ -69,7 +69,10 @@ pub use config::{
     DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TIMEOUT,
 };
 
-use crate::{ClientOptions, ServerOptions, Store, StoreError, TcpStore, TcpStoreServer};
+use crate::client::{ClientOptions, TcpStore};
+use crate::error::StoreError;
+use crate::server::{ServerOptions, TcpStoreServer};
+use crate::store::Store;
 
 const K_WORLD: &str = "chorus/rdzv/world_size";
 const K_JOINED: &str = "chorus/rdzv/joined";

@@ -1,0 +1,41 @@
+//! [`NcclOptions`]: the settings of a group's NCCL backend.
+
+use std::time::Duration;
+
+use chorus_gpu::cuda::StreamPriority;
+
+/// Settings of a group's NCCL backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NcclOptions {
+    /// Priority of each communicator's dedicated stream (default: the
+    /// device's normal priority; `Highest` keeps collectives from being
+    /// starved by compute kernels).
+    pub stream_priority: StreamPriority,
+    /// Run ops on a blocking twin of each group communicator (default true;
+    /// `CHORUS_NCCL_BLOCKING=0` turns it off, see `NcclOptions::from_env`). Communicators are created
+    /// non-blocking, so that initialization has a timeout and can be
+    /// aborted; ops on a non-blocking communicator of several ranks return
+    /// `ncclInProgress` and cost 60–190 µs of polling each (2× H200), so
+    /// after initialization chorus splits a blocking twin (same ranks) and
+    /// issues ops there. A twin that cannot be made within the group's
+    /// timeout fails the initialization. Subgroup communicators split by
+    /// `new_group` stay non-blocking.
+    pub blocking_ops: bool,
+    /// How long the first poll of a device work may watch the op's end
+    /// event itself before it hands the op to the completion reactor
+    /// (default 10 µs, at most 1 ms; zero turns it off): a small op
+    /// finishes within that, and resolving it on the polling thread saves
+    /// the park and wake-up of the awaiting thread (~5 µs).
+    /// `CHORUS_POLL_SPIN_US` sets it from the environment.
+    pub poll_spin: Duration,
+}
+
+impl Default for NcclOptions {
+    fn default() -> Self {
+        NcclOptions {
+            stream_priority: StreamPriority::default(),
+            blocking_ops: true,
+            poll_spin: Duration::from_micros(10),
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! [`TcpBackend`]: the TCP backend of one group, from connecting the mesh
+//! to the ops it runs through the backend interface.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use chorus_core::flight_recorder::OpMeta;
+use chorus_core::{Element, HostBuffer, HostBuffers, Op, OpContext, OpFuture, WorkError};
+use chorus_store::Store;
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, watch};
+
+use super::options::{TcpOptions, MAX_CHUNK};
+use super::pool::Pool;
+use super::request::OpRequest;
+use super::state::{Inner, PeerState};
+use super::{conn, group, setup, wire, worker};
+use crate::backend::{Backend, Coalesces, Runs};
+use crate::error::{Error, Rejected};
+use crate::grouped::{self, Grouped};
+use crate::sequence::{Counters, Sequencer};
+use crate::work::Work;
+
+/// The TCP backend of one group. See the [module docs](super).
+pub(crate) struct TcpBackend {
+    inner: Arc<Inner>,
+    tx: mpsc::UnboundedSender<OpRequest>,
+    /// Set by `close`: the worker says goodbye and stops.
+    close: watch::Sender<bool>,
+    /// Set by the worker once it has stopped (after its goodbyes).
+    done: watch::Receiver<bool>,
+}
+
+impl fmt::Debug for TcpBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl TcpBackend {
+    /// Connects this rank to the other `size - 1` ranks of `group` through
+    /// addresses exchanged in `store` (already namespaced for the group),
+    /// and starts the group's worker and reader tasks on chorus's runtime.
+    /// Callable from any executor.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad rank, size or options;
+    /// [`Error::Store`] if the store fails or a peer's address does not
+    /// appear within `connect_timeout`; [`Error::Setup`] if a connection or a
+    /// handshake fails or times out.
+    pub(crate) async fn connect(
+        store: Arc<dyn Store>,
+        rank: usize,
+        size: usize,
+        group: Arc<str>,
+        opts: TcpOptions,
+    ) -> Result<Arc<TcpBackend>, Error> {
+        if size == 0 || rank >= size || size > u32::MAX as usize / 2 {
+            return Err(Error::InvalidArgument(format!(
+                "TCP backend of group '{group}': rank {rank} is not in a group of size {size}"
+            )));
+        }
+        if opts.chunk_bytes < 8 || opts.chunk_bytes > MAX_CHUNK {
+            return Err(Error::InvalidArgument(format!(
+                "TcpOptions::chunk_bytes is {}; it must be between 8 and {MAX_CHUNK}",
+                opts.chunk_bytes
+            )));
+        }
+        let setup_err = |msg: String| Error::Setup {
+            group: group.to_string(),
+            rank,
+            msg,
+        };
+        let me = setup::Me {
+            rank,
+            size,
+            group: group.clone(),
+            opts: opts.clone(),
+            bcast: None,
+        };
+        let mesh = chorus_store::rt::run(setup::mesh(store, me))
+            .await
+            .map_err(setup_err)?
+            .map_err(|e| match e {
+                setup::SetupError::Store(e) => Error::Store(e),
+                setup::SetupError::Other(msg) => setup_err(msg),
+            })?;
+        let handle = chorus_store::rt::handle().map_err(setup_err)?;
+
+        let (stop, stop_rx) = watch::channel(false);
+        // Idle receive buffers kept for reuse: up to 32 MiB worth (the ring
+        // reads ahead; fewer means an allocation and page faults per chunk).
+        let pool_keep = (32 << 20) / opts.chunk_bytes + 8;
+        let inner = Arc::new(Inner {
+            rank,
+            size,
+            group_hash: wire::group_hash(&group),
+            group,
+            opts,
+            pool: Pool::new(pool_keep),
+            failed: Mutex::new(None),
+            has_failed: AtomicBool::new(false),
+            stop,
+            lost: Mutex::new(None),
+            peers: Mutex::new(vec![PeerState::Open; size]),
+            readers: Mutex::new(Vec::new()),
+            shm_frames: AtomicU64::new(0),
+            shm_full: AtomicU64::new(0),
+        });
+        let mut writers = Vec::with_capacity(size);
+        let mut shm_tx = Vec::with_capacity(size);
+        let mut coll = Vec::with_capacity(size);
+        let mut p2p = Vec::with_capacity(size);
+        let mut readers = Vec::new();
+        let mut shm_peers = 0;
+        let mut bcast_ok = vec![false; size];
+        for (peer, c) in mesh.conns.into_iter().enumerate() {
+            let Some(c) = c else {
+                writers.push(None);
+                shm_tx.push(None);
+                coll.push(None);
+                p2p.push(None);
+                continue;
+            };
+            let (rd, wr) = c.stream.split();
+            shm_peers += usize::from(c.shm.tx.is_some());
+            shm_tx.push(c.shm.tx);
+            bcast_ok[peer] = c.shm.bcast_ok;
+            let (ctx, crx) = mpsc::unbounded_channel();
+            let (ptx, prx) = mpsc::unbounded_channel();
+            let h = handle.spawn(conn::reader(
+                peer,
+                rd,
+                ctx,
+                ptx,
+                c.shm.rx,
+                c.shm.brx,
+                inner.clone(),
+            ));
+            readers.push(h.abort_handle());
+            writers.push(Some(conn::Writer::new(wr)));
+            coll.push(Some(crx));
+            p2p.push(Some(prx));
+        }
+        *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (close, close_rx) = watch::channel(false);
+        let (done_tx, done) = watch::channel(false);
+        let shm = worker::Shm {
+            tx: shm_tx,
+            bcast: mesh.bcast,
+            bcast_ok,
+            all_local: mesh.all_local,
+        };
+        let w = worker::Worker::new(inner.clone(), writers, shm, coll, p2p);
+        handle.spawn(async move {
+            w.run(rx, stop_rx, close_rx).await;
+            done_tx.send_replace(true);
+        });
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, "TCP backend connected");
+        Ok(Arc::new(TcpBackend {
+            inner,
+            tx,
+            close,
+            done,
+        }))
+    }
+
+    /// This rank.
+    #[allow(dead_code)]
+    pub(crate) fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// The group's size.
+    #[allow(dead_code)]
+    pub(crate) fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// Frames sent through shared memory so far, and frames that would have
+    /// been but found every slot in use.
+    #[allow(dead_code)]
+    pub(crate) fn shm_stats(&self) -> (u64, u64) {
+        (
+            self.inner.shm_frames.load(Ordering::Relaxed),
+            self.inner.shm_full.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The options the backend was created with.
+    #[allow(dead_code)]
+    pub(crate) fn options(&self) -> &TcpOptions {
+        &self.inner.opts
+    }
+}
+
+impl TcpBackend {
+    /// Queues `req` for the worker; fails it at once when the backend has
+    /// failed or its worker has stopped.
+    pub(super) fn enqueue(&self, req: OpRequest) {
+        if let Some(cause) = self.inner.failure() {
+            let err = cause.for_op(req.ctx.clone());
+            req.completer.complete(Err(err));
+            return;
+        }
+        if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
+            let err = match self.inner.failure() {
+                Some(cause) => cause.for_op(req.ctx.clone()),
+                None => WorkError::Backend {
+                    ctx: req.ctx.clone(),
+                    msg: "the TCP backend's worker has stopped".into(),
+                },
+            };
+            req.completer.complete(Err(err));
+        }
+    }
+
+    /// Takes `op`'s sequence number under the submission lock `counters`
+    /// and registers its work: the work, and the request for `bufs`.
+    #[allow(clippy::too_many_arguments)]
+    fn register(
+        seq: &Sequencer,
+        counters: &mut Counters,
+        timeout: Duration,
+        op: Op,
+        name: &'static str,
+        meta: OpMeta,
+        bufs: Vec<HostBuffer>,
+    ) -> Result<(OpFuture<Vec<HostBuffer>>, OpRequest), (WorkError, Vec<HostBuffer>)> {
+        let n = counters.next(op);
+        let ctx = seq.ctx(n, name);
+        let deadline = Instant::now().checked_add(timeout);
+        let registered = OpFuture::new_recorded(
+            ctx.clone(),
+            seq.registry(),
+            deadline,
+            op.is_collective(),
+            meta,
+        );
+        let (work, completer) = match registered {
+            Ok(pair) => pair,
+            Err(e) => return Err((e, bufs)),
+        };
+        counters.bump(op, n);
+        tracing::trace!(group = %seq.name(), seq = n, op = name, "submit");
+        let req = OpRequest {
+            ctx,
+            op,
+            bufs,
+            timeout,
+            completer,
+        };
+        Ok((work, req))
+    }
+}
+
+/// The element counts of `bufs`' buffers, in order.
+fn counts<S: HostBuffers>(bufs: &S) -> Vec<usize> {
+    (0..bufs.len()).filter_map(|i| bufs.count(i)).collect()
+}
+
+/// Host ops of a group, staged until launch. Dropped unlaunched, it fails
+/// their works: the ops never ran.
+#[derive(Default)]
+pub(crate) struct TcpStaged(Vec<HostEntry>);
+
+impl fmt::Debug for TcpStaged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpStaged")
+            .field("ops", &self.0.len())
+            .finish()
+    }
+}
+
+impl TcpStaged {
+    /// Number of ops staged.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A staged host op and where its work goes.
+struct HostEntry {
+    op: Op,
+    /// Its context before launch (no sequence number yet), for errors.
+    ctx: OpContext,
+    meta: OpMeta,
+    bufs: Vec<HostBuffer>,
+    deliver: Box<dyn FnOnce(Result<OpFuture<Vec<HostBuffer>>, WorkError>)>,
+}
+
+impl Drop for TcpStaged {
+    fn drop(&mut self) {
+        for e in self.0.drain(..) {
+            let err = grouped::cancelled(&e.ctx);
+            (e.deliver)(Err(err));
+        }
+    }
+}
+
+impl Backend for TcpBackend {
+    type Staged = TcpStaged;
+
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn launch(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        mut staged: TcpStaged,
+    ) -> Result<(), WorkError> {
+        let entries = std::mem::take(&mut staged.0);
+        let mut counters = seq.lock();
+        let mut reqs = Vec::with_capacity(entries.len());
+        let mut failure: Option<WorkError> = None;
+        for e in entries {
+            if let Some(err) = &failure {
+                (e.deliver)(Err(err.for_op(e.ctx)));
+                continue;
+            }
+            let HostEntry {
+                op,
+                ctx,
+                meta,
+                bufs,
+                deliver,
+            } = e;
+            match Self::register(seq, &mut counters, timeout, op, ctx.op, meta, bufs) {
+                Ok((work, req)) => {
+                    deliver(Ok(work));
+                    reqs.push(req);
+                }
+                Err((err, _)) => {
+                    deliver(Err(err.clone()));
+                    failure = Some(err);
+                }
+            }
+        }
+        if let Some(err) = failure {
+            // Nothing of a group runs unless all of it does.
+            drop(counters);
+            for r in reqs {
+                let e = err.for_op(r.ctx.clone());
+                r.completer.complete(Err(e));
+            }
+            return Err(err);
+        }
+        for r in group::fuse(reqs) {
+            self.enqueue(r);
+        }
+        Ok(())
+    }
+
+    fn close(&self) -> BoxFuture<'static, ()> {
+        self.close.send_replace(true);
+        let mut done = self.done.clone();
+        Box::pin(async move {
+            // The worker's goodbye and its wait for the peers' are bounded;
+            // this bound only guards against a worker that cannot run.
+            let _ = tokio::time::timeout(Duration::from_secs(10), done.wait_for(|d| *d)).await;
+        })
+    }
+
+    fn abort(&self, cause: &WorkError) {
+        self.inner.fail(cause);
+        // The worker closes the write halves and fails the queue when it sees
+        // the stop signal; the readers stop now.
+        self.inner.stop_readers();
+    }
+}
+
+impl<S: HostBuffers> Runs<S> for TcpBackend {
+    type Work = Work<S>;
+
+    fn submit(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        op: Op,
+        bufs: S,
+    ) -> Result<Work<S>, Rejected<S>> {
+        let name = op.name();
+        if matches!(op, Op::SendRecv { .. }) {
+            let error = seq.invalid(
+                name,
+                "send_recv runs on device buffers; on host buffers stage a send and a recv in \
+                 a group (ProcessGroup::group)"
+                    .into(),
+            );
+            return Err(Rejected::new(error, bufs));
+        }
+        let counts = counts(&bufs);
+        if let Err(error) = seq.check(op, name, &counts) {
+            return Err(Rejected::new(error, bufs));
+        }
+        let meta = Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0));
+        let mut counters = seq.lock();
+        match Self::register(
+            seq,
+            &mut counters,
+            timeout,
+            op,
+            name,
+            meta,
+            bufs.into_host(),
+        ) {
+            Ok((work, req)) => {
+                self.enqueue(req);
+                drop(counters);
+                Ok(Work::new(work, Vec::new()))
+            }
+            Err((error, host)) => {
+                drop(counters);
+                Err(Rejected::new(error, S::recover(host)))
+            }
+        }
+    }
+
+    fn stage(
+        &self,
+        seq: &Sequencer,
+        staged: &mut TcpStaged,
+        op: Op,
+        bufs: S,
+    ) -> Result<Grouped<Work<S>>, Rejected<S>> {
+        let name = op.name();
+        let counts = counts(&bufs);
+        if let Err(error) = seq.check(op, name, &counts) {
+            return Err(Rejected::new(error, bufs));
+        }
+        let ctx = seq.ctx(0, name);
+        let cell = grouped::cell();
+        let into = cell.clone();
+        staged.0.push(HostEntry {
+            op,
+            ctx: ctx.clone(),
+            meta: Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0)),
+            bufs: bufs.into_host(),
+            deliver: Box::new(move |r| grouped::put(&into, r.map(|w| Work::new(w, Vec::new())))),
+        });
+        Ok(Grouped::new(cell, ctx))
+    }
+}
+
+impl<T: Element> Coalesces<Vec<T>> for TcpBackend {
+    type Work = Work<Vec<Vec<T>>>;
+
+    /// One op on the buffers' concatenation (one message exchange), cut
+    /// back into one buffer per input when it has finished.
+    fn submit_coalesced(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        op: Op,
+        bufs: Vec<Vec<T>>,
+    ) -> Result<Work<Vec<Vec<T>>>, Rejected<Vec<Vec<T>>>> {
+        let name = op.coalesced_name();
+        if bufs.is_empty() || !op.coalescable() {
+            let msg = if bufs.is_empty() {
+                "a coalesced op needs at least one buffer".to_string()
+            } else {
+                format!("{op} cannot be coalesced; all_reduce, broadcast and reduce can")
+            };
+            return Err(Rejected::new(seq.invalid(name, msg), bufs));
+        }
+        let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
+        let total = lens.iter().sum();
+        if let Err(error) = seq.check(op, name, &[total]) {
+            return Err(Rejected::new(error, bufs));
+        }
+        let meta = Sequencer::meta(op, Some(T::DTYPE), total);
+        let fused = vec![T::into_host(bufs.concat())];
+        let mut counters = seq.lock();
+        match Self::register(seq, &mut counters, timeout, op, name, meta, fused) {
+            Ok((work, req)) => {
+                self.enqueue(req);
+                drop(counters);
+                Ok(Work::new(work, lens))
+            }
+            Err((error, host)) => {
+                drop(counters);
+                let parts = host
+                    .into_iter()
+                    .next()
+                    .map(|fused| fused.split(&lens))
+                    .unwrap_or_default();
+                Err(Rejected::new(error, Vec::<Vec<T>>::recover(parts)))
+            }
+        }
+    }
+}

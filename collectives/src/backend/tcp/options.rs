@@ -1,0 +1,52 @@
+//! [`TcpOptions`]: the settings of the TCP backend.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+/// Settings of the TCP backend. Every rank of a group must use the same
+/// `crossover_bytes` and `chunk_bytes` (checked when the group connects).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// The address other ranks use to reach this rank; the listener binds to
+    /// it (port chosen by the OS). Default `127.0.0.1`, which only works when
+    /// every rank runs on this host.
+    pub advertise_ip: IpAddr,
+    /// Messages of at least this many bytes use the bandwidth-optimal
+    /// algorithms (ring, pipelined chain); smaller ones the low-latency
+    /// direct path. Default 64 KiB (measured; see the module docs).
+    pub crossover_bytes: usize,
+    /// Largest payload of one frame, in bytes: large messages are cut into
+    /// chunks of this size and pipelined. At least 8. Default 256 KiB.
+    pub chunk_bytes: usize,
+    /// How long setup waits for the other ranks' addresses and connections.
+    /// Default 60 s.
+    pub connect_timeout: Duration,
+    /// Reach peers on the same host (and network namespace) through Unix
+    /// domain sockets instead of loopback TCP, which is several times faster
+    /// (Linux only; elsewhere every peer uses TCP). Peers on other hosts, or
+    /// whose Unix socket cannot be reached, use TCP. Default true.
+    pub local_unix_sockets: bool,
+    /// Move large payloads to peers on the same host through shared memory
+    /// (Linux only; needs `local_unix_sockets`, which carries the control
+    /// messages): see "Shared memory" in the module docs. Used for a pair
+    /// of ranks only when both have it on; otherwise, or if setting it up
+    /// fails, payloads go through the socket. Default true
+    /// (`CHORUS_SHM=0` turns it off, see `TcpOptions::from_env`).
+    pub shared_memory: bool,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            advertise_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            crossover_bytes: 64 << 10,
+            chunk_bytes: 256 << 10,
+            connect_timeout: Duration::from_secs(60),
+            local_unix_sockets: true,
+            shared_memory: true,
+        }
+    }
+}
+
+/// Largest accepted `chunk_bytes`.
+pub(super) const MAX_CHUNK: usize = 1 << 30;

@@ -1,0 +1,110 @@
+//! The settings chorus reads from the environment: the one place of this
+//! layer where a `CHORUS_*` variable is read.
+//!
+//! Every variable has a builder equivalent (a field of the settings struct
+//! it fills, or a builder method), and `Default` of every settings struct
+//! is the plain defaults, never the environment: a program that builds its
+//! settings explicitly is not changed by the environment it runs in. The
+//! group builder ([`ProcessGroup::builder`](crate::ProcessGroup::builder))
+//! starts from the environment's settings, which its methods override.
+//! docs/CONFIG.md lists every variable of every layer.
+//!
+//! | variable | default | fills |
+//! |---|---|---|
+//! | `CHORUS_WATCHDOG` | `1` | [`WatchdogConfig::enabled`] (`0`: no watchdog) |
+//! | `CHORUS_WATCHDOG_INTERVAL_MS` | `10` | [`WatchdogConfig::interval`] |
+//! | `CHORUS_HEARTBEAT_TIMEOUT_S` | `60` | [`WatchdogConfig::heartbeat_timeout`] |
+//! | `CHORUS_TRACE_DIR` | temp folder | [`WatchdogConfig::dump_dir`] |
+//! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |
+//! | `CHORUS_PROPAGATE_ERRORS` | `0` | [`GroupBuilder::propagate_errors`](crate::GroupBuilder::propagate_errors) |
+//! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
+//! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
+//! | `CHORUS_POLL_SPIN_US` | `10` | [`NcclOptions::poll_spin`] |
+//! | `CHORUS_NCCL_PROFILE` | `0` | `chorus_core::profile::set_enabled` (feature `profile`) |
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::backend::nccl::NcclOptions;
+use crate::backend::tcp::TcpOptions;
+use crate::watchdog::WatchdogConfig;
+
+/// The value of `name`, trimmed; `None` when unset or not Unicode.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_owned())
+}
+
+/// A number in `name`; `None` when unset or not a number.
+fn number(name: &str) -> Option<u64> {
+    var(name).and_then(|v| v.parse().ok())
+}
+
+/// A switch in `name`: `0`, `false`, `off` or `no` is off, anything else
+/// is on, unset or empty is `default`.
+fn switch(name: &str, default: bool) -> bool {
+    match var(name) {
+        Some(v) if !v.is_empty() => !matches!(
+            v.to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        ),
+        _ => default,
+    }
+}
+
+impl WatchdogConfig {
+    /// The defaults, overridden by `CHORUS_WATCHDOG_INTERVAL_MS` (at least
+    /// 1), `CHORUS_HEARTBEAT_TIMEOUT_S` (at least 1), `CHORUS_TRACE_DIR`,
+    /// `CHORUS_DUMP_ON_SIGUSR1` and `CHORUS_WATCHDOG`.
+    pub fn from_env() -> WatchdogConfig {
+        let d = WatchdogConfig::default();
+        WatchdogConfig {
+            interval: number("CHORUS_WATCHDOG_INTERVAL_MS")
+                .map_or(d.interval, |ms| Duration::from_millis(ms.max(1))),
+            heartbeat_timeout: number("CHORUS_HEARTBEAT_TIMEOUT_S")
+                .map_or(d.heartbeat_timeout, |s| Duration::from_secs(s.max(1))),
+            dump_dir: std::env::var_os("CHORUS_TRACE_DIR").map_or(d.dump_dir, PathBuf::from),
+            dump_on_sigusr1: switch("CHORUS_DUMP_ON_SIGUSR1", d.dump_on_sigusr1),
+            enabled: switch("CHORUS_WATCHDOG", d.enabled),
+        }
+    }
+}
+
+impl TcpOptions {
+    /// The defaults, with `CHORUS_SHM=0` turning shared memory off.
+    pub fn from_env() -> TcpOptions {
+        let d = TcpOptions::default();
+        TcpOptions {
+            shared_memory: switch("CHORUS_SHM", d.shared_memory),
+            ..d
+        }
+    }
+}
+
+impl NcclOptions {
+    /// The defaults, with `CHORUS_NCCL_BLOCKING=0` turning the blocking
+    /// twin off and `CHORUS_POLL_SPIN_US` setting the first poll's watch
+    /// (at most 1000 µs).
+    pub fn from_env() -> NcclOptions {
+        let d = NcclOptions::default();
+        NcclOptions {
+            blocking_ops: switch("CHORUS_NCCL_BLOCKING", d.blocking_ops),
+            poll_spin: number("CHORUS_POLL_SPIN_US")
+                .map_or(d.poll_spin, |us| Duration::from_micros(us.min(1000))),
+            ..d
+        }
+    }
+}
+
+/// Whether `CHORUS_PROPAGATE_ERRORS` switches error propagation on (off
+/// unless set).
+pub(crate) fn propagate_errors() -> bool {
+    switch("CHORUS_PROPAGATE_ERRORS", false)
+}
+
+/// Turns on the enqueue profile when `CHORUS_NCCL_PROFILE=1` (only with
+/// the `profile` feature; otherwise there is nothing to turn on).
+pub(crate) fn apply_profile() {
+    if switch("CHORUS_NCCL_PROFILE", false) {
+        chorus_core::profile::set_enabled(true);
+    }
+}

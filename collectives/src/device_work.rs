@@ -1,0 +1,394 @@
+//! [`DeviceWork`], the future of an op on device buffers (the NCCL
+//! backend), with its explicit completion levels.
+//!
+//! | level | how | host cost |
+//! |---|---|---|
+//! | Enqueued | the op method returned `Ok(work)` | none |
+//! | StreamOrdered | [`DeviceWork::stream_ordered`] / [`stream_ordered_on`](DeviceWork::stream_ordered_on): the stream waits on the end event, the buffers come back at once | one `cuStreamWaitEvent` |
+//! | GpuFinished | `.await` (the completion reactor wakes the future when the end event completes), or [`DeviceWork::wait_timeout`] | waits for the GPU |
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use chorus_core::{Completer, OpContext, OpFuture, WorkError, WorkStatus};
+use chorus_gpu::cuda::{CudaError, Event, Stream};
+use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Finished, InFlight, Watched};
+use chorus_gpu::reactor;
+
+/// The work of a GPU op. Its completion levels are explicit: the op is
+/// Enqueued when the call returned; [`stream_ordered`](Self::stream_ordered)
+/// gives the buffers back at once for work issued on a stream after the op;
+/// `.await` resolves when the GPU finished it.
+///
+/// A work holds its op itself until it is polled, dropped or taken back:
+/// nothing goes to the completion reactor at enqueue. A poll that finds the
+/// end event complete finishes the op on the polling thread; one that does
+/// not hands it to the reactor, which wakes the future. A stream-ordered
+/// take or a drop leaves it in its communicator's retire queue: the
+/// threads that let go of the communicator's later ops retire it once its
+/// end event completed (a query every few ops, a couple of ops retired at
+/// each), and a sweeper on the reactor retires what is left once nobody
+/// lets go of more. So a stream of ops nobody awaits one by one is finished
+/// on the thread that issues it, with no reactor queries, wake-ups or
+/// memory handed between threads. The
+/// watchdog asks the end event of an op past its deadline before it times
+/// it out, so a finished op whose work is simply not polled yet never
+/// times out.
+///
+/// # Cancel safety
+///
+/// Dropping an unfinished work detaches it: the buffers stay alive until
+/// the op's end event has completed and the op is retired (by a later op's
+/// thread or the reactor's sweeper, see above); a leaked work leaks them
+/// with it. Ops are never cancelled by a drop; abort the group to stop
+/// them.
+#[must_use = "the op runs anyway, but its buffers come back only through the work"]
+pub struct DeviceWork<R: DeviceBuffers> {
+    inner: OpFuture<Option<R>>,
+    end: Arc<EndEvent>,
+    track: Option<Track<R>>,
+    /// Polled before (the first poll may watch the op briefly).
+    polled: bool,
+    /// How long the first poll may watch the end event itself
+    /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin)).
+    spin: Duration,
+}
+
+// Never pinned structurally: the buffers move in and out by value.
+impl<R: DeviceBuffers> Unpin for DeviceWork<R> {}
+
+/// The backend's side of a device work.
+pub(crate) type DeviceCompleter<C> = Completer<Option<C>>;
+
+/// Where an enqueued op's buffers and completion are.
+enum Track<C: DeviceBuffers> {
+    /// With the work (nothing handed to the reactor yet).
+    Held(Held<C>),
+    /// With the completion reactor, which completes the work.
+    Watched(Watched<C>),
+}
+
+/// An op its work still holds, with its completer. Dropped, it goes to its
+/// communicator's retire queue (its buffers are released only after the
+/// end event completed).
+struct Held<C: DeviceBuffers>(Option<(InFlight<C>, DeviceCompleter<C>)>);
+
+impl<C: DeviceBuffers> Held<C> {
+    /// Hands the op to the reactor for someone who waits on it.
+    fn watch(mut self) -> Option<Watched<C>> {
+        let (f, c) = self.0.take()?;
+        Some(f.watch(finisher(c)))
+    }
+}
+
+impl<C: DeviceBuffers> Drop for Held<C> {
+    fn drop(&mut self) {
+        if let Some((f, c)) = self.0.take() {
+            f.detach(finisher(c));
+        }
+    }
+}
+
+/// Completes a device op's work with what the completion reactor found.
+pub(crate) fn finisher<C: DeviceBuffers>(
+    completer: DeviceCompleter<C>,
+) -> impl FnOnce(Finished<C>) + Send + 'static {
+    move |(res, bufs): Finished<C>| match res {
+        Ok(()) => completer.complete(Ok(bufs)),
+        Err(e) => {
+            let msg = format!("CUDA error while the op ran: {e}");
+            match completer.context().cloned() {
+                Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
+                None => drop(completer),
+            }
+        }
+    }
+}
+
+impl<R: DeviceBuffers> std::fmt::Debug for DeviceWork<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceWork")
+            .field("op", self.inner.context())
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+fn missing(ctx: &OpContext) -> WorkError {
+    WorkError::Backend {
+        ctx: ctx.clone(),
+        msg: "the op's buffers were already taken (a chorus bug)".into(),
+    }
+}
+
+impl<R: DeviceBuffers> DeviceWork<R> {
+    /// The work of an op it holds itself (see the type's docs).
+    pub(crate) fn held(
+        inner: OpFuture<Option<R>>,
+        op: InFlight<R>,
+        completer: DeviceCompleter<R>,
+        spin: Duration,
+    ) -> Self {
+        let end = op.end_event_handle();
+        DeviceWork {
+            inner,
+            end,
+            track: Some(Track::Held(Held(Some((op, completer))))),
+            polled: false,
+            spin,
+        }
+    }
+
+    /// The work of an op already handed to the completion reactor.
+    pub(crate) fn watched(inner: OpFuture<Option<R>>, watched: Watched<R>, spin: Duration) -> Self {
+        DeviceWork {
+            inner,
+            end: watched.end_event_handle(),
+            track: Some(Track::Watched(watched)),
+            polled: false,
+            spin,
+        }
+    }
+
+    /// The op's rank, group, sequence number and name.
+    pub fn context(&self) -> &OpContext {
+        self.inner.context()
+    }
+
+    /// Sequence number of the op.
+    pub fn seq(&self) -> u64 {
+        self.inner.seq()
+    }
+
+    /// Where the op stands. `Finished` only once the GPU has finished it
+    /// (the end event completed), never at enqueue; for an op the work
+    /// still holds this queries the end event.
+    pub fn status(&self) -> WorkStatus {
+        let st = self.inner.status();
+        match &self.track {
+            Some(Track::Held(Held(Some((f, _))))) if st == WorkStatus::Pending => {
+                match f.bind_device().and_then(|()| self.end.event().query()) {
+                    Ok(true) => WorkStatus::Finished,
+                    Ok(false) => WorkStatus::Pending,
+                    Err(_) => WorkStatus::Failed,
+                }
+            }
+            _ => st,
+        }
+    }
+
+    /// True once the GPU finished the op (or it failed).
+    pub fn is_done(&self) -> bool {
+        matches!(self.status(), WorkStatus::Finished | WorkStatus::Failed)
+    }
+
+    /// The op's end event (recorded on the communicator's stream after the
+    /// op).
+    pub fn end_event(&self) -> &Event {
+        self.end.event()
+    }
+
+    /// A shared handle on the end event, usable from another thread (it
+    /// stays valid after the work is consumed).
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.end.clone()
+    }
+
+    /// Queries the end event now (`cuEventQuery`): true once the GPU
+    /// finished the op.
+    ///
+    /// # Errors
+    ///
+    /// A CUDA error of the op (never read as "not finished").
+    pub fn gpu_finished(&self) -> Result<bool, CudaError> {
+        self.end.event().query()
+    }
+
+    /// StreamOrdered: makes each buffer's own (producer) stream wait on the
+    /// op's end event and returns the buffers at once, with no host wait.
+    /// Work issued on those streams afterwards sees the op's result.
+    ///
+    /// # Errors
+    ///
+    /// The op's error if it already failed, or the CUDA error of the stream
+    /// wait.
+    pub fn stream_ordered(self) -> Result<R, WorkError> {
+        self.take_ordered(None)
+    }
+
+    /// StreamOrdered on `stream`: makes `stream` wait on the end event (and
+    /// each buffer's producer stream too, so freeing the buffer there stays
+    /// ordered after the op) and returns the buffers at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`stream_ordered`](Self::stream_ordered).
+    pub fn stream_ordered_on(self, stream: &Stream) -> Result<R, WorkError> {
+        self.take_ordered(Some(stream))
+    }
+
+    fn take_ordered(mut self, stream: Option<&Stream>) -> Result<R, WorkError> {
+        if self.inner.status() == WorkStatus::Failed {
+            // A held op goes to the retire queue with the work's drop.
+            return match self.inner.try_take() {
+                Some(Err(e)) => Err(e),
+                _ => Err(missing(self.inner.context())),
+            };
+        }
+        let taken = match &mut self.track {
+            Some(Track::Held(Held(Some((f, _))))) => f.take_stream_ordered(stream),
+            Some(Track::Watched(w)) => w.take_stream_ordered(stream),
+            _ => Ok(None),
+        };
+        match taken {
+            // The rest of the op (its bookkeeping) goes to the
+            // communicator's retire queue when `self` drops.
+            Ok(Some(bufs)) => Ok(bufs),
+            Ok(None) => {
+                // The reactor completed the op meanwhile: the buffers are in
+                // (or about to be in) the work's slot.
+                let t0 = std::time::Instant::now();
+                loop {
+                    if let Some(r) = self.inner.try_take() {
+                        let ctx = self.inner.context();
+                        return r.and_then(|b| b.ok_or_else(|| missing(ctx)));
+                    }
+                    if t0.elapsed() > Duration::from_secs(5) {
+                        return Err(missing(self.inner.context()));
+                    }
+                    std::thread::yield_now();
+                }
+            }
+            Err(e) => Err(WorkError::Backend {
+                ctx: self.inner.context().clone(),
+                msg: format!("stream-ordered wait failed: {e}"),
+            }),
+        }
+    }
+
+    /// Hands a held op to the reactor for someone who waits on it.
+    fn watch(&mut self) {
+        if let Some(Track::Held(h)) = self.track.take() {
+            self.track = h.watch().map(Track::Watched);
+        }
+    }
+
+    /// GpuFinished, blocking: waits until the GPU finished the op. On
+    /// timeout aborts the group (its NCCL communicators are aborted and
+    /// every pending op fails) and returns [`WorkError::OpTimeout`].
+    ///
+    /// # Errors
+    ///
+    /// The op's error, or the timeout.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, WorkError> {
+        let ctx = self.inner.context().clone();
+        // A blocking wait watches the end event itself a little before it
+        // sleeps: short ops then return without the reactor and the
+        // wake-up latency of a parked thread.
+        let t0 = std::time::Instant::now();
+        if let Some(bufs) = self.watch_briefly(timeout.min(Duration::from_micros(100))) {
+            return Ok(bufs);
+        }
+        self.watch();
+        reactor::global().nudge();
+        let r = self
+            .inner
+            .wait_timeout(timeout.saturating_sub(t0.elapsed()))?;
+        r.ok_or_else(|| missing(&ctx))
+    }
+
+    /// The first poll's brief watch of the end event (see `poll`): the
+    /// buffers if the op finished meanwhile.
+    fn watch_briefly(&mut self, spin: Duration) -> Option<R> {
+        let t0 = std::time::Instant::now();
+        match &mut self.track {
+            Some(Track::Held(held)) => {
+                let (f, _) = held.0.as_mut()?;
+                // The awaiting thread may never have used the device.
+                f.bind_device().ok()?;
+                loop {
+                    match f.take_finished() {
+                        Ok(Some(bufs)) => {
+                            // Finished here: complete the work on this
+                            // thread; the reactor never sees the op.
+                            if let Some((_, c)) = held.0.take() {
+                                c.complete(Ok(None));
+                            }
+                            return Some(bufs);
+                        }
+                        Ok(None) => {}
+                        // The reactor reports it (after the hand-off).
+                        Err(_) => return None,
+                    }
+                    if self.inner.is_done() || t0.elapsed() >= spin {
+                        return None;
+                    }
+                    // Leave the driver to the enqueueing threads a moment.
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+            Some(Track::Watched(w)) => {
+                reactor::global().nudge();
+                w.bind_device().ok()?;
+                while !self.inner.is_done() && t0.elapsed() < spin {
+                    match w.take_finished() {
+                        Ok(Some(bufs)) => return Some(bufs),
+                        // Running, or the reactor is completing it.
+                        Ok(None) => {}
+                        // The reactor fails the work with it.
+                        Err(_) => return None,
+                    }
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                }
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+impl<R: DeviceBuffers> Future for DeviceWork<R> {
+    type Output = Result<R, WorkError>;
+
+    /// GpuFinished: resolves once the op's end event completed.
+    ///
+    /// The first poll of an unfinished op watches it for a few microseconds
+    /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin), default
+    /// 10; 0 turns it off), querying the end
+    /// event itself: a small GPU op finishes within that, and resolving it
+    /// then (on this thread, without the completion reactor) saves the park
+    /// and wake-up of the awaiting thread (~5 µs), which otherwise
+    /// dominates the round trip. If the op is still running after that,
+    /// the poll hands it to the completion reactor, which wakes the future
+    /// when the end event completes, and returns `Pending`. Later polls
+    /// never wait.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            let spin = self.spin;
+            if !spin.is_zero() && !self.inner.is_done() {
+                if let Some(bufs) = self.watch_briefly(spin) {
+                    return Poll::Ready(Ok(bufs));
+                }
+            }
+        }
+        self.watch();
+        match Pin::new(&mut self.inner).poll(cx) {
+            Poll::Ready(r) => {
+                let ctx = self.inner.context();
+                Poll::Ready(r.and_then(|b| b.ok_or_else(|| missing(ctx))))
+            }
+            Poll::Pending => {
+                reactor::global().nudge();
+                Poll::Pending
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! [`Grouped`]: the work of an op staged in a [`Group`](crate::Group),
+//! which becomes the op's ordinary work once the group is launched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use chorus_core::{OpContext, WorkError};
+
+/// Where a staged op's work lands at launch: the work, or why the op did
+/// not run.
+pub(crate) type Cell<W> = Arc<Mutex<Option<Result<W, WorkError>>>>;
+
+/// Delivers `v` into `cell`.
+pub(crate) fn put<W>(cell: &Cell<W>, v: Result<W, WorkError>) {
+    *cell.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+}
+
+/// The error of an op whose group was dropped before launch.
+pub(crate) fn cancelled(ctx: &OpContext) -> WorkError {
+    WorkError::InvalidArgument {
+        ctx: ctx.clone(),
+        msg: "its group was dropped before launch (an error or panic while staging it): \
+              the op never ran"
+            .into(),
+    }
+}
+
+/// A new, empty cell.
+pub(crate) fn cell<W>() -> Cell<W> {
+    Arc::new(Mutex::new(None))
+}
+
+/// The work of an op staged in a [`Group`](crate::Group): after
+/// [`Group::launch`](crate::Group::launch) it is
+/// the op's ordinary work `W` ([`Work`](crate::Work) or
+/// [`DeviceWork`](crate::DeviceWork)), and it resolves
+/// when the whole group has completed.
+///
+/// # Cancel safety
+///
+/// As for `W`: dropping it detaches the op, which still runs with its group.
+#[must_use = "the op runs with its group anyway, but its buffers come back only through the work"]
+pub struct Grouped<W> {
+    cell: Cell<W>,
+    work: Option<W>,
+    ctx: OpContext,
+}
+
+impl<W> std::fmt::Debug for Grouped<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grouped")
+            .field("op", &self.ctx)
+            .field("launched", &self.work.is_some())
+            .finish()
+    }
+}
+
+impl<W> Grouped<W> {
+    pub(crate) fn new(cell: Cell<W>, ctx: OpContext) -> Self {
+        Grouped {
+            cell,
+            work: None,
+            ctx,
+        }
+    }
+
+    fn fetch(&mut self) -> Option<Result<&mut W, WorkError>> {
+        if self.work.is_none() {
+            match self.cell.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                Some(Ok(w)) => self.work = Some(w),
+                Some(Err(e)) => return Some(Err(e)),
+                None => return None,
+            }
+        }
+        self.work.as_mut().map(Ok)
+    }
+
+    /// The op's work, once its group was launched (for the levels `W`
+    /// offers beyond `.await`, e.g.
+    /// [`DeviceWork::stream_ordered`](crate::DeviceWork::stream_ordered)).
+    ///
+    /// # Errors
+    ///
+    /// The group was not launched yet (the op still runs with its group if
+    /// it is launched later), was dropped unlaunched, or failed to launch.
+    pub fn into_work(mut self) -> Result<W, WorkError> {
+        match self.fetch() {
+            Some(Ok(_)) => self.work.take().ok_or_else(|| not_launched(&self.ctx)),
+            Some(Err(e)) => Err(e),
+            None => Err(not_launched(&self.ctx)),
+        }
+    }
+}
+
+fn not_launched(ctx: &OpContext) -> WorkError {
+    WorkError::InvalidArgument {
+        ctx: ctx.clone(),
+        msg: "its group has not been launched yet (call Group::launch first)".into(),
+    }
+}
+
+impl<W, R> Future for Grouped<W>
+where
+    W: Future<Output = Result<R, WorkError>> + Unpin,
+{
+    type Output = Result<R, WorkError>;
+
+    /// Resolves with the op's work once the group completed. Polled before
+    /// its group was launched it fails at once (a group is launched on the
+    /// thread that staged it, so waiting could never end).
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let ctx = self.ctx.clone();
+        match self.fetch() {
+            Some(Ok(w)) => Pin::new(w).poll(cx),
+            Some(Err(e)) => Poll::Ready(Err(e)),
+            None => Poll::Ready(Err(not_launched(&ctx))),
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Making groups: [`GroupBuilder`] for the world group, and what every
+//! group's creation shares (`connect`).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chorus_core::flight_recorder::{self, FlightRecorder};
+use chorus_core::Registry;
+use chorus_store::{PrefixStore, Store};
+
+use super::handle::ProcessGroup;
+use super::state::{GroupState, DEFAULT_TIMEOUT, GROUP_PREFIX};
+use crate::backend::nccl::{NcclBackend, NcclOptions};
+use crate::backend::tcp::{TcpBackend, TcpOptions};
+use crate::backend::Backend;
+use crate::config;
+use crate::error::Error;
+use crate::propagation::ErrorPropagation;
+use crate::sequence::Sequencer;
+use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
+
+/// Builds the default (world) group from an explicit rank, size and store.
+#[derive(Debug)]
+pub struct GroupBuilder {
+    rank: usize,
+    size: usize,
+    store: Option<Arc<dyn Store>>,
+    name: String,
+    timeout: Duration,
+    tcp: TcpOptions,
+    policy: ErrorPolicy,
+    device: Option<usize>,
+    nccl: NcclOptions,
+    propagate: bool,
+}
+
+impl GroupBuilder {
+    /// Error propagation through the store (default: off, or on where
+    /// `CHORUS_PROPAGATE_ERRORS=1`): the rank that detects a failure (op
+    /// timeout, lost peer, mismatch, NCCL error, abort) publishes it, and
+    /// the other ranks' pending works fail at once with
+    /// [`WorkError::Remote`](chorus_core::WorkError::Remote) naming it, under this group's error policy,
+    /// instead of each waiting out its own timeout. Subgroups inherit it.
+    /// See [`crate::propagation`].
+    pub fn propagate_errors(mut self, on: bool) -> Self {
+        self.propagate = on;
+        self
+    }
+
+    /// The CUDA device of this rank: the group's NCCL communicator is then
+    /// created eagerly by [`build`](Self::build) instead of at the first
+    /// device op.
+    pub fn device(mut self, ordinal: usize) -> Self {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// Options of the NCCL backend (stream priority, blocking twin, first
+    /// poll's watch).
+    pub fn nccl_options(mut self, opts: NcclOptions) -> Self {
+        self.nccl = opts;
+        self
+    }
+
+    /// What the watchdog does when an op of this group (or of its subgroups)
+    /// times out or its backend fails (default: abort the group).
+    pub fn error_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// This rank, from 0.
+    pub fn rank(mut self, rank: usize) -> Self {
+        self.rank = rank;
+        self
+    }
+
+    /// Number of ranks.
+    pub fn world_size(mut self, size: usize) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// The store shared by all ranks (a `TcpStore` client, or an
+    /// `InMemoryStore` shared by ranks that are tasks of one process).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The group's name (default `"world"`); two groups created over the
+    /// same store must have different names.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Default op timeout of the group ([`DEFAULT_TIMEOUT`] if not set).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Options of the TCP backend.
+    pub fn tcp_options(mut self, opts: TcpOptions) -> Self {
+        self.tcp = opts;
+        self
+    }
+
+    /// Joins the job described by the environment (torchrun's RANK,
+    /// WORLD_SIZE, MASTER_ADDR, MASTER_PORT; SLURM; Open MPI), then connects
+    /// the world group. Rank and world size set on the builder are replaced
+    /// by the environment's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Rendezvous`] naming a missing or malformed variable, or the
+    /// ranks that never joined; setup errors as for [`build`](Self::build).
+    pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
+        let rdzv = chorus_store::rendezvous::init_from_env().await?;
+        let mut tcp = self.tcp.clone();
+        if tcp.advertise_ip.is_loopback() {
+            tcp.advertise_ip = route_ip(rdzv.store_addr());
+        }
+        let pg = GroupBuilder {
+            rank: rdzv.rank(),
+            size: rdzv.world_size(),
+            store: Some(rdzv.store()),
+            tcp,
+            ..self
+        }
+        .build()
+        .await?;
+        *pg.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
+    /// Connects this rank to the others and returns the group.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank outside the world, a missing
+    /// store or a zero timeout; [`Error::Setup`] or [`Error::Store`] if the
+    /// ranks cannot connect (within the TCP connect timeout).
+    pub async fn build(self) -> Result<ProcessGroup, Error> {
+        let store = self.store.ok_or_else(|| {
+            Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
+        })?;
+        if self.size == 0 || self.rank >= self.size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not in a world of size {} (expected 0 <= rank < world_size)",
+                self.rank, self.size
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "the op timeout must be above zero".into(),
+            ));
+        }
+        let members = (0..self.size).collect();
+        let pg = connect(Setup {
+            name: self.name.into(),
+            rank: self.rank,
+            members,
+            root_store: store,
+            timeout: self.timeout,
+            tcp: self.tcp,
+            policy: self.policy,
+            nccl: self.nccl,
+            propagate: self.propagate,
+        })
+        .await?;
+        if let Some(dev) = self.device {
+            pg.init_device(dev).await?;
+        }
+        Ok(pg)
+    }
+}
+
+/// The local IP address that routes to `store_addr` (`host:port`): what
+/// peers can reach this rank at. Falls back to loopback.
+fn route_ip(store_addr: &str) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs, UdpSocket};
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let Some(target) = store_addr.to_socket_addrs().ok().and_then(|mut a| a.next()) else {
+        return loopback;
+    };
+    if target.ip().is_loopback() {
+        return loopback;
+    }
+    // Connecting a UDP socket sends nothing; it only picks the route.
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    UdpSocket::bind(bind)
+        .and_then(|s| s.connect(target).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .unwrap_or(loopback)
+}
+
+impl ProcessGroup {
+    /// Joins the job described by the environment and returns the world
+    /// group: `ProcessGroup::builder().init_from_env()` with the defaults.
+    ///
+    /// # Errors
+    ///
+    /// As [`GroupBuilder::init_from_env`].
+    pub async fn init_from_env() -> Result<ProcessGroup, Error> {
+        ProcessGroup::builder().init_from_env().await
+    }
+
+    /// A builder for the world group, starting from the environment's
+    /// settings (`CHORUS_SHM`, `CHORUS_NCCL_BLOCKING`, `CHORUS_POLL_SPIN_US`,
+    /// `CHORUS_PROPAGATE_ERRORS`; see docs/CONFIG.md), which its methods
+    /// override.
+    pub fn builder() -> GroupBuilder {
+        GroupBuilder {
+            rank: 0,
+            size: 1,
+            store: None,
+            name: "world".into(),
+            timeout: DEFAULT_TIMEOUT,
+            tcp: TcpOptions::from_env(),
+            policy: ErrorPolicy::default(),
+            device: None,
+            nccl: NcclOptions::from_env(),
+            propagate: config::propagate_errors(),
+        }
+    }
+}
+
+/// What [`connect`] makes a group from.
+pub(super) struct Setup {
+    pub(super) name: Arc<str>,
+    pub(super) rank: usize,
+    pub(super) members: Vec<usize>,
+    pub(super) root_store: Arc<dyn Store>,
+    pub(super) timeout: Duration,
+    pub(super) tcp: TcpOptions,
+    pub(super) policy: ErrorPolicy,
+    pub(super) nccl: NcclOptions,
+    pub(super) propagate: bool,
+}
+
+/// Connects this rank's part of a group: counts it in through the store,
+/// connects the TCP backend, prepares the NCCL one (lazy), and registers
+/// the group with the watchdog (and error propagation, if on).
+pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
+    let Setup {
+        name,
+        rank,
+        members,
+        root_store,
+        timeout,
+        tcp,
+        policy,
+        nccl: nccl_opts,
+        propagate,
+    } = setup;
+    config::apply_profile();
+    let size = members.len();
+    let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
+        format!("{GROUP_PREFIX}/{name}"),
+        root_store.clone(),
+    ));
+    // Count this rank in through the store first: a store that is gone
+    // (its host died) shows up here as a store error, not as a backend
+    // setup failure.
+    let joined = store.clone();
+    let joined = chorus_store::rt::run(async move { joined.add("joined", 1).await })
+        .await
+        .map_err(|e| Error::Setup {
+            group: name.to_string(),
+            rank,
+            msg: e,
+        })??;
+    // Ranks of a group re-created under the same name count on: the
+    // epoch tells its error key from its predecessor's.
+    let epoch = u64::try_from(joined - 1).unwrap_or(0) / size as u64;
+    let prop_store = store.clone();
+    let tcp_backend =
+        TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
+    let nccl = Arc::new(NcclBackend::new(
+        name.clone(),
+        rank,
+        size,
+        store,
+        nccl_opts,
+        timeout,
+    ));
+    let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
+    let registry = Arc::new(Registry::with_recorder(recorder));
+    let hook_tcp = tcp_backend.clone();
+    let hook_nccl = nccl.clone();
+    registry.set_abort_hook(move |cause| {
+        // The dump first: it records the ops as they stood when the
+        // group failed, before the backends fail them.
+        watchdog::on_group_error(cause);
+        hook_tcp.abort(cause);
+        hook_nccl.abort(cause);
+    });
+    let check_nccl = Arc::downgrade(&nccl);
+    watchdog::watch(WatchedGroup {
+        name: name.clone(),
+        rank,
+        size,
+        registry: Arc::downgrade(&registry),
+        policy,
+        check: Some(Arc::new(move || {
+            check_nccl.upgrade().and_then(|n| n.async_error())
+        })),
+    });
+    let propagation = propagate.then(|| {
+        ErrorPropagation::start(
+            prop_store,
+            epoch,
+            &registry,
+            name.clone(),
+            rank,
+            size,
+            policy,
+        )
+    });
+    tracing::debug!(group = %name, rank, size, "group ready");
+    Ok(ProcessGroup {
+        inner: Arc::new(GroupState {
+            seq: Sequencer::new(name, rank, size, registry),
+            members,
+            root_store,
+            tcp: tcp_backend,
+            nccl,
+            subgroups: AtomicU64::new(0),
+            tcp_opts: tcp,
+            nccl_opts,
+            timeout,
+            policy,
+            propagation,
+            rendezvous: Mutex::new(None),
+        }),
+        timeout,
+    })
+}

@@ -1,0 +1,20 @@
+//! [`ProcessGroup`]: the ranks of a job (or a subgroup of them) and the
+//! collectives they run together.
+//!
+//! Files: `state` (what a group's handles share), `handle` (the handle and
+//! its ops), `builder` (making the world group, and what every group's
+//! creation shares), `subgroup` (`new_group`), `staging` and `group`
+//! (grouped ops), `capture` (CUDA graph capture).
+
+mod builder;
+pub mod capture;
+pub mod group;
+mod handle;
+pub(crate) mod staging;
+pub(crate) mod state;
+mod subgroup;
+
+pub use builder::GroupBuilder;
+pub use handle::ProcessGroup;
+pub use staging::Staging;
+pub use state::{GroupState, DEFAULT_TIMEOUT};

@@ -1,0 +1,62 @@
+//! [`GroupState`]: what every handle on one group shares.
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chorus_store::rendezvous::Rendezvous;
+use chorus_store::Store;
+
+use crate::backend::nccl::{NcclBackend, NcclOptions};
+use crate::backend::tcp::{TcpBackend, TcpOptions};
+use crate::propagation::ErrorPropagation;
+use crate::sequence::Sequencer;
+use crate::watchdog::ErrorPolicy;
+
+/// Default op timeout of a group (c10d's NCCL default is 10 minutes; chorus
+/// takes 5 so hangs surface sooner).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Store prefix under which every group keeps its keys.
+pub(crate) const GROUP_PREFIX: &str = "chorus/group";
+
+/// The state of one group, shared by its [`ProcessGroup`](crate::ProcessGroup)
+/// handles. Its parts are the crate's own; the type is public only because
+/// the buffer routing ([`OpBuffer`](crate::OpBuffer)) names it.
+pub struct GroupState {
+    /// Name, rank, size, registry and sequence counters.
+    pub(crate) seq: Sequencer,
+    /// World rank of each member, by group rank.
+    pub(crate) members: Vec<usize>,
+    /// The job's root store (unprefixed), for subgroups.
+    pub(crate) root_store: Arc<dyn Store>,
+    /// Host buffers run here.
+    pub(crate) tcp: Arc<TcpBackend>,
+    /// Device buffers run here.
+    pub(crate) nccl: Arc<NcclBackend>,
+    /// Subgroups created so far (numbers their names).
+    pub(crate) subgroups: AtomicU64,
+    pub(crate) tcp_opts: TcpOptions,
+    pub(crate) nccl_opts: NcclOptions,
+    /// The group's default op timeout.
+    pub(crate) timeout: Duration,
+    pub(crate) policy: ErrorPolicy,
+    /// Error propagation through the store, if on (subgroups inherit it).
+    /// Declared before the rendezvous so that, when dropped, it flushes a
+    /// failure still being published before rank 0's store stops.
+    pub(crate) propagation: Option<ErrorPropagation>,
+    /// The job's rendezvous (world group made by `init_from_env`), kept
+    /// until [`ProcessGroup::shutdown`](crate::ProcessGroup::shutdown).
+    pub(crate) rendezvous: Mutex<Option<Rendezvous>>,
+}
+
+impl fmt::Debug for GroupState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupState")
+            .field("name", self.seq.name())
+            .field("rank", &self.seq.rank())
+            .field("size", &self.seq.size())
+            .finish_non_exhaustive()
+    }
+}

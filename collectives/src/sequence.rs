@@ -1,0 +1,155 @@
+//! What every op of a group shares, whichever backend runs it: the group's
+//! name, rank and size, its registry of in-flight ops, and the submission
+//! lock under which an op takes its sequence number and reaches its
+//! backend, so that program order is submission order even when several
+//! threads submit.
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chorus_core::flight_recorder::OpMeta;
+use chorus_core::{DType, Op, OpContext, Registry, WorkError};
+
+/// A group's identity, registry and sequence counters.
+#[derive(Debug)]
+pub(crate) struct Sequencer {
+    name: Arc<str>,
+    rank: usize,
+    size: usize,
+    registry: Arc<Registry>,
+    counters: Mutex<Counters>,
+}
+
+/// The sequence numbers a group has handed out.
+#[derive(Clone, Debug)]
+pub(crate) struct Counters {
+    /// Collective sequence number, equal on every rank for the same call.
+    collective: u64,
+    /// Number of messages sent to each peer.
+    sent: Vec<u64>,
+    /// Number of messages received from each peer.
+    received: Vec<u64>,
+}
+
+impl Counters {
+    /// The sequence number `op` (in group ranks) takes next: the group's
+    /// next collective number, or the next message number between this
+    /// rank and the peer in the op's direction (the n-th send from a to b
+    /// matches the n-th recv on b from a).
+    pub(crate) fn next(&self, op: Op) -> u64 {
+        match op {
+            Op::Send { peer } => self.sent[peer] + 1,
+            Op::Recv { peer } => self.received[peer] + 1,
+            Op::SendRecv { peer } => self.sent[peer].max(self.received[peer]) + 1,
+            _ => self.collective + 1,
+        }
+    }
+
+    /// Records that `op` took `seq`.
+    pub(crate) fn bump(&mut self, op: Op, seq: u64) {
+        match op {
+            Op::Send { peer } => self.sent[peer] = seq,
+            Op::Recv { peer } => self.received[peer] = seq,
+            Op::SendRecv { peer } => {
+                self.sent[peer] = seq;
+                self.received[peer] = seq;
+            }
+            _ => self.collective = seq,
+        }
+    }
+}
+
+impl Sequencer {
+    /// The sequencer of rank `rank` in the group `name` of `size` ranks.
+    pub(crate) fn new(name: Arc<str>, rank: usize, size: usize, registry: Arc<Registry>) -> Self {
+        Sequencer {
+            name,
+            rank,
+            size,
+            registry,
+            counters: Mutex::new(Counters {
+                collective: 0,
+                sent: vec![0; size],
+                received: vec![0; size],
+            }),
+        }
+    }
+
+    /// The group's name.
+    pub(crate) fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// This rank in the group.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The group's size.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The group's registry of in-flight ops.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Takes the submission lock: hold it from taking a sequence number
+    /// until the op is with its backend.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Counters> {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where op `op` at `seq` sits, for its work and errors.
+    pub(crate) fn ctx(&self, seq: u64, op: &'static str) -> OpContext {
+        OpContext {
+            rank: self.rank,
+            group: self.name.clone(),
+            seq,
+            op,
+        }
+    }
+
+    /// An invalid-argument error of `op` (nothing was submitted, so no
+    /// sequence number).
+    pub(crate) fn invalid(&self, op: &'static str, msg: String) -> WorkError {
+        WorkError::InvalidArgument {
+            ctx: self.ctx(0, op),
+            msg,
+        }
+    }
+
+    /// Checks `op` (named `name`) on buffers of `counts` elements against
+    /// the group: its shape rules ([`Op::check`]), and that a lone send or
+    /// recv does not name this rank.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkError::InvalidArgument`] saying what is wrong.
+    pub(crate) fn check(
+        &self,
+        op: Op,
+        name: &'static str,
+        counts: &[usize],
+    ) -> Result<(), WorkError> {
+        op.check(self.size, counts)
+            .map_err(|msg| self.invalid(name, msg))?;
+        match op {
+            Op::Send { peer } | Op::Recv { peer } if peer == self.rank => {
+                Err(self.invalid(name, format!("rank {peer} cannot {name} to itself")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What the flight recorder keeps of an op: its dtype, the element
+    /// count of its (first) buffer, and its root or peer.
+    pub(crate) fn meta(op: Op, dtype: Option<DType>, count: usize) -> OpMeta {
+        OpMeta {
+            dtype: dtype.map(|d| Cow::Borrowed(d.name())),
+            count: count as u64,
+            peer: op.peer(),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The GPU layer's settings, and the one place where it reads the
+//! environment (`CHORUS_REACTOR_*`). Every variable has a builder
+//! equivalent: a field of [`ReactorConfig`], given to
+//! [`reactor::configure`](crate::reactor::configure). docs/CONFIG.md lists
+//! every variable of every layer.
+
+use std::time::Duration;
+
+/// How the reactor thread backs off while entries are pending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReactorConfig {
+    /// Spin (no yield, no sleep) for this long after the last progress.
+    pub spin: Duration,
+    /// Then yield the core between rounds until this long after the last
+    /// progress.
+    pub yield_for: Duration,
+    /// Then sleep between rounds, 10 µs doubling up to this.
+    pub max_sleep: Duration,
+    /// Detached entries are checked this often.
+    pub detached_poll: Duration,
+}
+
+impl Default for ReactorConfig {
+    fn default() -> Self {
+        ReactorConfig {
+            spin: Duration::from_micros(200),
+            yield_for: Duration::from_millis(20),
+            max_sleep: Duration::from_micros(30),
+            detached_poll: Duration::from_micros(50),
+        }
+    }
+}
+
+impl ReactorConfig {
+    /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
+    /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
+    /// `CHORUS_REACTOR_DETACHED_US` (microseconds).
+    pub fn from_env() -> ReactorConfig {
+        let us = |name: &str| micros(std::env::var(name).ok().as_deref());
+        let d = ReactorConfig::default();
+        ReactorConfig {
+            spin: us("CHORUS_REACTOR_SPIN_US").unwrap_or(d.spin),
+            yield_for: us("CHORUS_REACTOR_YIELD_US").unwrap_or(d.yield_for),
+            max_sleep: us("CHORUS_REACTOR_MAX_SLEEP_US")
+                .unwrap_or(d.max_sleep)
+                .max(Duration::from_micros(1)),
+            detached_poll: us("CHORUS_REACTOR_DETACHED_US")
+                .unwrap_or(d.detached_poll)
+                .max(Duration::from_micros(1)),
+        }
+    }
+}
+
+/// A variable's value as microseconds; `None` when unset or not a number.
+fn micros(v: Option<&str>) -> Option<Duration> {
+    v.and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_micros)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn microsecond_values_parse_and_junk_is_ignored() {
+        assert_eq!(micros(Some(" 250 ")), Some(Duration::from_micros(250)));
+        assert_eq!(micros(Some("fast")), None);
+        assert_eq!(micros(None), None);
+    }
+}

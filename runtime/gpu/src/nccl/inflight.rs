@@ -1,0 +1,188 @@
+//! [`InFlight`]: an enqueued op's end event and buffers, which are never
+//! released before the end event completed.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use super::buffer::{order_after, DeviceBuffers};
+use super::event_pool::EndEvent;
+use super::retire::{Detached, Finished, RetireQueue};
+use super::watch::{register_or_wait, Cell, Entry, WatchSet, Watched};
+use crate::cuda::{CudaError, Device, Event, Stream};
+use crate::reactor;
+
+/// An enqueued op: its end event and buffers.
+///
+/// The buffers are released only after the end event completes: through
+/// [`watch`](Self::watch), [`wait`](Self::wait), [`detach`](Self::detach),
+/// or — when dropped unfinished — as `detach` does.
+pub struct InFlight<C: DeviceBuffers> {
+    pub(super) device: Device,
+    /// (comm stream, op number on it): end events complete in this order.
+    pub(super) order: (u64, u64),
+    pub(super) end: Arc<EndEvent>,
+    pub(super) bufs: Option<C>,
+    /// Where [`detach`](Self::detach) leaves the op: its communicator's
+    /// retire queue, else the reactor.
+    pub(super) retire: Option<Arc<RetireQueue>>,
+}
+
+impl<C: DeviceBuffers> fmt::Debug for InFlight<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight").field("end", &self.end).finish()
+    }
+}
+
+impl<C: DeviceBuffers> InFlight<C> {
+    /// The end event.
+    pub fn end_event(&self) -> &Event {
+        self.end.event()
+    }
+
+    /// Blocks until the end event completes and returns the buffers
+    /// (`None` if they were taken before). For tests and sync code.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the op; the buffers are then leaked only if the
+    /// device is unusable (never freed while the GPU may use them).
+    pub fn wait(mut self) -> Result<Option<C>, CudaError> {
+        self.end.event().synchronize()?;
+        Ok(self.bufs.take())
+    }
+
+    /// A shared handle on the end event.
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.end.clone()
+    }
+
+    /// Makes the op's device current on the calling thread.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of binding the device's context.
+    pub fn bind_device(&self) -> Result<(), CudaError> {
+        self.device.bind_to_thread()
+    }
+
+    /// GpuFinished without the reactor: if the end event has completed,
+    /// takes the buffers. `Ok(None)` while the op runs, or when they were
+    /// taken before. The op's device must be current (see
+    /// [`bind_device`](Self::bind_device)).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the event query (an error of the op).
+    pub fn take_finished(&mut self) -> Result<Option<C>, CudaError> {
+        if self.bufs.is_none() || !self.end.event().query()? {
+            return Ok(None);
+        }
+        Ok(self.bufs.take())
+    }
+
+    /// Stream-ordered completion, as [`Watched::take_stream_ordered`].
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of a stream wait; the buffers stay with the op.
+    pub fn take_stream_ordered(&mut self, stream: Option<&Stream>) -> Result<Option<C>, CudaError> {
+        let Some(bufs) = self.bufs.as_ref() else {
+            return Ok(None);
+        };
+        order_after(self.end.event(), stream, bufs)?;
+        Ok(self.bufs.take())
+    }
+
+    /// Hands the op to the completion reactor: `done` runs on the reactor
+    /// thread once the end event completed (or failed). The returned handle
+    /// can take the buffers early with a stream-ordered wait.
+    pub fn watch<F>(self, done: F) -> Watched<C>
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let (watched, entry) = self.into_entry(done);
+        register_or_wait(Box::new(entry));
+        watched
+    }
+
+    /// Lets go of an op nobody waits for: `done` runs once the end event
+    /// completed (or failed), with the buffers still held, if any. An op of
+    /// a communicator goes to its retire queue: a later op let go of on
+    /// the communicator runs `done` on its own thread, or the queue's
+    /// sweeper on the reactor thread does once nobody lets go of more (see
+    /// the `retire` module). Otherwise the reactor watches it as a
+    /// detached entry (checked every
+    /// [`detached_poll`](crate::reactor::ReactorConfig::detached_poll), no
+    /// wake-up).
+    pub fn detach<F>(mut self, done: F)
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let entry = Detached {
+            order: self.order,
+            device: self.device.clone(),
+            end: self.end.clone(),
+            bufs: self.bufs.take(),
+            done: Some(done),
+        };
+        if let Some(q) = self.retire.take() {
+            q.push(Box::new(entry));
+            return;
+        }
+        if let Err((e, mut entry)) = reactor::global().register_detached(Box::new(entry)) {
+            tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+            while !entry.poll_complete() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Like [`watch`](Self::watch), but the reactor entry goes into `set`,
+    /// which registers the entries of ops sharing one end event (a group)
+    /// as one.
+    pub fn watch_in<F>(self, done: F, set: &mut WatchSet) -> Watched<C>
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let (watched, entry) = self.into_entry(done);
+        set.entries.push(Box::new(entry));
+        watched
+    }
+
+    fn into_entry<F>(mut self, done: F) -> (Watched<C>, Entry<C, F>)
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let cell = Arc::new(Cell {
+            end: self.end.clone(),
+            bufs: Mutex::new(self.bufs.take()),
+        });
+        let entry = Entry {
+            order: self.order,
+            device: self.device.clone(),
+            cell: cell.clone(),
+            done: Some(done),
+        };
+        (Watched { cell }, entry)
+    }
+}
+
+impl<C: DeviceBuffers> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        if let Some(bufs) = self.bufs.take() {
+            if matches!(self.end.event().query(), Ok(true)) {
+                return;
+            }
+            // Unfinished: the communicator's retire queue (or the reactor)
+            // keeps the buffers until the GPU is done.
+            let f = InFlight {
+                device: self.device.clone(),
+                order: self.order,
+                end: self.end.clone(),
+                bufs: Some(bufs),
+                retire: self.retire.take(),
+            };
+            f.detach(|_| {});
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Ops handed to the completion reactor: [`Watched`] (the caller's side,
+//! which can still take the buffers back stream-ordered) and [`WatchSet`]
+//! (the ops of one group, watched as one).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use super::buffer::{order_after, DeviceBuffers, DeviceMem};
+use super::event_pool::EndEvent;
+use super::retire::Finished;
+use crate::cuda::{CudaError, Device, Event, Stream};
+use crate::reactor::{self, Pending};
+
+/// Hands `entry` to the completion reactor; without a reactor thread, waits
+/// for it here.
+pub(super) fn register_or_wait(entry: Box<dyn Pending>) {
+    if let Err((e, mut entry)) = reactor::global().register(entry) {
+        // No reactor thread: complete synchronously (the GPU wait happens
+        // here instead of in the background).
+        tracing::error!(error = %e, "no completion reactor; waiting on the GPU inline");
+        while !entry.poll_complete() {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Reactor entries of ops that share one end event (the ops of a group),
+/// registered as one entry by [`register`](Self::register): one hand-off
+/// to the reactor and one event query per round for the whole group.
+#[derive(Default)]
+pub struct WatchSet {
+    pub(super) entries: Vec<Box<dyn Pending>>,
+}
+
+impl fmt::Debug for WatchSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchSet")
+            .field("entries", &self.entries.len())
+            .finish()
+    }
+}
+
+impl WatchSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Hands the set's entries to the completion reactor as one entry.
+    pub fn register(self) {
+        if !self.entries.is_empty() {
+            register_or_wait(Box::new(self));
+        }
+    }
+}
+
+impl Pending for WatchSet {
+    fn order(&self) -> Option<(u64, u64)> {
+        self.entries.first().and_then(|e| e.order())
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        // The first entry's event is every entry's: once it completed the
+        // others complete in the same round.
+        let Some(first) = self.entries.first_mut() else {
+            return true;
+        };
+        if !first.poll_complete() {
+            return false;
+        }
+        self.entries.remove(0);
+        self.entries.retain_mut(|e| !e.poll_complete());
+        self.entries.is_empty()
+    }
+}
+
+pub(super) struct Cell<C> {
+    pub(super) end: Arc<EndEvent>,
+    pub(super) bufs: Mutex<Option<C>>,
+}
+
+pub(super) struct Entry<C: DeviceBuffers, F> {
+    pub(super) order: (u64, u64),
+    pub(super) device: Device,
+    pub(super) cell: Arc<Cell<C>>,
+    pub(super) done: Option<F>,
+}
+
+impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entry<C, F> {
+    fn order(&self) -> Option<(u64, u64)> {
+        Some(self.order)
+    }
+
+    fn poll_complete(&mut self) -> bool {
+        let Some(outcome) = self.cell.end.outcome(&self.device, true) else {
+            return false;
+        };
+        let bufs = self
+            .cell
+            .bufs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(done) = self.done.take() {
+            done((outcome, bufs));
+        }
+        true
+    }
+}
+
+/// A watched op (see [`InFlight::watch`](super::InFlight::watch)).
+pub struct Watched<C: DeviceBuffers> {
+    pub(super) cell: Arc<Cell<C>>,
+}
+
+impl<C: DeviceBuffers> fmt::Debug for Watched<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watched")
+            .field("end", &self.cell.end)
+            .finish()
+    }
+}
+
+impl<C: DeviceBuffers> Watched<C> {
+    /// The end event.
+    pub fn end_event(&self) -> &Event {
+        self.cell.end.event()
+    }
+
+    /// GpuFinished without the reactor: if the end event has completed,
+    /// takes the buffers. `Ok(None)` while the op runs, or when the buffers
+    /// are gone already (taken before, or handed to the completion
+    /// callback, which then completes the work). On a thread that may never
+    /// have used the op's device, call [`bind_device`](Self::bind_device)
+    /// once first.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the event query (the reactor reports it too).
+    pub fn take_finished(&self) -> Result<Option<C>, CudaError> {
+        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() || !self.cell.end.event().query()? {
+            return Ok(None);
+        }
+        Ok(g.take())
+    }
+
+    /// Makes the op's device current on the calling thread (a no-op when
+    /// the buffers are gone already).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of binding the device's context.
+    pub fn bind_device(&self) -> Result<(), CudaError> {
+        let g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        match g.as_ref().and_then(|b| b.get(0)) {
+            Some(first) => first.stream().device().bind_to_thread(),
+            None => Ok(()),
+        }
+    }
+
+    /// A shared handle on the end event (e.g. for another thread to watch).
+    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+        self.cell.end.clone()
+    }
+
+    /// Stream-ordered completion: makes `stream` (default: each buffer's own
+    /// producer stream) wait on the end event and takes the buffers at once,
+    /// without a host wait. When `stream` is another stream, each buffer's
+    /// producer stream waits too, so freeing a buffer on its own stream is
+    /// ordered after the op. `Ok(None)` if the buffers are gone already
+    /// (taken before, or handed to the completion callback).
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of a stream wait; the buffers stay with the op.
+    pub fn take_stream_ordered(&self, stream: Option<&Stream>) -> Result<Option<C>, CudaError> {
+        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(bufs) = g.as_ref() else {
+            return Ok(None);
+        };
+        order_after(self.cell.end.event(), stream, bufs)?;
+        Ok(g.take())
+    }
+}
