@@ -9,5 +9,5 @@
 # when a GPU is present. On a shared machine, run it under `nice -n -20`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p chorus-benches -p chorus-runtime
+cargo build --release -q -p chorus-benches -p chorus-launcher
 exec "${CARGO_TARGET_DIR:-target}/release/chorus-bench" "$@"

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """chorus's TCP backend beside PyTorch's Gloo, all_reduce f32, in one run.
 
-Builds nothing: run `cargo build --release -p chorus-benches -p chorus-runtime`
+Builds nothing: run `cargo build --release -p chorus-benches -p chorus-launcher`
 first (benches/run.sh does). Prints a markdown table with ratios and
-the targets of issue 3 (latency <= 1/5 of Gloo's for small messages; 16 MiB
+the targets (latency <= 1/5 of Gloo's for small messages; 16 MiB
 bus bandwidth >= 2x Gloo's).
 
 Each side runs `--repeat` times, alternating (chorus, Gloo, chorus, ...), so

@@ -1,7 +1,7 @@
 """PyTorch ProcessGroupNCCL, 1 rank: sequential async all_reduces vs the
 coalescing manager, widths 1, 2, 4, 8, 16 of 1 MiB f32 each. Host submit
 time and total time (submit until torch.cuda.synchronize()), medians in µs.
-Run beside benches' group_bench in the same call (issue 7)."""
+Run beside benches' group_bench in the same call."""
 import argparse, json, os, time
 
 import torch

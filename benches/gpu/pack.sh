@@ -3,47 +3,53 @@
 # git-excluded folder that the device tool carries; the run script goes
 # with them as run.sh.
 #
-#   bash benches/gpu/pack.sh groups    # -> .gpu-g7/  (run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench)
-#   bash benches/gpu/pack.sh session   # -> .gpu-s/   (run-session.sh: GPU trainer, watchdog test and overhead, groups test)
-#   bash benches/gpu/pack.sh bench     # -> .gpu-b/   (run-bench.sh: the full chorus-bench run, every comparison)
-#   bash benches/gpu/pack.sh nccl      # -> .gpu-n/   (run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios)
-#   bash benches/gpu/pack.sh probe     # -> .gpu-p/   (run-probe.sh: enqueue_probe and nccl_bench --enqueue-only, A/B)
+#   bash benches/gpu/pack.sh groups    # run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench
+#   bash benches/gpu/pack.sh session   # run-session.sh: GPU trainer, watchdog test and overhead, groups test
+#   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
+#   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
+#   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
+#
+# Each packs into .gpu/ (git-ignored; one pack at a time) with its run
+# script as .gpu/run.sh: carry [".gpu"] and run `bash .gpu/run.sh [MODE]`.
 set -euo pipefail
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 json=$(mktemp)
 case "${1:-}" in
 groups)
-  D=.gpu-g7; RUN=benches/gpu/run-groups.sh
+  D=.gpu; RUN=benches/gpu/run-groups.sh
   WANT="groups_gpu nccl_gpu group_bench nccl_bench"
   cargo test --release -p chorus --test groups_gpu --test nccl_gpu --no-run --message-format=json > "$json"
   cargo build --release -p chorus-benches --bin group_bench --bin nccl_bench --message-format=json >> "$json"
   ;;
 session)
-  D=.gpu-s; RUN=benches/gpu/run-session.sh
+  D=.gpu; RUN=benches/gpu/run-session.sh
   WANT="groups_gpu watchdog_gpu watchdog_overhead async_trainer chorus-run"
   cargo test --release -p chorus --test groups_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
   cargo build --release -p chorus-benches --bin watchdog_overhead --message-format=json >> "$json"
   cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
-  cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
+  cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   ;;
 nccl)
-  D=.gpu-n; RUN=benches/gpu/run-nccl.sh
+  D=.gpu; RUN=benches/gpu/run-nccl.sh
   WANT="groups_gpu nccl_gpu watchdog_gpu nccl_bench chorus-gpu-rank chorus-run"
   cargo test --release -p chorus --test groups_gpu --test nccl_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
   cargo build --release -p chorus-benches --bin nccl_bench --message-format=json >> "$json"
   cargo build --release -p chorus-examples --bin chorus-gpu-rank --message-format=json >> "$json"
-  cargo build --release -p chorus-runtime --bin chorus-run --message-format=json >> "$json"
+  cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   ;;
 probe)
-  D=.gpu-p; RUN=benches/gpu/run-probe.sh
-  WANT="enqueue_probe nccl_bench nccl_gpu watchdog_gpu groups_gpu"
+  D=.gpu; RUN=benches/gpu/run-probe.sh
+  WANT="enqueue_probe nccl_bench group_bench nccl_gpu watchdog_gpu groups_gpu gpu cuda async_trainer chorus-run"
   cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --test groups_gpu --no-run --message-format=json > "$json"
-  cargo build --release -p chorus-benches --bin enqueue_probe --bin nccl_bench --message-format=json >> "$json"
+  cargo test --release -p nccl-sys --test gpu -p chorus-gpu --test cuda --no-run --message-format=json >> "$json"
+  cargo build --release -p chorus-benches --bin enqueue_probe --bin nccl_bench --bin group_bench --message-format=json >> "$json"
+  cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
+  cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   ;;
 bench)
-  D=.gpu-b; RUN=benches/gpu/run-bench.sh
+  D=.gpu; RUN=benches/gpu/run-bench.sh
   WANT="chorus-bench chorus-run tcp_allreduce store_compare nccl_bench group_bench"
-  cargo build --release -p chorus-benches -p chorus-runtime --message-format=json > "$json"
+  cargo build --release -p chorus-benches -p chorus-launcher --message-format=json > "$json"
   ;;
 *)
   echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|bench" >&2; exit 2 ;;
@@ -66,5 +72,4 @@ PY
 cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
 mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh "$D/compare/"
 cp "$RUN" "$D/run.sh"
-grep -qx "/$D/" .git/info/exclude || echo "/$D/" >> .git/info/exclude
 du -sh "$D"

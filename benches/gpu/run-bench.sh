@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packed by `bash benches/gpu/pack.sh bench`; on the GPU machine (carry [".gpu-b"]):
-# bash .gpu-b/run.sh — the full chorus-bench run (store, TCP vs Gloo, NCCL vs
+# Packed by `bash benches/gpu/pack.sh bench`; on the GPU machine (carry [".gpu"]):
+# bash .gpu/run.sh — the full chorus-bench run (store, TCP vs Gloo, NCCL vs
 # ProcessGroupNCCL, grouped vs raw NCCL vs coalescing manager) into
 # $OUT/full/RESULTS.md and $OUT/full/plots.
 set -u

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Packed by `bash benches/gpu/pack.sh nccl`; on the GPU machine (carry [".gpu-n"]):
-# bash .gpu-n/run.sh — every NCCL GPU test on GPU 0, then (2+ GPUs) the
+# Packed by `bash benches/gpu/pack.sh nccl`; on the GPU machine (carry [".gpu"]):
+# bash .gpu/run.sh — every NCCL GPU test on GPU 0, then (2+ GPUs) the
 # 2-rank scenarios of chorus-gpu-rank: matrix, kill, groups, busbw.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)

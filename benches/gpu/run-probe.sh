@@ -4,7 +4,7 @@
 # run in turn, ROUNDS times (A/B of builds on one machine: copy an older
 # pack's bin/ to bin-base/ before carrying).
 #
-#   bash .gpu-p/run.sh [tests|sanitize|probe|ab|full|all]    (ROUNDS=3, ITERS=30000)
+#   bash .gpu/run.sh [tests|sanitize|probe|ab|full|all]    (ROUNDS=3, ITERS=30000)
 #
 # sanitize: the dropped-work and retire tests under compute-sanitizer
 # memcheck (NCCL's own cudaFuncGetAttributes probes are API errors, hence
@@ -19,11 +19,18 @@ export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 MODE=${1:-all}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-30000}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
-  for t in nccl_gpu watchdog_gpu groups_gpu; do
+  export CHORUS_GPU_MACHINE=1
+  for t in gpu cuda nccl_gpu watchdog_gpu groups_gpu; do
+    [ -x "$D/bin/$t" ] || continue
     echo "=== $t"
     timeout 240 "$D/bin/$t" --include-ignored --test-threads=1 --nocapture > "$OUT/$t.log" 2>&1; echo "rc=$?"
-    grep -E '^test |test result|panicked|unpolled' "$OUT/$t.log" | head -20
+    grep -E '^test |test result|panicked|unpolled' "$OUT/$t.log" | head -30
   done
+  if [ -x "$D/bin/async_trainer" ]; then
+    echo "=== async_trainer --device cuda --quick (1 rank)"
+    timeout 120 "$D/bin/chorus-run" --nproc-per-node 1 -- "$D/bin/async_trainer" --device cuda --quick > "$OUT/trainer.log" 2>&1; echo "rc=$?"
+    grep -E 'async trainer:|loss fell|bit-identical|per step|failed' "$OUT/trainer.log" | head -6
+  fi
 fi
 if [ "$MODE" = all ] || [ "$MODE" = sanitize ]; then
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packed by `bash benches/gpu/pack.sh session`; on the GPU machine (carry [".gpu-s"]): bash .gpu-s/run.sh [trainer|watchdog|overhead|all]
+# Packed by `bash benches/gpu/pack.sh session`; on the GPU machine (carry [".gpu"]): bash .gpu/run.sh [trainer|watchdog|overhead|all]
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1

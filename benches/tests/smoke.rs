@@ -47,9 +47,9 @@ fn workspace_bin(package: &str, name: &str) -> PathBuf {
 #[test]
 fn quick_run_writes_tables_and_plots() {
     // chorus-bench runs its siblings: this package's binaries are built
-    // for its tests; chorus-run belongs to chorus-runtime.
+    // for its tests; chorus-run belongs to chorus-launcher.
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_chorus-bench"));
-    let launcher = workspace_bin("chorus-runtime", "chorus-run");
+    let launcher = workspace_bin("chorus-launcher", "chorus-run");
     assert_eq!(bench.parent(), launcher.parent(), "one target folder");
 
     let tmp = std::env::temp_dir().join(format!("chorus-bench-smoke-{}", std::process::id()));

@@ -25,7 +25,8 @@
 //!   heartbeat monitor; [`propagation`]: errors published to the peers;
 //!   [`flight_recorder`]: what a dump holds.
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
-//!   meet (torchrun, SLURM, Open MPI environments, or a builder).
+//!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
+//!   chorus's own background I/O threads.
 //! * [`cuda`]: devices, streams and events; [`reactor`]: the completion
 //!   reactor's settings.
 //! * `config`: the one place where this layer reads `CHORUS_*` variables
@@ -66,7 +67,7 @@ pub use chorus_gpu::nccl::{
 };
 pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 pub use chorus_gpu::reactor;
-pub use chorus_store::rendezvous;
+pub use chorus_store::{rendezvous, rt};
 pub use device_work::DeviceWork;
 pub use error::{Error, Rejected};
 pub use grouped::Grouped;
@@ -84,6 +85,19 @@ pub use work::Work;
 /// NCCL loads (set `CHORUS_NCCL_LIBRARY` to its path).
 pub fn nccl_library() -> Result<(String, (u32, u32, u32)), NcclCommError> {
     chorus_gpu::nccl::library()
+}
+
+/// Makes the library at `path` this process's NCCL, as
+/// `CHORUS_NCCL_LIBRARY` does; call it before the first device op.
+/// Returns what [`nccl_library`] returns.
+///
+/// # Errors
+///
+/// [`NcclCommError::Unavailable`] when that library cannot be used.
+pub fn use_nccl_library(
+    path: impl AsRef<std::path::Path>,
+) -> Result<(String, (u32, u32, u32)), NcclCommError> {
+    chorus_gpu::nccl::use_library(path.as_ref())
 }
 
 /// The job's key-value store: the [`Store`](store::Store) trait, the TCP
@@ -110,3 +124,9 @@ pub mod test_util {
     pub use chorus_gpu::cuda::StreamHold;
     pub use chorus_gpu::nccl::{end_events_created, in_progress_returns};
 }
+
+// The README's Rust examples are compiled (and, where they can run alone,
+// run) as doctests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

@@ -143,6 +143,37 @@ impl Sequencer {
         }
     }
 
+    /// Checks what only the group can tell of `op` (named `name`): a root
+    /// or peer inside the group, and no lone send or recv to this rank. The
+    /// shape rules are the GPU layer's to check, against the communicator
+    /// that runs the op.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkError::InvalidArgument`] saying what is wrong.
+    pub(crate) fn check_ranks(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
+        match op.peer() {
+            Some(r) if r >= self.size => {
+                let what = if op.is_collective() { "root" } else { "peer" };
+                Err(self.invalid(
+                    name,
+                    format!("{what} {r} is not a rank of a group of size {}", self.size),
+                ))
+            }
+            _ => self.check_self(op, name),
+        }
+    }
+
+    /// Refuses a lone send or recv to this rank.
+    fn check_self(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
+        match op {
+            Op::Send { peer } | Op::Recv { peer } if peer == self.rank => {
+                Err(self.invalid(name, format!("rank {peer} cannot {name} to itself")))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// What the flight recorder keeps of an op: its dtype, the element
     /// count of its (first) buffer, and its root or peer.
     pub(crate) fn meta(op: Op, dtype: Option<DType>, count: usize) -> OpMeta {

@@ -1,4 +1,4 @@
-//! Grouped NCCL ops and CUDA graph capture on a GPU (issue 7), on a 1-rank
+//! Grouped NCCL ops and CUDA graph capture on a GPU, on a 1-rank
 //! communicator. Ignored by default; run on the GPU machine with
 //! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
 #![forbid(unsafe_code)]

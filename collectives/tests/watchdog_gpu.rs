@@ -1,4 +1,4 @@
-//! The watchdog on a GPU (issue 5, "On the H200"): a spin kernel holds the
+//! The watchdog on a GPU: a spin kernel holds the
 //! stream an all_reduce waits on for longer than the op timeout; the
 //! watchdog (not a blocking wait) must fail the awaited work with
 //! `OpTimeout` within timeout + 100 ms, abort the group's NCCL communicator,

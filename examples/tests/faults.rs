@@ -44,7 +44,7 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
 
 /// [`run`] with extra environment variables for the ranks.
 fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
-    let mut child = Command::new(workspace_bin("chorus-runtime", "chorus-run"))
+    let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
         .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
         .arg(scenario)
@@ -146,7 +146,7 @@ fn survivors_failed_within(out: &Outcome, ranks: &[usize], kinds: &[&str], limit
 }
 
 fn trace(dir: &Path) -> String {
-    let out = Command::new(workspace_bin("chorus-runtime", "chorus-trace"))
+    let out = Command::new(workspace_bin("chorus-launcher", "chorus-trace"))
         .arg(dir)
         .output()
         .expect("run chorus-trace");

@@ -1,4 +1,4 @@
-//! Grouped ops on the TCP backend (issue 7): mixed ops and dtypes against
+//! Grouped ops on the TCP backend: mixed ops and dtypes against
 //! the serial reference, fused all_reduces, a bad argument that leaves the
 //! group usable, dropped groups, and a grouping mismatch across ranks.
 #![forbid(unsafe_code)]

@@ -8,7 +8,7 @@ use std::process::Command;
 use chorus_examples::testkit::workspace_bin;
 
 fn run_matrix(n: usize) {
-    let out = Command::new(workspace_bin("chorus-runtime", "chorus-run"))
+    let out = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
         .args(["--nproc-per-node", &n.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
         .arg("matrix")

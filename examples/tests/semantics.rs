@@ -1,4 +1,5 @@
-//! DESIGN §2 rules 1, 4, 5, 7 and 8 on the TCP backend, plus errors:
+//! Completion rules 1, 4, 5, 7 and 8 (docs/ARCHITECTURE.md) on the TCP
+//! backend, plus errors:
 //! eager ordered submission, owned buffers, drop detaches, executor
 //! agnosticism, honest status, timeouts, mismatches, abort, subgroups.
 #![forbid(unsafe_code)]

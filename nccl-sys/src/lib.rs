@@ -25,7 +25,7 @@
 //! vendor port) still loads.
 //!
 //! No safe API lives here: calling a symbol is `unsafe` and the caller
-//! upholds NCCL's contract. chorus-runtime builds the safe layer.
+//! upholds NCCL's contract. chorus-gpu builds the safe layer.
 #![warn(missing_docs)]
 
 mod error;
@@ -183,8 +183,26 @@ unsafe fn lookup<T: Copy>(lib: &libloading::Library, name: &str) -> Option<T> {
 /// [`NcclLoadError::TooOld`] when the one found predates [`MIN_VERSION`],
 /// [`NcclLoadError::MissingSymbol`] when it lacks required symbols.
 pub fn nccl() -> Result<&'static Nccl, NcclLoadError> {
-    static NCCL: OnceLock<Result<Nccl, NcclLoadError>> = OnceLock::new();
     NCCL.get_or_init(|| Nccl::load_with(&SearchPlan::from_env()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+static NCCL: OnceLock<Result<Nccl, NcclLoadError>> = OnceLock::new();
+
+/// Makes the library at `path` the process-wide NCCL, as
+/// `CHORUS_NCCL_LIBRARY` does (its builder equivalent): call it before the
+/// first use of NCCL. Returns the process-wide library: the one at `path`,
+/// or, if the process had already loaded one, that one.
+///
+/// # Errors
+///
+/// As [`nccl()`] for the library at `path`, or the earlier error if the
+/// process had already failed to load one.
+pub fn use_library(path: impl AsRef<Path>) -> Result<&'static Nccl, NcclLoadError> {
+    let path = path.as_ref().to_string_lossy().into_owned();
+    let plan = SearchPlan::new(vec![Candidate::Explicit(path)]);
+    NCCL.get_or_init(|| Nccl::load_with(&plan))
         .as_ref()
         .map_err(Clone::clone)
 }

@@ -2,7 +2,7 @@
 //! to benches/RESULTS.md with SVG plots.
 //!
 //! ```sh
-//! cargo build --release -p chorus-benches -p chorus-runtime
+//! cargo build --release -p chorus-benches -p chorus-launcher
 //! target/release/chorus-bench [--quick] [--out benches/RESULTS.md] [--plots benches/plots]
 //! ```
 //!
@@ -44,7 +44,7 @@ use serde_json::Value;
 
 const BEGIN: &str = "<!-- chorus-bench:begin -->";
 const END: &str = "<!-- chorus-bench:end -->";
-const BUILD_HINT: &str = "cargo build --release -p chorus-benches -p chorus-runtime";
+const BUILD_HINT: &str = "cargo build --release -p chorus-benches -p chorus-launcher";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -365,7 +365,7 @@ fn store_section(r: &StoreResult, reps: usize, md: &mut String) {
         "Round trips of 64-byte values over loopback, server in the client's process (`store_compare` / \
          `torch_store.py`), ops/s, median of {reps} runs. The anchor of every row is PyTorch with the same \
          number of clients (its client is synchronous: one op in flight). Ratio = ours / PyTorch's. \
-         Target (issue 2): get and add ≥ 10× PyTorch's, set ≥ 1×.\n"
+         Target: get and add ≥ 10× PyTorch's, set ≥ 1×.\n"
     );
     if let Some(s) = &r.anchor_skipped {
         let _ = writeln!(md, "PyTorch anchor skipped: {s}.\n");
@@ -601,7 +601,7 @@ fn fmt_us(us: f64) -> String {
     }
 }
 
-/// Small messages are judged on latency, large ones on bus bandwidth (issue 3).
+/// Small messages are judged on latency, large ones on bus bandwidth.
 const SMALL_MAX: usize = 64 << 10;
 const LARGE_MIN: usize = 16 << 20;
 
@@ -621,7 +621,7 @@ fn tcp_section(t: &TcpRanks, plan: &Plan, plots: Option<&str>, md: &mut String) 
          Per run and size: {} warm-up ops, then up to {} timed ops (time budget {} s, at least 5), each \
          after a barrier, timed as the slowest rank's; the median and p99 of those, then the median of \
          {} runs. Bus bandwidth = bytes × 2(n−1)/n / median. Latency ratio = Gloo's / ours, bandwidth \
-         ratio = ours / Gloo's (> 1: chorus is better). Targets (issue 3): up to {} latency ≤ 1/5 of \
+         ratio = ours / Gloo's (> 1: chorus is better). Targets: up to {} latency ≤ 1/5 of \
          Gloo's (ratio ≥ 5×); from {} bus bandwidth ≥ 2× Gloo's.\n",
         plan.warmup,
         plan.iters,
@@ -1051,10 +1051,10 @@ fn groups_section(r: &NcclResult, reps: usize, md: &mut String) {
         md,
         "`group_bench --json` (chorus: ops one by one, a group of ops, and `all_reduce_coalesced`; raw \
          `ncclAllReduce` in a loop and inside `ncclGroupStart/End`; \"raw + events\": the same raw calls \
-         plus DESIGN §2 rule 3's input-ready record, stream wait and end record per op / per group, the floor \
+         plus the input-ready record, stream wait and end record per op / per group (two events per launch), the floor \
          of any library that keeps that rule) and `torch_coalesce.py --json` (async `all_reduce`s; \
          `_coalescing_manager`), 1 MiB f32 each, median of {reps} runs of medians; total = submit until the \
-         GPU finished, in µs. Target (issue 7): chorus within 1.3× of raw NCCL, sequential and grouped \
+         GPU finished, in µs. Target: chorus within 1.3× of raw NCCL, sequential and grouped \
          (judged on the total; grouped: the better of chorus's group and coalesced op).\n"
     );
     let _ = writeln!(
@@ -1141,7 +1141,7 @@ fn nccl_section(r: &NcclResult, reps: usize, md: &mut String) {
         md,
         "Host-side costs of a small all_reduce (`nccl_bench --json` / `torch_nccl.py --json`), median of \
          {reps} runs. Ratio = PyTorch's time / ours (for round trips: ours / PyTorch's), > 1: chorus is \
-         better. Targets (issue 4).\n"
+         better. Targets.\n"
     );
     if let Some(s) = &r.anchor_skipped {
         let _ = writeln!(md, "PyTorch anchor skipped: {s}.\n");
@@ -1225,7 +1225,7 @@ fn nccl_section(r: &NcclResult, reps: usize, md: &mut String) {
         );
     }
     // Wake latency: PyTorch has no waker (its host callback arrives ~107 µs
-    // after the event, issue 4), so these are judged on the absolute targets.
+    // after the event), so these are judged on the absolute targets.
     let wake_rows = r
         .ours
         .first()

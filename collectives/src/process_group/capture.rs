@@ -178,8 +178,8 @@ pub struct CaptureGroup<'a> {
 impl CaptureGroup<'_> {
     fn stage<C: DeviceBuffers>(&mut self, op: Op, bufs: C) -> Result<Ticket<C>, Rejected<C>> {
         let name = op.name();
-        let counts: Vec<usize> = bufs.iter().map(DeviceMem::count).collect();
-        let (dev, _) = match device_check(&self.pg.inner.seq, op, name, &bufs, &counts) {
+        let first = |b: &C| b.get(0).map_or(0, DeviceMem::count);
+        let (dev, _) = match device_check(&self.pg.inner.seq, op, name, &bufs, first) {
             Ok(v) => v,
             Err(e) => return Err(Rejected::new(e, bufs)),
         };

@@ -1,6 +1,6 @@
 //! Synchronization primitives, swapped for loom's under `cfg(loom)`.
 //!
-//! Every piece of chorus-runtime whose interleavings the loom suite checks
+//! Every piece of chorus-core whose interleavings the loom suite checks
 //! (the work slot, the registry, the communicator cache, the store counter)
 //! takes its `Arc`, `Mutex` and atomics from here and never from `std`
 //! directly, the way tokio's `loom` module does.

@@ -1,5 +1,5 @@
 //! The completion reactor: one thread per process that watches in-flight GPU
-//! ops and completes them when they finish (DESIGN §2 rule 2).
+//! ops and completes them when they finish (docs/ARCHITECTURE.md, rule 2).
 //!
 //! A backend hands the reactor one [`Pending`] entry per op it cannot
 //! complete itself: typically the op's end event together with its

@@ -224,27 +224,23 @@ pub(super) fn register<C: DeviceBuffers>(
 }
 
 /// Checks a device op of a group, a capture or a single submission (`op`
-/// in group ranks) against the group, and returns its device and what the
-/// flight recorder keeps of it. `counts` are the element counts the shape
-/// rules see (one per buffer; a coalesced op's first).
+/// in group ranks) against the group — its root or peer; the buffers'
+/// shapes are checked by the communicator that runs it — and returns its
+/// device and what the flight recorder keeps of it (`count`: the element
+/// count it records).
 pub(crate) fn device_check<C: DeviceBuffers>(
     seq: &Sequencer,
     op: Op,
     name: &'static str,
     bufs: &C,
-    counts: &[usize],
+    count: impl FnOnce(&C) -> usize,
 ) -> Result<(u32, OpMeta), WorkError> {
     let Some(first) = bufs.get(0) else {
         return Err(seq.invalid(name, "no buffer given".into()));
     };
-    seq.check(op, name, counts)?;
+    seq.check_ranks(op, name)?;
     let dev = first.stream().device().ordinal() as u32;
-    let count = if counts.len() == bufs.len() {
-        first.count()
-    } else {
-        bufs.iter().map(DeviceMem::count).sum()
-    };
-    Ok((dev, Sequencer::meta(op, Some(first.dtype()), count)))
+    Ok((dev, Sequencer::meta(op, Some(first.dtype()), count(bufs))))
 }
 
 /// A refused or failed enqueue as the op's error.
@@ -286,9 +282,9 @@ pub(crate) fn lookup_error(ctx: OpContext, e: &CommCacheError<NcclInitError>) ->
 }
 
 impl NcclBackend {
-    /// Registers and enqueues a device op in program order. `counts` are
-    /// what the shape rules check; `enqueue` hands the checked op to its
-    /// communicator (one NCCL call, or a coalesced group).
+    /// Registers and enqueues a device op in program order. `count` is the
+    /// element count its flight record keeps; `enqueue` hands the op to its
+    /// communicator (one NCCL call, or a coalesced group), which checks it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_as<C: DeviceBuffers>(
         &self,
@@ -297,10 +293,10 @@ impl NcclBackend {
         op: Op,
         name: &'static str,
         bufs: C,
-        counts: &[usize],
+        count: impl FnOnce(&C) -> usize,
         enqueue: impl FnOnce(&Communicator, Op, C, Arc<EndEvent>) -> Result<InFlight<C>, Refused<C>>,
     ) -> Result<DeviceWork<C>, Rejected<C>> {
-        let (dev, meta) = match device_check(seq, op, name, &bufs, counts) {
+        let (dev, meta) = match device_check(seq, op, name, &bufs, count) {
             Ok(v) => v,
             Err(e) => return Err(Rejected::new(e, bufs)),
         };

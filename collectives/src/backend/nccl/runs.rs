@@ -49,14 +49,14 @@ impl<C: DeviceBuffers> Runs<C> for NcclBackend {
         op: Op,
         bufs: C,
     ) -> Result<DeviceWork<C>, Rejected<C>> {
-        let counts: smallvec::SmallVec<[usize; 2]> = bufs.iter().map(DeviceMem::count).collect();
+        let first = |b: &C| b.get(0).map_or(0, DeviceMem::count);
         self.submit_as(
             seq,
             timeout,
             op,
             op.name(),
             bufs,
-            &counts,
+            first,
             |comm, op, bufs, end| comm.submit_with_end(op, bufs, Some(end)),
         )
     }
@@ -86,14 +86,14 @@ impl<B: DeviceMem> Coalesces<B> for NcclBackend {
         bufs: Vec<B>,
     ) -> Result<DeviceWork<Vec<B>>, Rejected<Vec<B>>> {
         let name = op.coalesced_name();
-        let first = bufs.first().map_or(0, DeviceMem::count);
+        let total = |b: &Vec<B>| b.iter().map(DeviceMem::count).sum();
         self.submit_as(
             seq,
             timeout,
             op,
             name,
             bufs,
-            &[first],
+            total,
             |comm, op, bufs, end| comm.submit_coalesced_with_end(op, bufs, Some(end)),
         )
     }

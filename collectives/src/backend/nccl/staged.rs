@@ -173,8 +173,8 @@ impl NcclStaged {
             );
             return Err(Rejected::new(e, bufs));
         }
-        let counts: smallvec::SmallVec<[usize; 2]> = bufs.iter().map(DeviceMem::count).collect();
-        let (dev, meta) = match device_check(seq, op, name, &bufs, &counts) {
+        let first = |b: &C| b.get(0).map_or(0, DeviceMem::count);
+        let (dev, meta) = match device_check(seq, op, name, &bufs, first) {
             Ok(v) => v,
             Err(e) => return Err(Rejected::new(e, bufs)),
         };

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// What a communicator is cached under (DESIGN §3).
+/// What a communicator is cached under (docs/ARCHITECTURE.md,
+/// "Communicators").
 ///
 /// * [`Devices`](CommKey::Devices): the device sequence of a collective (one
 ///   device per participating rank, in rank order).

@@ -322,7 +322,7 @@ impl<F: CommFactory> CommCache<F> {
             w.wake();
         }
         tracing::warn!(
-            target: "chorus_runtime::comm_cache",
+            target: "chorus_core::comm_cache",
             group = %self.group,
             %reason,
             comms = comms.len(),
@@ -430,7 +430,7 @@ impl<F: CommFactory> CommCache<F> {
             None => {
                 let n = self.created.fetch_add(1, Ordering::SeqCst) + 1;
                 tracing::info!(
-                    target: "chorus_runtime::comm_cache",
+                    target: "chorus_core::comm_cache",
                     group = %self.group,
                     key = %flight.key,
                     store_key = %flight.store_key,
@@ -532,7 +532,7 @@ impl<F: CommFactory> CommCache<F> {
         drop(replaced);
         match &outcome {
             Ok(_) => tracing::info!(
-                target: "chorus_runtime::comm_cache",
+                target: "chorus_core::comm_cache",
                 group = %self.group,
                 key = %flight.key,
                 store_key = %flight.store_key,
@@ -540,7 +540,7 @@ impl<F: CommFactory> CommCache<F> {
                 "communicator ready"
             ),
             Err(e) => tracing::warn!(
-                target: "chorus_runtime::comm_cache",
+                target: "chorus_core::comm_cache",
                 group = %self.group,
                 key = %flight.key,
                 store_key = %flight.store_key,

@@ -65,6 +65,19 @@ pub fn library() -> Result<(String, (u32, u32, u32)), NcclCommError> {
     Ok((n.path().to_string(), (v.major, v.minor, v.patch)))
 }
 
+/// Makes the library at `path` the process's NCCL (the builder
+/// equivalent of `CHORUS_NCCL_LIBRARY`; call it before the first NCCL op)
+/// and returns what [`library`] returns.
+///
+/// # Errors
+///
+/// [`NcclCommError::Unavailable`] when that library cannot be used, or the
+/// process had already failed to load one.
+pub fn use_library(path: &std::path::Path) -> Result<(String, (u32, u32, u32)), NcclCommError> {
+    nccl_sys::use_library(path).map_err(|e| NcclCommError::Unavailable(e.to_string()))?;
+    library()
+}
+
 /// The process's NCCL library.
 pub(crate) fn lib() -> Result<&'static Nccl, NcclCommError> {
     nccl_sys::nccl().map_err(|e| NcclCommError::Unavailable(e.to_string()))

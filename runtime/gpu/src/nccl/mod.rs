@@ -42,7 +42,7 @@ pub use communicator::{CommOptions, Communicator};
 #[cfg(feature = "test-util")]
 pub use enqueue::in_progress_returns;
 pub use enqueue::Refused;
-pub use error::{library, NcclCommError};
+pub use error::{library, use_library, NcclCommError};
 #[cfg(feature = "test-util")]
 pub use event_pool::end_events_created;
 pub use event_pool::EndEvent;
