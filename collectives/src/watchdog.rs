@@ -22,7 +22,7 @@
 //! calling the backends' abort (which may be what is stuck);
 //! [`ErrorPolicy::AbortProcess`] aborts the process. The monitor does not
 //! call into the backends at all. Once the watchdog moves again, the
-//! monitor re-arms. `runtime/tests/watchdog_heartbeat.rs` checks this with
+//! monitor re-arms. `collectives/tests/watchdog_heartbeat.rs` checks this with
 //! a check that blocks.
 //!
 //! # Error propagation

@@ -9,7 +9,7 @@
 //! Everything here exists only under `cfg(loom)`; run the suite with
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p chorus-loom-tests --release
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p chorus-loom-tests --release
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
