@@ -101,12 +101,13 @@ pub fn use_nccl_library(
 }
 
 /// The job's key-value store: the [`Store`](store::Store) trait, the TCP
-/// server and client, the prefix and in-memory stores.
+/// server and client, the prefix and in-memory stores, and the client of
+/// PyTorch's TCPStore (torchrun's agent store).
 pub mod store {
     pub use chorus_store::{
         ClientOptions, InMemoryStore, PrefixStore, ServerOptions, Store, StoreError, TcpStore,
-        TcpStoreServer, DEFAULT_TIMEOUT, MAX_FRAME_LEN, MAX_KEYS_PER_OP, MAX_KEY_LEN,
-        MAX_TOKEN_LEN, MAX_VALUE_LEN, TOKEN_ENV,
+        TcpStoreServer, TorchStore, TorchStoreOptions, DEFAULT_TIMEOUT, MAX_FRAME_LEN,
+        MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN, TOKEN_ENV,
     };
 }
 

@@ -17,6 +17,12 @@
 //!   publishes the failure, and the others fail with `Remote` long before
 //!   their own timeout.
 //!
+//! * `restart` (under torchrun with `--max-restarts`): every rank joins and
+//!   runs an all_reduce; in the first attempt
+//!   (`TORCHELASTIC_RESTART_COUNT=0`) rank `FAULT_RANK` then exits with 1,
+//!   so torchrun restarts the workers, which must join afresh and agree.
+//!   Prints `OK rank=R attempt=A sum=S`.
+//!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
@@ -181,9 +187,25 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 }
             }
         }
+        "restart" => {
+            let attempt = env_num("TORCHELASTIC_RESTART_COUNT", 0);
+            let pg = pg.with_timeout(Duration::from_secs(30));
+            let sum = pg
+                .all_reduce(vec![(rank + 1) as f32; 4], ReduceOp::Sum)?
+                .await?;
+            if attempt == 0 && rank == victim {
+                println!("VICTIM rank={rank} attempt=0 exiting with 1");
+                std::process::exit(1);
+            }
+            // The first attempt's survivors wait here for torchrun to stop them.
+            pg.barrier()?.await?;
+            pg.shutdown().await?;
+            println!("OK rank={rank} attempt={attempt} sum={}", sum[0]);
+            Ok(0)
+        }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, kill, stop, propagate, mismatch, store-dies)"
+                "unknown scenario '{other}' (matrix, kill, stop, propagate, mismatch, store-dies, restart)"
             );
             Ok(2)
         }

@@ -17,6 +17,11 @@ pub const TOKEN_ENV: &str = "CHORUS_STORE_TOKEN";
 /// Environment variable holding the rendezvous timeout, in seconds.
 pub(crate) const RENDEZVOUS_TIMEOUT_ENV: &str = "CHORUS_RENDEZVOUS_TIMEOUT";
 
+/// torchrun's word that its agent serves the workers' store
+/// (`TORCHELASTIC_USE_AGENT_STORE=True`; read with the rendezvous's other
+/// launcher variables).
+pub(crate) const AGENT_STORE_ENV: &str = "TORCHELASTIC_USE_AGENT_STORE";
+
 /// The shared token from `CHORUS_STORE_TOKEN`, if set and not empty.
 pub(crate) fn token() -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())

@@ -21,6 +21,8 @@
 //!   share round trips, and a waiting `get` holds up nothing else.
 //! * [`PrefixStore`]: namespaces a group's keys inside another store.
 //! * [`InMemoryStore`]: the same trait for single-process use.
+//! * [`TorchStore`]: a client of PyTorch's `TCPStore` (torchrun's agent
+//!   store), speaking PyTorch's protocol.
 //!
 //! Waiting operations (`get`, `wait`, `multi_get`) are woken by the `set`
 //! that completes them, never by polling, and fail with
@@ -51,6 +53,7 @@ pub mod rendezvous;
 pub mod rt;
 mod server;
 mod store;
+mod torch;
 pub(crate) mod wire;
 
 pub use client::{ClientOptions, TcpStore};
@@ -60,4 +63,5 @@ pub use memory::InMemoryStore;
 pub use prefix::PrefixStore;
 pub use server::{ServerOptions, TcpStoreServer};
 pub use store::{Store, DEFAULT_TIMEOUT};
+pub use torch::{TorchStore, TorchStoreOptions};
 pub use wire::{MAX_FRAME_LEN, MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN};

@@ -454,3 +454,114 @@ fn builder_builds_and_checks() {
         .unwrap();
     assert_eq!((c.master_addr(), c.master_port()), ("127.0.0.1", 0));
 }
+
+#[test]
+fn torchruns_agent_store_is_used_not_hosted() {
+    use chorus_store::rendezvous::StoreHost;
+    let mut v = torchrun();
+    assert_eq!(*parse(&v).unwrap().store_host(), StoreHost::Rank0);
+    v.insert("TORCHELASTIC_USE_AGENT_STORE", "False".into());
+    assert_eq!(*parse(&v).unwrap().store_host(), StoreHost::Rank0);
+
+    v.insert("TORCHELASTIC_USE_AGENT_STORE", "True".into());
+    v.insert("TORCHELASTIC_RUN_ID", "job42".into());
+    v.insert("TORCHELASTIC_RESTART_COUNT", "3".into());
+    let cfg = parse(&v).unwrap();
+    assert_eq!(
+        *cfg.store_host(),
+        StoreHost::Torch {
+            namespace: "chorus/job42/3".into()
+        }
+    );
+    assert_eq!(cfg.master_addr(), "node07");
+    assert_eq!(cfg.master_port(), 29500);
+
+    // Each restart of the workers gets a namespace of its own.
+    v.insert("TORCHELASTIC_RESTART_COUNT", "4".into());
+    assert_ne!(parse(&v).unwrap().store_host(), cfg.store_host());
+
+    v.insert("TORCHELASTIC_RESTART_COUNT", "-1".into());
+    assert!(matches!(
+        parse(&v),
+        Err(EnvError::Malformed {
+            var: "TORCHELASTIC_RESTART_COUNT",
+            ..
+        })
+    ));
+    v.remove("TORCHELASTIC_RESTART_COUNT");
+    v.remove("TORCHELASTIC_RUN_ID");
+    assert_eq!(
+        *parse(&v).unwrap().store_host(),
+        StoreHost::Torch {
+            namespace: "chorus/none/0".into()
+        }
+    );
+}
+
+#[test]
+fn an_agent_store_needs_its_address_even_for_one_rank() {
+    let v = vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ]);
+    assert!(matches!(
+        parse(&v),
+        Err(EnvError::Missing {
+            var: "MASTER_ADDR",
+            ..
+        })
+    ));
+    let mut v = v;
+    v.insert("MASTER_ADDR", "127.0.0.1".into());
+    v.insert("MASTER_PORT", "0".into());
+    assert!(matches!(
+        parse(&v),
+        Err(EnvError::Malformed {
+            var: "MASTER_PORT",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn the_builder_can_name_a_pytorch_store() {
+    use chorus_store::rendezvous::StoreHost;
+    let b = || {
+        RendezvousConfig::builder()
+            .rank(0)
+            .world_size(1)
+            .torch_store("mine")
+    };
+    assert!(matches!(
+        b().build(),
+        Err(ConfigError::Missing("master_addr"))
+    ));
+    assert!(matches!(
+        b().master_addr("127.0.0.1").master_port(0).build(),
+        Err(ConfigError::Invalid(_))
+    ));
+    let cfg = b()
+        .master_addr("127.0.0.1")
+        .master_port(29400)
+        .build()
+        .unwrap();
+    assert_eq!(
+        *cfg.store_host(),
+        StoreHost::Torch {
+            namespace: "mine".into()
+        }
+    );
+    assert!(matches!(
+        RendezvousConfig::builder()
+            .rank(0)
+            .world_size(2)
+            .master_addr("h")
+            .master_port(1)
+            .torch_store("")
+            .build(),
+        Err(ConfigError::Invalid(_))
+    ));
+}

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use crate::config::{RENDEZVOUS_TIMEOUT_ENV, TOKEN_ENV};
+use crate::config::{AGENT_STORE_ENV, RENDEZVOUS_TIMEOUT_ENV, TOKEN_ENV};
 
 /// Default time [`rendezvous`](super::rendezvous) waits for every rank to
 /// join (`CHORUS_RENDEZVOUS_TIMEOUT` or [`RendezvousConfigBuilder::timeout`]).
@@ -37,6 +37,35 @@ impl fmt::Display for Source {
             Source::OpenMpi => "Open MPI variables",
             Source::Builder => "builder",
         })
+    }
+}
+
+/// Where the job's store is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreHost {
+    /// Rank 0 serves a chorus store on [`RendezvousConfig::bind_addr`];
+    /// every rank connects to `master_addr:master_port`. The default.
+    Rank0,
+    /// A PyTorch TCPStore already serves on `master_addr:master_port`
+    /// (torchrun's elastic agent, which says so with
+    /// `TORCHELASTIC_USE_AGENT_STORE=True`): no rank binds the port, every
+    /// rank connects a [`TorchStore`](crate::TorchStore), and chorus's keys
+    /// live under `namespace`, so that each restart of the workers starts
+    /// from a clean slate in the agent's long-lived store.
+    Torch {
+        /// The prefix of every key chorus sets there.
+        namespace: String,
+    },
+}
+
+impl StoreHost {
+    /// The namespace torchrun's workers use: `chorus/{run_id}/{restart}`
+    /// from `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`.
+    pub fn torchelastic(run_id: &str, restart_count: u64) -> StoreHost {
+        StoreHost::Torch {
+            namespace: format!("chorus/{run_id}/{restart_count}"),
+        }
     }
 }
 
@@ -133,6 +162,7 @@ pub struct RendezvousConfig {
     shutdown_timeout: Duration,
     token: Option<String>,
     source: Source,
+    store_host: StoreHost,
 }
 
 impl fmt::Debug for RendezvousConfig {
@@ -150,6 +180,7 @@ impl fmt::Debug for RendezvousConfig {
             // Never print the secret.
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("source", &self.source)
+            .field("store_host", &self.store_host)
             .finish()
     }
 }
@@ -196,9 +227,16 @@ impl RendezvousConfig {
     /// and a port free on that node. Only a job of one rank may leave them
     /// unset (the store then listens on 127.0.0.1, on a port the OS picks).
     ///
+    /// Under torchrun, `TORCHELASTIC_USE_AGENT_STORE=True` says the elastic
+    /// agent already serves a PyTorch TCPStore on `MASTER_ADDR:MASTER_PORT`:
+    /// the config then says [`StoreHost::Torch`], namespaced by
+    /// `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT`
+    /// ([`StoreHost::torchelastic`]), and no rank binds the port.
+    ///
     /// Optional: `CHORUS_RENDEZVOUS_TIMEOUT` (seconds, default
     /// [`DEFAULT_TIMEOUT`]) and `CHORUS_STORE_TOKEN` (shared secret every
-    /// rank must present to the store).
+    /// rank must present to chorus's store; PyTorch's store has no
+    /// authentication, so under the agent store it is not used).
     ///
     /// # Errors
     ///
@@ -219,8 +257,31 @@ impl RendezvousConfig {
             return Err(EnvError::NoLauncher);
         };
 
+        let store_host = if get(AGENT_STORE_ENV).as_deref() == Some("True") {
+            let restart = match get("TORCHELASTIC_RESTART_COUNT") {
+                None => 0,
+                Some(v) => v.trim().parse::<u64>().map_err(|_| EnvError::Malformed {
+                    var: "TORCHELASTIC_RESTART_COUNT",
+                    value: v,
+                    expected: NON_NEG,
+                })?,
+            };
+            let run_id = get("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into());
+            if run_id.contains(char::is_whitespace) {
+                return Err(EnvError::Malformed {
+                    var: "TORCHELASTIC_RUN_ID",
+                    value: run_id,
+                    expected: "a run id without whitespace",
+                });
+            }
+            StoreHost::torchelastic(&run_id, restart)
+        } else {
+            StoreHost::Rank0
+        };
+        let hosted = store_host == StoreHost::Rank0;
+
         let (master_addr, master_port) = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
-            (None, None) if world_size == 1 => ("127.0.0.1".to_string(), 0),
+            (None, None) if world_size == 1 && hosted => ("127.0.0.1".to_string(), 0),
             (addr, port) => {
                 let addr = addr.ok_or(EnvError::Missing {
                     var: "MASTER_ADDR",
@@ -238,7 +299,7 @@ impl RendezvousConfig {
                     expected: "a TCP port in 1..=65535, free on rank 0's node (torchrun and chorus-run set it; under srun or mpirun export it)",
                 })?;
                 let port = match port.trim().parse::<u16>() {
-                    Ok(p) if p > 0 || world_size == 1 => p,
+                    Ok(p) if p > 0 || (world_size == 1 && hosted) => p,
                     _ => {
                         return Err(EnvError::Malformed {
                             var: "MASTER_PORT",
@@ -288,6 +349,7 @@ impl RendezvousConfig {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             token,
             source,
+            store_host,
         })
     }
 
@@ -366,6 +428,11 @@ impl RendezvousConfig {
         self.source
     }
 
+    /// Where the job's store is served.
+    pub fn store_host(&self) -> &StoreHost {
+        &self.store_host
+    }
+
     /// `master_addr:master_port`, with brackets around an IPv6 address.
     pub(crate) fn master_endpoint(&self, port: u16) -> String {
         if self.master_addr.parse::<std::net::Ipv6Addr>().is_ok() {
@@ -395,6 +462,7 @@ pub struct RendezvousConfigBuilder {
     timeout: Option<Duration>,
     shutdown_timeout: Option<Duration>,
     token: Option<String>,
+    torch_namespace: Option<String>,
 }
 
 impl RendezvousConfigBuilder {
@@ -460,6 +528,14 @@ impl RendezvousConfigBuilder {
         self
     }
 
+    /// Use the PyTorch TCPStore already serving on
+    /// `master_addr:master_port` instead of hosting a store on rank 0
+    /// ([`StoreHost::Torch`]); chorus's keys go under `namespace`.
+    pub fn torch_store(mut self, namespace: impl Into<String>) -> Self {
+        self.torch_namespace = Some(namespace.into());
+        self
+    }
+
     /// Checks the fields and builds the config.
     ///
     /// # Errors
@@ -487,7 +563,12 @@ impl RendezvousConfigBuilder {
                 "local_world_size {local_world_size} is larger than world_size {world_size}"
             )));
         }
-        let single = world_size == 1;
+        let store_host = match self.torch_namespace {
+            Some(namespace) => StoreHost::Torch { namespace },
+            None => StoreHost::Rank0,
+        };
+        // Only a store rank 0 hosts can take any port and be found anyway.
+        let single = world_size == 1 && store_host == StoreHost::Rank0;
         let master_addr = match self.master_addr {
             Some(a) if a.is_empty() || a.contains(char::is_whitespace) => {
                 return Err(ConfigError::Invalid(format!(
@@ -499,6 +580,11 @@ impl RendezvousConfigBuilder {
             None => return Err(ConfigError::Missing("master_addr")),
         };
         let master_port = match self.master_port {
+            Some(0) if store_host != StoreHost::Rank0 => {
+                return Err(ConfigError::Invalid(
+                    "master_port 0 names no existing PyTorch store; give the port it serves on".into(),
+                ))
+            }
             Some(0) if !single => {
                 return Err(ConfigError::Invalid(
                     "master_port 0 (any free port) only works for a world of one rank: the other ranks could not know the port".into(),
@@ -517,6 +603,11 @@ impl RendezvousConfigBuilder {
                 "token is empty; leave it unset to run without one".into(),
             ));
         }
+        if matches!(&store_host, StoreHost::Torch { namespace } if namespace.is_empty()) {
+            return Err(ConfigError::Invalid(
+                "torch_store namespace is empty; chorus's keys need a prefix of their own in a shared store".into(),
+            ));
+        }
         Ok(RendezvousConfig {
             rank,
             world_size,
@@ -529,6 +620,7 @@ impl RendezvousConfigBuilder {
             shutdown_timeout: self.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             token: self.token,
             source: Source::Builder,
+            store_host,
         })
     }
 }

@@ -38,6 +38,17 @@
 //! One wait per rank on one key, so the store's work grows linearly with
 //! the world size.
 //!
+//! # Under torchrun's agent store
+//!
+//! torchrun's elastic agent already serves a PyTorch TCPStore on
+//! `MASTER_ADDR:MASTER_PORT` and sets `TORCHELASTIC_USE_AGENT_STORE=True`
+//! ([`StoreHost::Torch`]). Then no rank binds the port: every rank connects
+//! a [`TorchStore`] to the agent's store and runs the same protocol under
+//! the namespace `chorus/{TORCHELASTIC_RUN_ID}/{TORCHELASTIC_RESTART_COUNT}`,
+//! so workers restarted by the agent do not meet the keys of the attempt
+//! before. The agent owns the store's lifetime, so rank 0's
+//! [`Rendezvous::shutdown`] does not wait for the others to leave.
+//!
 //! # Lifetime of the store
 //!
 //! Rank 0's server lives as long as the job's store: the
@@ -65,14 +76,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use config::{
-    ConfigError, EnvError, RendezvousConfig, RendezvousConfigBuilder, Source,
+    ConfigError, EnvError, RendezvousConfig, RendezvousConfigBuilder, Source, StoreHost,
     DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TIMEOUT,
 };
 
 use crate::client::{ClientOptions, TcpStore};
 use crate::error::StoreError;
+use crate::prefix::PrefixStore;
 use crate::server::{ServerOptions, TcpStoreServer};
 use crate::store::Store;
+use crate::torch::{TorchStore, TorchStoreOptions};
 
 const K_WORLD: &str = "chorus/rdzv/world_size";
 const K_JOINED: &str = "chorus/rdzv/joined";
@@ -141,10 +154,13 @@ pub enum RendezvousError {
         cause: StoreError,
     },
     /// The store of rank 0 could not be reached in time.
-    #[error("rank {rank} could not connect to the store of rank 0 at {addr} within {after:?}: {cause}; is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on every rank?")]
+    #[error("rank {rank} could not connect to the store of {host} at {addr} within {after:?}: {cause}; is {host} running, and MASTER_ADDR/MASTER_PORT the same on every rank?")]
     Connect {
         /// This rank.
         rank: usize,
+        /// Who serves the store: `"rank 0"`, or the PyTorch TCPStore
+        /// (torchrun's agent).
+        host: &'static str,
         /// The store address.
         addr: String,
         /// The timeout.
@@ -346,7 +362,8 @@ async fn join(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError> {
     let rank = cfg.rank();
     let world = cfg.world_size();
 
-    let server = if rank == 0 {
+    let hosts = rank == 0 && *cfg.store_host() == StoreHost::Rank0;
+    let server = if hosts {
         let addr = cfg.bind_addr();
         let opts = ServerOptions {
             token: cfg.token().map(str::to_owned),
@@ -373,7 +390,7 @@ async fn join(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError> {
     tracing::debug!(rank, world, %addr, "rendezvous: all ranks joined");
 
     let store = Arc::new(JobStore {
-        client: Arc::new(client),
+        client,
         addr,
         rank,
         world,
@@ -384,15 +401,44 @@ async fn join(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError> {
     Ok(Rendezvous { config: cfg, store })
 }
 
-/// Connects to the store and runs the join protocol; returns the client and
-/// the address it is connected to.
-async fn connect_and_join(
+/// Connects to the job's store: rank 0's chorus store, or the PyTorch store
+/// torchrun's agent serves (under chorus's namespace). Returns the client
+/// and the address it is connected to.
+async fn connect(
     cfg: &RendezvousConfig,
     server: Option<&TcpStoreServer>,
     deadline: Instant,
-) -> Result<(TcpStore, String), RendezvousError> {
+) -> Result<(Arc<dyn Store>, String), RendezvousError> {
     let rank = cfg.rank();
-    let world = cfg.world_size();
+    let host = match cfg.store_host() {
+        StoreHost::Rank0 => "rank 0",
+        StoreHost::Torch { .. } => "the PyTorch TCPStore (torchrun's agent)",
+    };
+    let connect_err = |addr: &str, cause| RendezvousError::Connect {
+        rank,
+        host,
+        addr: addr.to_owned(),
+        after: cfg.timeout(),
+        cause,
+    };
+    if let StoreHost::Torch { namespace } = cfg.store_host() {
+        if cfg.token().is_some() {
+            tracing::warn!(
+                rank,
+                "the PyTorch store has no authentication: the store token is not used"
+            );
+        }
+        let addr = cfg.master_endpoint(cfg.master_port());
+        let opts = TorchStoreOptions {
+            connect_timeout: remaining(deadline),
+            ..TorchStoreOptions::default()
+        };
+        let torch = TorchStore::connect(&addr, opts)
+            .await
+            .map_err(|cause| connect_err(&addr, cause))?;
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(namespace.clone(), Arc::new(torch)));
+        return Ok((store, addr));
+    }
     let addr = match server {
         // Rank 0 talks to its own server on the address it bound (loopback
         // when it bound every interface).
@@ -412,15 +458,22 @@ async fn connect_and_join(
         connect_timeout: remaining(deadline),
         ..ClientOptions::default()
     };
-    let client =
-        TcpStore::connect(&addr, opts)
-            .await
-            .map_err(|cause| RendezvousError::Connect {
-                rank,
-                addr: addr.clone(),
-                after: cfg.timeout(),
-                cause,
-            })?;
+    let client = TcpStore::connect(&addr, opts)
+        .await
+        .map_err(|cause| connect_err(&addr, cause))?;
+    Ok((Arc::new(client), addr))
+}
+
+/// Connects to the store and runs the join protocol; returns the client and
+/// the address it is connected to.
+async fn connect_and_join(
+    cfg: &RendezvousConfig,
+    server: Option<&TcpStoreServer>,
+    deadline: Instant,
+) -> Result<(Arc<dyn Store>, String), RendezvousError> {
+    let rank = cfg.rank();
+    let world = cfg.world_size();
+    let (client, addr) = connect(cfg, server, deadline).await?;
 
     // 1. One world size for everyone.
     let ours = world.to_string();
@@ -448,7 +501,7 @@ async fn connect_and_join(
     let door = match client.get(K_ALL_JOINED, remaining(deadline)).await {
         Ok(v) => v,
         Err(StoreError::Timeout { .. }) => {
-            let missing = absent(&client, world, rank_key).await?;
+            let missing = absent(&*client, world, rank_key).await?;
             if rank != 0 {
                 // Rank 0 need not wait for this rank to read its verdict.
                 let _ = client.set(&abort_ack_key(rank), b"1").await;
@@ -484,7 +537,7 @@ async fn connect_and_join(
 
 /// The ranks in `0..world` whose key `key(r)` does not exist.
 async fn absent(
-    client: &TcpStore,
+    client: &dyn Store,
     world: usize,
     key: fn(usize) -> String,
 ) -> Result<Vec<usize>, StoreError> {
@@ -500,7 +553,7 @@ async fn absent(
 /// The job's store as handed out: a client of rank 0's server that leaves
 /// the job when the last handle is dropped, and on rank 0 owns the server.
 struct JobStore {
-    client: Arc<TcpStore>,
+    client: Arc<dyn Store>,
     addr: String,
     rank: usize,
     world: usize,
@@ -572,7 +625,7 @@ impl Drop for JobStore {
 
 /// One rank's leave protocol.
 struct Leave {
-    client: Arc<TcpStore>,
+    client: Arc<dyn Store>,
     rank: usize,
     world: usize,
     timeout: Duration,
@@ -591,7 +644,7 @@ impl Leave {
             Ok(()) => match self.client.wait(&[K_ALL_LEFT], self.timeout).await {
                 Ok(()) => Ok(()),
                 Err(StoreError::Timeout { .. }) => Err(RendezvousError::NeverLeft {
-                    missing: absent(&self.client, self.world, left_key)
+                    missing: absent(&*self.client, self.world, left_key)
                         .await
                         .unwrap_or_default(),
                     world_size: self.world,
