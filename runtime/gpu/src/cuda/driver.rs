@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 use cudarc::driver::{result, sys, DriverError};
 
 use super::error::{guarded, CudaError};
+use super::library_names::driver_library_names;
 
 /// Puts the calling thread in relaxed stream-capture mode, once per thread:
 /// its event queries stay legal while another thread captures a CUDA graph
@@ -60,10 +61,7 @@ pub fn device_count() -> Result<usize, CudaError> {
 }
 
 fn init_driver() -> Result<DriverInfo, CudaError> {
-    let mut names = cudarc::get_lib_name_candidates("cuda");
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|n| seen.insert(n.clone()));
-    let library = probe_library(&names)?;
+    let library = probe_library(&driver_library_names())?;
     let unavailable = |call: &str, e: DriverError| CudaError::Unavailable {
         reason: format!("{call} failed: {:?} (CUDA error {})", e.0, e.0 as i32),
     };

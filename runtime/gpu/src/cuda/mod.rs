@@ -27,6 +27,7 @@ mod event;
 mod hold;
 #[cfg(feature = "test-util")]
 pub mod kernels;
+mod library_names;
 mod stream;
 #[cfg(test)]
 mod tests;
