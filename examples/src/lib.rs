@@ -2,7 +2,11 @@
 //! integration tests.
 #![forbid(unsafe_code)]
 
+pub mod busbw;
+pub mod latency;
+pub mod report;
 pub mod testkit;
+pub mod timed;
 
 use std::process::ExitCode;
 
