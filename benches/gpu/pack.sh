@@ -8,6 +8,8 @@
 #   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
 #   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
+#   bash benches/gpu/pack.sh ecosystem # run-ecosystem.sh: every GPU test, the candle adapter, torchrun, nccl_bench A/B
+#                                      #   (builds the adapter with .ci/cuda-toolkit.sh: TORCH_VENV names a venv with PyTorch)
 #
 # Each packs into .gpu/ (git-ignored; one pack at a time) with its run
 # script as .gpu/run.sh: carry [".gpu"] and run `bash .gpu/run.sh [MODE]`.
@@ -46,13 +48,30 @@ probe)
   cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
   cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   ;;
+ecosystem)
+  D=.gpu; RUN=benches/gpu/run-ecosystem.sh
+  WANT="nccl_bench nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu gpu cuda async_trainer quickstart chorus-run gpu-candle tp_mlp"
+  cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --test groups_gpu --test foreign_buffer_gpu --no-run --message-format=json > "$json"
+  cargo test --release -p nccl-sys --test gpu -p chorus-gpu --test cuda --no-run --message-format=json >> "$json"
+  cargo build --release -p chorus-benches --bin nccl_bench --message-format=json >> "$json"
+  cargo build --release -p chorus-examples --example async_trainer --example quickstart --message-format=json >> "$json"
+  cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
+  # The adapter's GPU test is named gpu too: it is packed as gpu-candle.
+  ( export TORCH_VENV="${TORCH_VENV:-$HOME/.cache/chorus-ci/torch-2.11}"
+    . .ci/cuda-toolkit.sh
+    cd adapters/candle
+    export CARGO_TARGET_DIR="${CHORUS_ADAPTER_TARGET_DIR:-$PWD/target}"
+    cargo test --release --locked --test gpu --no-run --message-format=json \
+      | sed 's/"name":"gpu"/"name":"gpu-candle"/'
+    cargo build --release --locked --example tp_mlp --message-format=json ) >> "$json"
+  ;;
 bench)
   D=.gpu; RUN=benches/gpu/run-bench.sh
   WANT="chorus-bench chorus-run tcp_allreduce store_compare nccl_bench group_bench"
   cargo build --release -p chorus-benches -p chorus-launcher --message-format=json > "$json"
   ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|bench" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|ecosystem|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'
@@ -67,7 +86,11 @@ for line in open(path):
     if t not in want: continue
     dst = os.path.join(d, "bin", t)
     shutil.copy2(exe, dst); subprocess.run(["strip", dst], check=False)
-    print("packed", t)
+    # Binaries that embed CUDA kernels (candle's) travel compressed.
+    if os.path.getsize(dst) > 16 << 20:
+        subprocess.run(["xz", "-T2", "-6", "-f", dst], check=True)
+        dst += ".xz"
+    print("packed", t, os.path.getsize(dst) >> 20, "MiB")
 PY
 cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
 mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh "$D/compare/"
