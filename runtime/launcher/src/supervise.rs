@@ -54,8 +54,12 @@ fn describe(st: ExitStatus) -> String {
 }
 
 /// Sends `sig` to the process group of every rank still running.
+/// Signals every rank's process group, highest rank first: rank 0, which
+/// hosts the job's store, goes last, so a rank that is still running never
+/// sees the store vanish (and reports that instead of the first failure)
+/// before its own signal.
 fn signal_all(alive: &BTreeMap<u32, Pid>, sig: Signal) {
-    for pgid in alive.values() {
+    for pgid in alive.values().rev() {
         // ESRCH: it exited and is about to be reaped; nothing to do.
         let _ = killpg(*pgid, sig);
     }

@@ -31,7 +31,7 @@
 //!    When rank 0's timeout expires first, it checks which `rank/R` keys are
 //!    missing and sets `all_joined` to `abort 3,5` instead, so every waiting
 //!    rank fails at once with the same [`RendezvousError::NeverJoined`]
-//!    naming them (rank 0 waits up to 1 s for them to read it before it
+//!    naming them (rank 0 waits up to 5 s for them to read it before it
 //!    stops the server). A rank whose own timeout expires first checks the
 //!    `rank/R` keys itself.
 //!
@@ -104,8 +104,9 @@ fn abort_ack_key(rank: usize) -> String {
 /// Value of `all_joined` when rank 0 gave up, followed by the missing ranks.
 const ABORT: &str = "abort ";
 
-/// How long rank 0, giving up, waits for the waiting ranks to read why.
-const ABORT_ACK_WAIT: Duration = Duration::from_secs(1);
+/// How long rank 0, giving up, waits for the waiting ranks to read why
+/// (they answer at once; the bound only matters for a rank that is stuck).
+const ABORT_ACK_WAIT: Duration = Duration::from_secs(5);
 
 fn join_list(ranks: &[usize]) -> String {
     ranks
