@@ -115,17 +115,19 @@ impl TensorGroup {
         let mut dims = t.dims().to_vec();
         match dims.first_mut() {
             Some(d0) if *d0 % n == 0 => *d0 /= n,
-            first => return Err(TensorError::Shape {
-                op: OP,
-                rank: self.rank(),
-                desc: describe(t),
-                why: match first {
-                    None => "is a scalar; reduce_scatter splits the first dimension".into(),
-                    Some(d0) => format!(
+            first => {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    rank: self.rank(),
+                    desc: describe(t),
+                    why: match first {
+                        None => "is a scalar; reduce_scatter splits the first dimension".into(),
+                        Some(d0) => format!(
                         "has a first dimension of {d0}, which the world size {n} does not divide"
                     ),
-                },
-            }),
+                    },
+                })
+            }
         }
         let out = self.buf(OP, &self.fresh(OP, t, Shape::from(dims))?)?;
         let w = self
