@@ -1,10 +1,16 @@
-//! Two tiny kernels shipped as PTX text and loaded with `cuModuleLoadData`,
+//! Tiny kernels shipped as PTX text and loaded with `cuModuleLoadData`,
 //! for GPU tests and benchmarks (no nvcc or NVRTC needed):
 //!
 //! * [`Kernels::spin`]: keeps a stream busy for an exact time by spinning on
 //!   `%globaltimer` (a GPU "sleep").
 //! * [`Kernels::add_one`]: `dst[i] = src[i] + 1.0` on `f32` (a consumer that
 //!   reads what an op wrote).
+//! * [`Kernels::stamp`]: stores `%globaltimer` (the GPU's nanosecond clock)
+//!   to an address, e.g. a [`HostSlots`] slot: when the
+//!   work before it on the stream ended, on the GPU's clock.
+//! * [`Kernels::wait_flag`]: spins until a host-written flag is non-zero,
+//!   then stamps: relates the GPU's clock to the host's
+//!   ([`GpuClock`](super::GpuClock)).
 
 use std::ffi::{c_void, CString};
 use std::time::Duration;
@@ -13,6 +19,7 @@ use cudarc::driver::{result, sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 use super::device::Device;
 use super::error::{driver_error, CudaError};
+use super::host_mapped::HostSlots;
 use super::stream::Stream;
 
 const PTX: &str = r#"
@@ -31,6 +38,32 @@ SPIN:
     sub.u64 %rd4, %rd3, %rd2;
     setp.lt.u64 %p, %rd4, %rd1;
     @%p bra SPIN;
+    ret;
+}
+
+.visible .entry chorus_stamp(.param .u64 dst)
+{
+    .reg .u64 %rd<3>;
+    ld.param.u64 %rd1, [dst];
+    mov.u64 %rd2, %globaltimer;
+    st.volatile.global.u64 [%rd1], %rd2;
+    membar.sys;
+    ret;
+}
+
+.visible .entry chorus_wait_flag(.param .u64 flag, .param .u64 dst)
+{
+    .reg .u64 %rd<5>;
+    .reg .pred %p;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [dst];
+WAIT:
+    ld.volatile.global.u64 %rd3, [%rd1];
+    setp.eq.u64 %p, %rd3, 0;
+    @%p bra WAIT;
+    mov.u64 %rd4, %globaltimer;
+    st.volatile.global.u64 [%rd2], %rd4;
+    membar.sys;
     ret;
 }
 
@@ -68,6 +101,8 @@ pub struct Kernels {
     module: sys::CUmodule,
     spin: sys::CUfunction,
     add_one: sys::CUfunction,
+    stamp: sys::CUfunction,
+    wait_flag: sys::CUfunction,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable from
@@ -108,11 +143,15 @@ impl Kernels {
         };
         let spin = get("chorus_spin")?;
         let add_one = get("chorus_add_one")?;
+        let stamp = get("chorus_stamp")?;
+        let wait_flag = get("chorus_wait_flag")?;
         Ok(Kernels {
             device: device.clone(),
             module,
             spin,
             add_one,
+            stamp,
+            wait_flag,
         })
     }
 
@@ -138,6 +177,56 @@ impl Kernels {
             )
         }
         .map_err(|e| driver_error("cuLaunchKernel", e))
+    }
+
+    /// Enqueues a kernel on `stream` that stores the GPU's clock
+    /// (`%globaltimer`, ns) to slot `i` of `slots` once the work before it
+    /// has ended.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Driver`] if the launch fails.
+    pub fn stamp(&self, stream: &Stream, slots: &HostSlots, i: usize) -> Result<(), CudaError> {
+        self.launch_u64s(self.stamp, stream, &mut [slots.device_ptr(i)])
+    }
+
+    /// Enqueues a kernel on `stream` that spins until slot `flag` of
+    /// `slots` is non-zero, then stores the GPU's clock to slot `dst`.
+    /// Set the flag with [`HostSlots::set`] (dropping the slots sets it
+    /// too), or the stream does not move on.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Driver`] if the launch fails.
+    pub fn wait_flag(
+        &self,
+        stream: &Stream,
+        slots: &HostSlots,
+        flag: usize,
+        dst: usize,
+    ) -> Result<(), CudaError> {
+        let args = [slots.device_ptr(flag), slots.device_ptr(dst)];
+        self.launch_u64s(self.wait_flag, stream, &mut { args })
+    }
+
+    /// Launches `f` as one thread with u64 parameters `args`.
+    fn launch_u64s(
+        &self,
+        f: sys::CUfunction,
+        stream: &Stream,
+        args: &mut [u64],
+    ) -> Result<(), CudaError> {
+        self.device.bind_to_thread()?;
+        let mut params: Vec<*mut c_void> = args
+            .iter_mut()
+            .map(|a| a as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: the kernels launched here take exactly these u64
+        // parameters, passed by pointer to live values; the addresses are
+        // host slots that stay allocated until every kernel of the device
+        // has run (`HostSlots`'s drop synchronizes the device first).
+        unsafe { result::launch_kernel(f, (1, 1, 1), (1, 1, 1), 0, stream.as_raw(), &mut params) }
+            .map_err(|e| driver_error("cuLaunchKernel", e))
     }
 
     /// Enqueues `dst[i] = src[i] + 1.0` on `stream`.

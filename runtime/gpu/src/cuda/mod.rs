@@ -13,8 +13,10 @@
 //!   [`Stream::wait_event`] (`cuStreamWaitEvent`).
 //! * With the `test-util` feature: `StreamHold`, which holds a stream at a
 //!   point until released (tests observe "not finished yet" without timing
-//!   assumptions), and `kernels` (a spin kernel of exact length, an add-one
-//!   kernel).
+//!   assumptions); `kernels` (a spin kernel of exact length, an add-one
+//!   kernel, GPU timestamps); `HostSlots` (host memory kernels write to),
+//!   `GpuClock` (GPU timestamps on the host's time line) and
+//!   `Stream::launch_host_fn`, for benchmarks of completion latency.
 //!
 //! Nothing here runs unless called, so the TCP backend works on machines
 //! without a GPU.
@@ -24,7 +26,13 @@ mod driver;
 mod error;
 mod event;
 #[cfg(feature = "test-util")]
+mod gpu_clock;
+#[cfg(feature = "test-util")]
 mod hold;
+#[cfg(feature = "test-util")]
+mod host_fn;
+#[cfg(feature = "test-util")]
+mod host_mapped;
 #[cfg(feature = "test-util")]
 pub mod kernels;
 mod library_names;
@@ -40,5 +48,9 @@ pub(crate) use error::driver_error;
 pub use error::CudaError;
 pub use event::Event;
 #[cfg(feature = "test-util")]
+pub use gpu_clock::GpuClock;
+#[cfg(feature = "test-util")]
 pub use hold::StreamHold;
+#[cfg(feature = "test-util")]
+pub use host_mapped::HostSlots;
 pub use stream::Stream;
