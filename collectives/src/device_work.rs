@@ -77,11 +77,20 @@ enum Track<C: DeviceBuffers> {
 struct Held<C: DeviceBuffers>(Option<(InFlight<C>, DeviceCompleter<C>)>);
 
 impl<C: DeviceBuffers> Held<C> {
-    /// Hands the op to the reactor for someone who waits on it.
+    /// Hands the op to the reactor for someone who waits on it (who is
+    /// woken ahead of the op's expected end, see `prewake_watch`).
     fn watch(mut self) -> Option<Watched<C>> {
         let (f, c) = self.0.take()?;
-        Some(f.watch(finisher(c)))
+        let early = c.early_wake();
+        Some(f.watch_awaited(finisher(c), early))
     }
+}
+
+/// How long a future woken ahead of its op's expected end watches the end
+/// event itself ([`Watched::prewake_watch`]). Past it, the future waits for
+/// the reactor as before.
+fn prewake_watch<C: DeviceBuffers>(w: &Watched<C>) -> Duration {
+    w.prewake_watch(reactor::global().config().prewake_lead)
 }
 
 impl<C: DeviceBuffers> Drop for Held<C> {
@@ -271,8 +280,10 @@ impl<R: DeviceBuffers> DeviceWork<R> {
 
     /// Hands a held op to the reactor for someone who waits on it.
     fn watch(&mut self) {
-        if let Some(Track::Held(h)) = self.track.take() {
-            self.track = h.watch().map(Track::Watched);
+        if matches!(self.track, Some(Track::Held(_))) {
+            if let Some(Track::Held(h)) = self.track.take() {
+                self.track = h.watch().map(Track::Watched);
+            }
         }
     }
 
@@ -289,14 +300,46 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         // sleeps: short ops then return without the reactor and the
         // wake-up latency of a parked thread.
         let t0 = std::time::Instant::now();
+        let deadline = t0 + timeout;
         if let Some(bufs) = self.watch_briefly(timeout.min(Duration::from_micros(100))) {
             return Ok(bufs);
         }
         self.watch();
         reactor::global().nudge();
-        let r = self
-            .inner
-            .wait_timeout(timeout.saturating_sub(t0.elapsed()))?;
+        // Sleep until the op is done, the deadline, or a little before the
+        // op's expected end (then watch the end event closely): a parked
+        // thread takes long to run again, a watching one sees the end at
+        // once.
+        let lead = reactor::global().config().prewake_lead;
+        let mut wake_at = match &self.track {
+            Some(Track::Watched(w)) if !lead.is_zero() => w
+                .expected_end()
+                .map(|e| e.checked_sub(lead).unwrap_or(t0))
+                .filter(|&at| at < deadline),
+            _ => None,
+        };
+        loop {
+            if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {
+                return r.and_then(|b| b.ok_or_else(|| missing(&ctx)));
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let due = wake_at.is_some_and(|at| now >= at);
+            let watch = match &self.track {
+                Some(Track::Watched(w)) if w.take_prewake() || due => Some(prewake_watch(w)),
+                _ => None,
+            };
+            if let Some(watch) = watch {
+                wake_at = None;
+                if let Some(bufs) = self.watch_briefly(watch.min(deadline - now)) {
+                    return Ok(bufs);
+                }
+            }
+        }
+        // The deadline passed: the aborting wait.
+        let r = self.inner.wait_timeout(Duration::ZERO)?;
         r.ok_or_else(|| missing(&ctx))
     }
 
@@ -367,8 +410,13 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     /// and wake-up of the awaiting thread (~5 µs), which otherwise
     /// dominates the round trip. If the op is still running after that,
     /// the poll hands it to the completion reactor, which wakes the future
-    /// when the end event completes, and returns `Pending`. Later polls
-    /// never wait.
+    /// when the end event completes, and returns `Pending`. When ops like
+    /// this one ended before, the reactor also wakes the future shortly
+    /// before this one is expected to end; that poll watches the end event
+    /// (for at most twice the reactor's `prewake_lead` and an eighth of the
+    /// op's expected length), so that the op's end
+    /// is seen within microseconds rather than after a parked thread's
+    /// wake-up. Other polls never wait.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;
@@ -380,6 +428,16 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
             }
         }
         self.watch();
+        // Woken ahead of the op's expected end: watch it end.
+        let watch = match &self.track {
+            Some(Track::Watched(w)) if w.take_prewake() => Some(prewake_watch(w)),
+            _ => None,
+        };
+        if let Some(watch) = watch {
+            if let Some(bufs) = self.watch_briefly(watch) {
+                return Poll::Ready(Ok(bufs));
+            }
+        }
         match Pin::new(&mut self.inner).poll(cx) {
             Poll::Ready(r) => {
                 let ctx = self.inner.context();

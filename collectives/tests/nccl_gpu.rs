@@ -556,3 +556,57 @@ fn gpu_cuda_library_absent_paths_are_typed() {
     println!("{e}");
     assert!(e.to_string().contains("4096"), "{e}");
 }
+
+/// Long ops (1, 10, 30 ms of GPU time before the op) awaited under
+/// `futures::executor::block_on`, a tokio current-thread and a multi-thread
+/// runtime, and through `wait_timeout`, three times each (so the later
+/// rounds run with an expected end and a pre-wake): every result is the
+/// data, and the end event has completed when the wait returns (GPU
+/// finished, never earlier). Timings belong to `wake_probe`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "long-ops", Some(0));
+    let ct = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let data: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
+    let mut buf = upload(&s, &data);
+    for ms in [1u64, 10, 30] {
+        for how in ["block_on", "tokio-ct", "tokio-mt", "wait_timeout"] {
+            for round in 0..3 {
+                k.spin(&s, Duration::from_millis(ms)).unwrap();
+                let t0 = Instant::now();
+                let work = pg.all_reduce(buf, ReduceOp::Max).unwrap();
+                let ev = work.end_event_handle();
+                let back = match how {
+                    "block_on" => block_on(work),
+                    "tokio-ct" => ct.block_on(work),
+                    "tokio-mt" => mt.block_on(async { tokio::spawn(work).await.unwrap() }),
+                    _ => work.wait_timeout(Duration::from_secs(30)),
+                }
+                .unwrap_or_else(|e| panic!("{ms} ms {how} round {round}: {e}"));
+                assert!(
+                    ev.event().query().unwrap(),
+                    "{ms} ms {how} round {round}: returned before the GPU finished"
+                );
+                assert!(
+                    t0.elapsed() >= Duration::from_millis(ms) - Duration::from_micros(200),
+                    "{ms} ms {how} round {round}: returned before the op could have run"
+                );
+                assert_eq!(download(&back), data, "{ms} ms {how} round {round}");
+                buf = back;
+            }
+        }
+    }
+}

@@ -39,4 +39,4 @@ pub mod work;
 pub use element::{Element, HostBuffer, HostBuffers};
 pub use error::{OpContext, WorkError};
 pub use op::{DType, Op, ReduceOp};
-pub use work::{Completer, FinishedProbe, OpFuture, Registry, WorkStatus};
+pub use work::{Completer, EarlyWake, FinishedProbe, OpFuture, Registry, WorkStatus};

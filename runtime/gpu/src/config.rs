@@ -14,27 +14,34 @@ pub struct ReactorConfig {
     /// Then yield the core between rounds until this long after the last
     /// progress.
     pub yield_for: Duration,
-    /// Then sleep between rounds, 10 µs doubling up to this.
+    /// Then sleep between rounds for an eighth of how long the ops have
+    /// run, from 10 µs up to this.
     pub max_sleep: Duration,
     /// Detached entries are checked this often.
     pub detached_poll: Duration,
+    /// Wake an awaited op's future this long before the op's expected end
+    /// (learned from ops like it), so that it is awake to see it; zero
+    /// turns the pre-wake off.
+    pub prewake_lead: Duration,
 }
 
 impl Default for ReactorConfig {
     fn default() -> Self {
         ReactorConfig {
-            spin: Duration::from_micros(200),
-            yield_for: Duration::from_millis(20),
-            max_sleep: Duration::from_micros(30),
+            spin: Duration::from_micros(50),
+            yield_for: Duration::ZERO,
+            max_sleep: Duration::from_millis(1),
             detached_poll: Duration::from_micros(50),
+            prewake_lead: Duration::from_micros(500),
         }
     }
 }
 
 impl ReactorConfig {
     /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
-    /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US` and
-    /// `CHORUS_REACTOR_DETACHED_US` (microseconds).
+    /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US`,
+    /// `CHORUS_REACTOR_DETACHED_US` and `CHORUS_REACTOR_PREWAKE_US`
+    /// (microseconds).
     pub fn from_env() -> ReactorConfig {
         let us = |name: &str| micros(std::env::var(name).ok().as_deref());
         let d = ReactorConfig::default();
@@ -47,6 +54,7 @@ impl ReactorConfig {
             detached_poll: us("CHORUS_REACTOR_DETACHED_US")
                 .unwrap_or(d.detached_poll)
                 .max(Duration::from_micros(1)),
+            prewake_lead: us("CHORUS_REACTOR_PREWAKE_US").unwrap_or(d.prewake_lead),
         }
     }
 }

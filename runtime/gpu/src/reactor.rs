@@ -12,16 +12,25 @@
 //! its event complete (or failed) completes its work, which wakes the
 //! future awaiting it, and leaves the reactor.
 //!
-//! # Backoff
+//! # Backoff and pre-wake
 //!
-//! While entries are pending the thread spins (`spin`, default 200 µs since
-//! the last progress), then yields its core between rounds (until
-//! `yield_for`, default 20 ms), then sleeps between rounds for growing
-//! intervals (10 µs doubling up to `max_sleep`, default 30 µs, with the
-//! thread's timer slack at 1 µs). Up to one core is thus spent while ops are
-//! in flight, which is what keeps wake-ups at a few microseconds. Any
-//! progress (a completion, a new registration, a [`Reactor::nudge`] from a
-//! future being polled) starts the spin phase again. With nothing to watch
+//! While entries are pending the thread spins (`spin`, default 50 µs since
+//! the last progress), may yield its core between rounds (until
+//! `yield_for`, default: no yielding), then sleeps between rounds for an
+//! eighth of how long the ops have been running (10 µs up to `max_sleep`,
+//! default 1 ms, with the thread's timer slack at 1 µs): a long op costs a
+//! few dozen wake-ups, not a core. Any progress (a completion, a new
+//! registration, a [`Reactor::nudge`] from a future being polled) starts
+//! the spin phase again.
+//!
+//! A thread parked for a millisecond takes tens to hundreds of
+//! microseconds to run again, so an op whose end is expected (its
+//! [`Pending::expected_end`], learned from ops like it) has its awaiting
+//! future woken `prewake_lead` (default 500 µs) before that end
+//! ([`Pending::prewake`]): the future then watches the end event itself and
+//! sees it within microseconds. While every pending op's end is expected
+//! later, the thread sleeps until the first pre-wake (looking in every four
+//! `max_sleep`s), so a long op costs a handful of wake-ups. With nothing to watch
 //! it spins the same way and yields for at most 1 ms (so a stream of ops
 //! finds it awake and needs no unpark system call), then parks and uses no
 //! CPU until the next registration unparks it.
@@ -71,6 +80,17 @@ pub trait Pending: Send + 'static {
     fn order(&self) -> Option<(u64, u64)> {
         None
     }
+
+    /// When the op is expected to end, if an awaiting future should be
+    /// woken [`prewake_lead`](ReactorConfig::prewake_lead) before it. The
+    /// default: never.
+    fn expected_end(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Wakes the awaiting future ahead of the expected end (once; after it
+    /// [`expected_end`](Self::expected_end) returns `None`).
+    fn prewake(&mut self) {}
 }
 
 /// Keeps a value on its own cache line (no false sharing between the
@@ -361,7 +381,6 @@ fn run(shared: Arc<Shared>) {
     let mut blocked: Vec<(u64, u64)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut next_slow = last_progress;
-    let mut sleep = Duration::from_micros(10);
     loop {
         // Read before writing: a swap on every round would steal the cache
         // line from registering threads.
@@ -370,7 +389,6 @@ fn run(shared: Arc<Shared>) {
             local.append(&mut inc);
             drop(inc);
             last_progress = Instant::now();
-            sleep = Duration::from_micros(10);
         }
         let now = Instant::now();
         if now >= next_slow {
@@ -417,8 +435,28 @@ fn run(shared: Arc<Shared>) {
         }
         if poll_round(&mut local, &mut blocked, &shared) > 0 {
             last_progress = Instant::now();
-            sleep = Duration::from_micros(10);
             continue;
+        }
+        // Wake the awaiting futures of ops due to end within the lead, and
+        // find when the next one is due.
+        let mut next_prewake: Option<Instant> = None;
+        // True while every entry's end is expected later: nothing is likely
+        // to finish before the next pre-wake.
+        let mut all_expected = !cfg.prewake_lead.is_zero();
+        if !cfg.prewake_lead.is_zero() {
+            for e in local.iter_mut() {
+                let Some(end) = e.expected_end() else {
+                    all_expected = false;
+                    continue;
+                };
+                let at = end.checked_sub(cfg.prewake_lead).unwrap_or(now);
+                if at <= now {
+                    e.prewake();
+                    all_expected = false;
+                } else {
+                    next_prewake = Some(next_prewake.map_or(at, |n| n.min(at)));
+                }
+            }
         }
         let idle = now.saturating_duration_since(last_progress);
         if idle < cfg.spin {
@@ -430,15 +468,34 @@ fn run(shared: Arc<Shared>) {
         } else if idle < cfg.yield_for {
             std::thread::yield_now();
         } else {
+            // Sleep a fraction of how long the ops have run (a check every
+            // eighth of their age keeps an unexpected end within ~12% of
+            // the op's length), but not past a pre-wake or the detached
+            // entries' next check.
+            let mut d = (idle / 8).clamp(MIN_SLEEP, cfg.max_sleep.max(MIN_SLEEP));
+            if all_expected {
+                // Every op is expected to run past its pre-wake: sleep up to
+                // it (a few wake-ups per op), looking in at least every
+                // four `max_sleep`s in case one ends early.
+                d = cfg.max_sleep.max(MIN_SLEEP) * 4;
+            }
+            if !slow.is_empty() {
+                d = d.min(next_slow.saturating_duration_since(now));
+            }
+            if let Some(at) = next_prewake {
+                d = d.min(at.saturating_duration_since(now));
+            }
             shared.sleeping.store(true, Ordering::SeqCst);
             if !shared.wake.load(Ordering::SeqCst) {
-                std::thread::park_timeout(sleep.min(next_slow.saturating_duration_since(now)));
+                std::thread::park_timeout(d);
             }
             shared.sleeping.store(false, Ordering::SeqCst);
-            sleep = (sleep * 2).min(cfg.max_sleep);
         }
     }
 }
+
+/// The shortest sleep between rounds.
+const MIN_SLEEP: Duration = Duration::from_micros(10);
 
 fn lock_vec<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -538,6 +595,7 @@ mod tests {
             yield_for: Duration::from_micros(100),
             max_sleep: Duration::from_micros(200),
             detached_poll: Duration::from_millis(5),
+            ..ReactorConfig::default()
         });
         let (tx, rx) = mpsc::channel();
         let polls = Arc::new(AtomicU64::new(0));
@@ -698,9 +756,93 @@ mod tests {
     }
 
     #[test]
-    fn config_from_env_defaults() {
+    fn config_defaults_spin_briefly_then_sleep_with_a_prewake() {
         let d = ReactorConfig::default();
-        assert!(d.spin < d.yield_for);
-        assert!(d.max_sleep >= Duration::from_micros(1));
+        assert!(d.yield_for <= d.spin, "no yield phase by default");
+        assert!(d.max_sleep >= Duration::from_micros(100));
+        assert!(d.prewake_lead > Duration::ZERO);
+    }
+
+    /// An entry with an expected end: pre-woken once, about `lead` before
+    /// it, and completed after.
+    struct Expecting {
+        end: Instant,
+        prewoken: Arc<Mutex<Vec<Instant>>>,
+        expected: Option<Instant>,
+        tx: mpsc::Sender<Instant>,
+    }
+
+    impl Pending for Expecting {
+        fn poll_complete(&mut self) -> bool {
+            if Instant::now() < self.end {
+                return false;
+            }
+            let _ = self.tx.send(Instant::now());
+            true
+        }
+        fn expected_end(&self) -> Option<Instant> {
+            self.expected
+        }
+        fn prewake(&mut self) {
+            self.expected = None;
+            self.prewoken.lock().unwrap().push(Instant::now());
+        }
+    }
+
+    #[test]
+    fn an_expected_end_gets_one_prewake_about_the_lead_before_it() {
+        let lead = Duration::from_millis(5);
+        let r = Reactor::new(ReactorConfig {
+            prewake_lead: lead,
+            ..ReactorConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        let prewoken = Arc::new(Mutex::new(Vec::new()));
+        let start = Instant::now();
+        let end = start + Duration::from_millis(40);
+        r.register(Box::new(Expecting {
+            end,
+            prewoken: prewoken.clone(),
+            expected: Some(end),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(done >= end);
+        let p = prewoken.lock().unwrap().clone();
+        assert_eq!(p.len(), 1, "one pre-wake");
+        // Not before the lead (the reactor sleeps until then), and before
+        // the end (a slow CI machine may wake it late, never after the op).
+        assert!(
+            p[0] + Duration::from_micros(100) >= end - lead,
+            "{:?} early",
+            end - lead - p[0]
+        );
+        assert!(p[0] < done);
+    }
+
+    #[test]
+    fn a_long_op_costs_few_rounds_not_a_spinning_core() {
+        let r = Reactor::new(ReactorConfig::default());
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        r.register(Box::new(Flag {
+            done: done.clone(),
+            tx,
+            id: 1,
+            polls: polls.clone(),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        done.store(true, Ordering::Release);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 1);
+        // Spinning would poll millions of times in 100 ms; sleeping an
+        // eighth of the op's age, up to 1 ms, polls a few hundred times at
+        // most (the 50 µs spin phase included).
+        let n = polls.load(Ordering::Relaxed);
+        assert!(n < 20_000, "{n} polls for one 100 ms op");
     }
 }

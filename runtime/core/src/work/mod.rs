@@ -22,6 +22,36 @@ mod slot;
 pub use registry::{FinishedProbe, Registry};
 pub use slot::WorkStatus;
 
+/// A handle that wakes a work's future before its op completes
+/// ([`Completer::early_wake`]).
+#[derive(Clone)]
+pub struct EarlyWake(DynArc<dyn WakesEarly>);
+
+impl fmt::Debug for EarlyWake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EarlyWake").finish_non_exhaustive()
+    }
+}
+
+impl EarlyWake {
+    /// Wakes the future awaiting the work (if it is awaited): it polls
+    /// again and finds the op still pending. For a backend that expects
+    /// the op to end soon and wants the awaiting thread awake when it does.
+    pub fn wake(&self) {
+        self.0.wake_early();
+    }
+}
+
+trait WakesEarly: Send + Sync {
+    fn wake_early(&self);
+}
+
+impl<T: Send> WakesEarly for Shared<T> {
+    fn wake_early(&self) {
+        self.slot.wake_early();
+    }
+}
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -256,7 +286,42 @@ impl<T> Future for OpFuture<T> {
 }
 
 #[cfg(not(loom))]
+fn unpark_waker() -> std::task::Waker {
+    use std::task::Wake;
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())))
+}
+
+#[cfg(not(loom))]
 impl<T> OpFuture<T> {
+    /// Blocks the calling thread until the op is done, `deadline` passes,
+    /// or the work is woken early ([`EarlyWake`]) — whichever comes first.
+    /// The outcome if the op is done; `None` otherwise, with no other
+    /// effect (unlike [`wait_timeout`](Self::wait_timeout), nothing is
+    /// aborted).
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<Result<T, WorkError>> {
+        let waker = unpark_waker();
+        match self.shared.slot.poll(&waker) {
+            Poll::Ready(Some(r)) => Some(r),
+            Poll::Ready(None) => Some(Err(self.consumed_error())),
+            Poll::Pending => {
+                let now = Instant::now();
+                if now < deadline {
+                    std::thread::park_timeout(deadline - now);
+                }
+                self.try_take()
+            }
+        }
+    }
+
     /// Blocks the calling thread until the op is done, for synchronous code.
     ///
     /// On timeout the group is aborted (its backend is torn down and every
@@ -267,17 +332,7 @@ impl<T> OpFuture<T> {
     ///
     /// The op's own error, or [`WorkError::OpTimeout`] after `timeout`.
     pub fn wait_timeout(self, timeout: Duration) -> Result<T, WorkError> {
-        use std::task::Wake;
-        struct Unpark(std::thread::Thread);
-        impl Wake for Unpark {
-            fn wake(self: std::sync::Arc<Self>) {
-                self.0.unpark();
-            }
-            fn wake_by_ref(self: &std::sync::Arc<Self>) {
-                self.0.unpark();
-            }
-        }
-        let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+        let waker = unpark_waker();
         let deadline = Instant::now() + timeout;
         loop {
             match self.shared.slot.poll(&waker) {
@@ -300,6 +355,16 @@ impl<T> OpFuture<T> {
             }
             std::thread::park_timeout(deadline - now);
         }
+    }
+}
+
+impl<T: Send + 'static> Completer<T> {
+    /// A handle that wakes the awaiting future early (see [`EarlyWake`]).
+    pub fn early_wake(&self) -> Option<EarlyWake> {
+        self.shared.as_ref().map(|s| {
+            let d: DynArc<dyn WakesEarly> = s.clone();
+            EarlyWake(d)
+        })
     }
 }
 

@@ -85,6 +85,16 @@ impl<T> Slot<T> {
         }
     }
 
+    /// Wakes the waiting future, if one registered a waker, without
+    /// resolving the slot: it polls again and finds it still pending.
+    pub(crate) fn wake_early(&self) {
+        let waker = match &*lock(&self.state) {
+            State::Pending { waker: Some(w) } => w.clone(),
+            _ => return,
+        };
+        waker.wake();
+    }
+
     /// Takes the outcome if it is there, without registering a waker.
     pub(crate) fn try_take(&self) -> Option<Result<T, WorkError>> {
         let mut st = lock(&self.state);

@@ -292,6 +292,7 @@ impl Communicator {
             end,
             bufs: Some(bufs),
             retire: Some(self.retire.clone()),
+            forecast: None,
         };
         match failed {
             None => Ok(inflight),
@@ -408,6 +409,7 @@ impl Launched {
                 end,
                 bufs: Some(*bufs),
                 retire: None,
+                forecast: None,
             }),
             Err(other) => {
                 // Unreachable with a ticket of this batch; keep the value.

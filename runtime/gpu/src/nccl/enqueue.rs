@@ -14,6 +14,7 @@ use super::buffer::{DeviceBuffers, DeviceMem};
 use super::communicator::{Communicator, EnqueueState};
 use super::error::{nccl_err, NcclCommError};
 use super::event_pool::EndEvent;
+use super::forecast::{Forecast, Key};
 use super::inflight::InFlight;
 use super::types::{raw_dtype, raw_op};
 use crate::cuda::CudaError;
@@ -131,6 +132,7 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
+        let submitted = std::time::Instant::now();
         let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let prof = chorus_core::profile::on();
         if prof {
@@ -144,12 +146,18 @@ impl Communicator {
                 guard.ops += 1;
                 let pos = guard.ops;
                 drop(guard);
+                let queue = self.stream.as_raw() as u64;
+                let bytes = bufs.get(0).map_or(0, |b| b.count() * b.dtype().size()) as u64;
                 Ok(InFlight {
                     device: self.device.clone(),
-                    order: (self.stream.as_raw() as u64, pos),
+                    order: (queue, pos),
                     end,
                     bufs: Some(bufs),
                     retire: Some(self.retire.clone()),
+                    forecast: Some(Forecast {
+                        key: Key { queue, op, bytes },
+                        submitted,
+                    }),
                 })
             }
             Err(e) => Err((e, bufs)),

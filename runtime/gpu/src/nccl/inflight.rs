@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::buffer::{order_after, DeviceBuffers};
 use super::event_pool::EndEvent;
+use super::forecast::Forecast;
 use super::retire::{Detached, Finished, RetireQueue};
 use super::watch::{register_or_wait, Cell, Entry, WatchSet, Watched};
 use crate::cuda::{CudaError, Device, Event, Stream};
@@ -25,6 +26,9 @@ pub struct InFlight<C: DeviceBuffers> {
     /// Where [`detach`](Self::detach) leaves the op: its communicator's
     /// retire queue, else the reactor.
     pub(super) retire: Option<Arc<RetireQueue>>,
+    /// The op's key and submission, to learn and expect when ops like it
+    /// end (single ops; `None` in a group).
+    pub(super) forecast: Option<Forecast>,
 }
 
 impl<C: DeviceBuffers> fmt::Debug for InFlight<C> {
@@ -77,6 +81,9 @@ impl<C: DeviceBuffers> InFlight<C> {
         if self.bufs.is_none() || !self.end.event().query()? {
             return Ok(None);
         }
+        if let Some(f) = &self.forecast {
+            f.observe(std::time::Instant::now());
+        }
         Ok(self.bufs.take())
     }
 
@@ -100,7 +107,20 @@ impl<C: DeviceBuffers> InFlight<C> {
     where
         F: FnOnce(Finished<C>) + Send + 'static,
     {
-        let (watched, entry) = self.into_entry(done);
+        self.watch_awaited(done, None)
+    }
+
+    /// [`watch`](Self::watch) for an op someone awaits: when ops like it
+    /// ended before, the reactor wakes the awaiting future through `early`
+    /// shortly before this one is expected to end (the
+    /// [`ReactorConfig::prewake_lead`](crate::reactor::ReactorConfig::prewake_lead)),
+    /// so that it is awake to see the end ([`Watched::take_prewake`]).
+    pub fn watch_awaited<F>(self, done: F, early: Option<chorus_core::EarlyWake>) -> Watched<C>
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let (watched, mut entry) = self.into_entry(done);
+        entry.early = early;
         register_or_wait(Box::new(entry));
         watched
     }
@@ -153,15 +173,23 @@ impl<C: DeviceBuffers> InFlight<C> {
     where
         F: FnOnce(Finished<C>) + Send + 'static,
     {
+        let forecast = self.forecast.take();
         let cell = Arc::new(Cell {
             end: self.end.clone(),
             bufs: Mutex::new(self.bufs.take()),
+            forecast,
+            observed: std::sync::atomic::AtomicBool::new(false),
+            prewoken: std::sync::atomic::AtomicBool::new(false),
+            prewoken_seen: std::sync::atomic::AtomicBool::new(false),
         });
         let entry = Entry {
             order: self.order,
             device: self.device.clone(),
+            expected_end: forecast.and_then(|f| f.expected_end()),
             cell: cell.clone(),
             done: Some(done),
+            early: None,
+            last_pending: None,
         };
         (Watched { cell }, entry)
     }
@@ -181,6 +209,7 @@ impl<C: DeviceBuffers> Drop for InFlight<C> {
                 end: self.end.clone(),
                 bufs: Some(bufs),
                 retire: self.retire.take(),
+                forecast: None,
             };
             f.detach(|_| {});
         }

@@ -29,6 +29,7 @@ mod communicator;
 mod enqueue;
 pub(crate) mod error;
 mod event_pool;
+mod forecast;
 mod graph;
 mod inflight;
 mod init;
@@ -50,4 +51,6 @@ pub use graph::{Graph, GraphCapture};
 pub use inflight::InFlight;
 pub use init::{unique_id, PendingComm};
 pub use retire::Finished;
+#[cfg(feature = "test-util")]
+pub use watch::prewake_counts;
 pub use watch::{WatchSet, Watched};

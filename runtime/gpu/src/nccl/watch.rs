@@ -3,10 +3,15 @@
 //! (the ops of one group, watched as one).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chorus_core::EarlyWake;
 
 use super::buffer::{order_after, DeviceBuffers, DeviceMem};
 use super::event_pool::EndEvent;
+use super::forecast::Forecast;
 use super::retire::Finished;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
@@ -77,13 +82,57 @@ impl Pending for WatchSet {
 pub(super) struct Cell<C> {
     pub(super) end: Arc<EndEvent>,
     pub(super) bufs: Mutex<Option<C>>,
+    pub(super) forecast: Option<Forecast>,
+    /// Set once the op's end was told to the forecast table (by whoever saw
+    /// it first).
+    pub(super) observed: AtomicBool,
+    /// Set by the reactor's pre-wake, taken by the woken future.
+    pub(super) prewoken: AtomicBool,
+    /// Set once the woken future took the pre-wake (for the counters).
+    pub(super) prewoken_seen: AtomicBool,
 }
+
+static PREWAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static PREWAKE_HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Pre-wakes the reactor gave (process-wide), and how many of the woken
+/// futures then saw their op end while watching.
+#[cfg(feature = "test-util")]
+pub fn prewake_counts() -> (u64, u64) {
+    (
+        PREWAKES.load(Ordering::Relaxed),
+        PREWAKE_HITS.load(Ordering::Relaxed),
+    )
+}
+
+impl<C> Cell<C> {
+    /// Tells the forecast table the op ended at `end` (once).
+    fn observe(&self, end: Instant) {
+        if let Some(f) = &self.forecast {
+            if !self.observed.swap(true, Ordering::Relaxed) {
+                f.observe(end);
+            }
+        }
+    }
+}
+
+/// A reactor poll that found the op pending less than this long before the
+/// one that found it done saw the end closely enough to learn from it as
+/// is.
+const CLOSE: Duration = Duration::from_micros(30);
 
 pub(super) struct Entry<C: DeviceBuffers, F> {
     pub(super) order: (u64, u64),
     pub(super) device: Device,
     pub(super) cell: Arc<Cell<C>>,
     pub(super) done: Option<F>,
+    /// When the op is expected to end (from ops like it), until the
+    /// pre-wake is done.
+    pub(super) expected_end: Option<Instant>,
+    /// Wakes the awaiting future before the expected end.
+    pub(super) early: Option<EarlyWake>,
+    /// When a poll last found the op running.
+    pub(super) last_pending: Option<Instant>,
 }
 
 impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entry<C, F> {
@@ -91,10 +140,31 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
         Some(self.order)
     }
 
+    fn expected_end(&self) -> Option<Instant> {
+        self.early.as_ref().and(self.expected_end)
+    }
+
+    fn prewake(&mut self) {
+        PREWAKES.fetch_add(1, Ordering::Relaxed);
+        self.expected_end = None;
+        self.cell.prewoken.store(true, Ordering::Release);
+        if let Some(e) = &self.early {
+            e.wake();
+        }
+    }
+
     fn poll_complete(&mut self) -> bool {
+        let now = Instant::now();
         let Some(outcome) = self.cell.end.outcome(&self.device, true) else {
+            self.last_pending = Some(now);
             return false;
         };
+        // Seen closely: the end is now. Otherwise it lies between the last
+        // poll that found the op running and this one: take the middle.
+        self.cell.observe(match self.last_pending {
+            Some(t) if now.duration_since(t) > CLOSE => t + now.duration_since(t) / 2,
+            _ => now,
+        });
         let bufs = self
             .cell
             .bufs
@@ -142,7 +212,43 @@ impl<C: DeviceBuffers> Watched<C> {
         if g.is_none() || !self.cell.end.event().query()? {
             return Ok(None);
         }
+        self.cell.observe(Instant::now());
+        if self.cell.prewoken_seen.load(Ordering::Relaxed) {
+            PREWAKE_HITS.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(g.take())
+    }
+
+    /// True once after the reactor woke the awaiting future ahead of the
+    /// op's expected end (see [`InFlight::watch_awaited`](super::InFlight::watch_awaited)):
+    /// the future should then watch the end event itself for a while.
+    pub fn take_prewake(&self) -> bool {
+        let taken = self.cell.prewoken.load(Ordering::Relaxed)
+            && self.cell.prewoken.swap(false, Ordering::Acquire);
+        if taken {
+            self.cell.prewoken_seen.store(true, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// When the op is expected to end, if ops like it ended before.
+    pub fn expected_end(&self) -> Option<Instant> {
+        self.cell.forecast.and_then(|f| f.expected_end())
+    }
+
+    /// How long a future woken ahead of the op's expected end should watch
+    /// the end event, at most: `lead` twice over (the wake-up's own latency
+    /// and the expectation's error), and an eighth of the op's expected
+    /// length on top (an op that runs a little longer than ops like it did
+    /// is still seen to end closely, and teaches the table its new length).
+    /// Past it, the reactor's back-off finds the end.
+    pub fn prewake_watch(&self, lead: Duration) -> Duration {
+        let expected = self
+            .cell
+            .forecast
+            .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
+            .unwrap_or_default();
+        lead * 2 + expected / 8
     }
 
     /// Makes the op's device current on the calling thread (a no-op when

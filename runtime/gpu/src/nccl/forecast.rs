@@ -1,0 +1,164 @@
+//! When an op is expected to end, learned from the ops like it that ended
+//! before (docs/ARCHITECTURE.md, "Waking on time").
+//!
+//! A thread parked for a millisecond or more takes tens to hundreds of
+//! microseconds to run again once woken (on the lent H200 host: 38–73 µs
+//! at the median, ~280 µs at p99), whatever wakes it: the driver's
+//! blocking sync, a host function, a futex. Only a thread already awake
+//! when the GPU finishes sees it within a few microseconds. So the reactor
+//! wakes an awaited op's future shortly *before* the op is expected to end,
+//! and the woken future watches the end event itself until it completes.
+//!
+//! The expectation comes from history: ops of one kind and size on one
+//! communicator stream (a gradient bucket's all_reduce, step after step)
+//! take about as long from submission to end. The table keeps, per such
+//! key, a moving average of that time and of its deviation; an op's
+//! expected end is its submission plus the average minus twice the
+//! deviation (early rather than late: an early wake costs a little
+//! watching, a late one the whole wake-up latency). Without history there
+//! is no expectation and the reactor's ordinary back-off applies.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use chorus_core::Op;
+
+/// What makes ops comparable: where they run, what they do, how much.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    /// The communicator's stream (ops on one stream end in order).
+    pub(crate) queue: u64,
+    pub(crate) op: Op,
+    /// Bytes of the op's first buffer.
+    pub(crate) bytes: u64,
+}
+
+/// An op in flight, for the table: its key and when it was submitted.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Forecast {
+    pub(crate) key: Key,
+    pub(crate) submitted: Instant,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Stat {
+    /// Moving average of submission-to-end, ns.
+    mean: f64,
+    /// Moving average of the absolute deviation from it, ns.
+    dev: f64,
+    seen: u32,
+}
+
+/// Weight of a new observation in the moving averages.
+const ALPHA: f64 = 0.25;
+/// Observations needed before an expectation is given.
+const MIN_SEEN: u32 = 2;
+/// Keys kept; past this the table starts over (a program with unbounded
+/// distinct op sizes gains nothing from it).
+const MAX_KEYS: usize = 4096;
+
+fn table() -> &'static Mutex<HashMap<Key, Stat>> {
+    static T: OnceLock<Mutex<HashMap<Key, Stat>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Forecast {
+    /// When the op is expected to end, if ops like it ended before.
+    pub(crate) fn expected_end(&self) -> Option<Instant> {
+        let t = table().lock().unwrap_or_else(|p| p.into_inner());
+        let s = t.get(&self.key)?;
+        if s.seen < MIN_SEEN {
+            return None;
+        }
+        let ns = (s.mean - 2.0 * s.dev).max(0.0);
+        Some(self.submitted + Duration::from_nanos(ns as u64))
+    }
+
+    /// The op ended at (or, for an observation that was not watching
+    /// closely, no earlier than) `end`.
+    pub(crate) fn observe(&self, end: Instant) {
+        let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
+        let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+        if t.len() >= MAX_KEYS && !t.contains_key(&self.key) {
+            t.clear();
+        }
+        let s = t.entry(self.key).or_insert(Stat {
+            mean: ns,
+            dev: 0.0,
+            seen: 0,
+        });
+        let err = ns - s.mean;
+        s.mean += ALPHA * err;
+        s.dev += ALPHA * (err.abs() - s.dev);
+        s.seen = s.seen.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(f: &Forecast, us: u64) -> Instant {
+        f.submitted + Duration::from_micros(us)
+    }
+
+    fn forecast(bytes: u64) -> Forecast {
+        Forecast {
+            key: Key {
+                queue: 7,
+                op: Op::AllReduce(chorus_core::ReduceOp::Sum),
+                bytes,
+            },
+            submitted: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn no_expectation_without_history_then_the_learned_length() {
+        let f = forecast(1001);
+        assert_eq!(f.expected_end(), None);
+        f.observe(at(&f, 3000));
+        assert_eq!(f.expected_end(), None, "one observation is not history");
+        f.observe(at(&f, 3000));
+        let e = f.expected_end().unwrap();
+        let ahead = e.duration_since(f.submitted);
+        assert!(
+            ahead <= Duration::from_micros(3000) && ahead > Duration::from_micros(2000),
+            "{ahead:?}"
+        );
+    }
+
+    #[test]
+    fn jittery_lengths_expect_an_earlier_end() {
+        let steady = forecast(2002);
+        let jittery = forecast(3003);
+        for i in 0..20 {
+            steady.observe(at(&steady, 5000));
+            jittery.observe(at(&jittery, if i % 2 == 0 { 4000 } else { 6000 }));
+        }
+        let s = steady
+            .expected_end()
+            .unwrap()
+            .duration_since(steady.submitted);
+        let j = jittery
+            .expected_end()
+            .unwrap()
+            .duration_since(jittery.submitted);
+        assert!(
+            j < s,
+            "jitter should move the expectation earlier: {j:?} vs {s:?}"
+        );
+        assert!(s > Duration::from_micros(4900), "{s:?}");
+    }
+
+    #[test]
+    fn keys_do_not_mix() {
+        let a = forecast(4004);
+        let b = forecast(5005);
+        a.observe(at(&a, 1000));
+        a.observe(at(&a, 1000));
+        assert!(a.expected_end().is_some());
+        assert!(b.expected_end().is_none());
+    }
+}
