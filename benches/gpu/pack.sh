@@ -8,6 +8,7 @@
 #   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
 #   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
+#   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead
 #   bash benches/gpu/pack.sh ecosystem # run-ecosystem.sh: every GPU test, the candle adapter, torchrun, nccl_bench A/B
 #                                      #   (builds the adapter with .ci/cuda-toolkit.sh: TORCH_VENV names a venv with PyTorch)
 #
@@ -48,6 +49,13 @@ probe)
   cargo build --release -p chorus-examples --example async_trainer --message-format=json >> "$json"
   cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   ;;
+wake)
+  D=.gpu; RUN=benches/gpu/run-wake.sh
+  WANT="wake_probe group_bench nccl_bench watchdog_overhead nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu gpu cuda"
+  cargo build --release -p chorus-benches --bin wake_probe --bin group_bench --bin nccl_bench --bin watchdog_overhead --message-format=json > "$json"
+  cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --test groups_gpu --test foreign_buffer_gpu --no-run --message-format=json >> "$json"
+  cargo test --release -p nccl-sys --test gpu -p chorus-gpu --test cuda --no-run --message-format=json >> "$json"
+  ;;
 ecosystem)
   D=.gpu; RUN=benches/gpu/run-ecosystem.sh
   WANT="nccl_bench nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu gpu cuda async_trainer quickstart chorus-run gpu-candle tp_mlp"
@@ -71,7 +79,7 @@ bench)
   cargo build --release -p chorus-benches -p chorus-launcher --message-format=json > "$json"
   ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|ecosystem|bench" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|wake|ecosystem|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'

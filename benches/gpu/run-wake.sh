@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Completion latency and its CPU cost on one GPU: wake_probe (raw
+# mechanisms and chorus on every executor) beside PyTorch
+# (torch_wake.py, spinning and blocking waits); group_bench with the
+# enqueue profile; nccl_bench.
+#
+#   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200)
+set -u
+D=$(cd "$(dirname "$0")" && pwd)
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
+: "${OUT:=/tmp/out}"; mkdir -p "$OUT"
+MODE=${1:-all}; SAMPLES=${SAMPLES:-200}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+  export CHORUS_GPU_MACHINE=1
+  for t in gpu cuda nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu; do
+    [ -x "$D/bin/$t" ] || continue
+    echo "=== $t"
+    timeout 300 "$D/bin/$t" --include-ignored --test-threads=1 > "$OUT/$t.log" 2>&1; echo "rc=$?"
+    grep -E '^test |test result|panicked' "$OUT/$t.log" | head -30
+  done
+fi
+if [ "$MODE" = all ] || [ "$MODE" = probe ]; then
+  echo "=== wake_probe"
+  timeout 400 "$D/bin/wake_probe" --samples "$SAMPLES" ${MECHANISMS:+--mechanisms "$MECHANISMS"} > "$OUT/wake_probe.log" 2>&1; echo "rc=$?"
+  grep -v '^wake_probe: ' "$OUT/wake_probe.log"; grep '^wake_probe: ' "$OUT/wake_probe.log" | tail -1
+fi
+if [ "$MODE" = all ] || [ "$MODE" = torch ]; then
+  echo "=== PyTorch (torch_wake.py)"
+  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" 2>&1 | grep -v Warning | tee "$OUT/torch_wake.log"
+  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" --blocking 2>&1 | grep -v Warning | tee -a "$OUT/torch_wake.log"
+fi
+if [ "$MODE" = all ] || [ "$MODE" = groups ]; then
+  echo "=== group_bench (CHORUS_NCCL_PROFILE=1)"
+  CHORUS_NCCL_PROFILE=1 timeout 150 "$D/bin/group_bench" --json "$OUT/group_bench.json" 2>&1 | tee "$OUT/group_bench.log"
+fi
+if [ "$MODE" = all ] || [ "$MODE" = watchdog ]; then
+  echo "=== watchdog_overhead"
+  timeout 200 "$D/bin/watchdog_overhead" 2>&1 | tee "$OUT/watchdog_overhead.log" | tail -12
+fi
+if [ "$MODE" = all ] || [ "$MODE" = nccl ]; then
+  echo "=== nccl_bench"
+  timeout 120 "$D/bin/nccl_bench" --seconds 0.5 2>&1 | tee "$OUT/nccl_bench.log"
+fi

@@ -1,0 +1,377 @@
+//! How fast, and at what CPU cost, can a host thread learn that a long GPU
+//! op ended? Raw mechanisms side by side, without chorus:
+//!
+//! * `spin`: the waiting thread spins on `cuEventQuery` (the latency
+//!   floor; one core busy);
+//! * `park-spinner`: the waiting thread parks; a helper thread spins on
+//!   `cuEventQuery` and unparks it (what waking a parked thread costs after
+//!   it slept as long as the op ran);
+//! * `sleep10`, `sleep30`, `sleep100`: `cuEventQuery`, then a sleep of that
+//!   many µs (timer slack 1 µs), in a loop;
+//! * `presleepM`: the waiting thread sleeps until M µs before the op's known
+//!   end, then spins on `cuEventQuery` (what a perfect prediction of the
+//!   end would buy);
+//! * `sync`: `cuEventSynchronize` on an ordinary event (the driver spins);
+//! * `bsync`: `cuEventSynchronize` on a blocking-sync event, on the waiting
+//!   thread itself (the driver sleeps until the GPU's interrupt);
+//! * `bsync-waiter`: the same on a waiter thread, which then unparks the
+//!   waiting thread (two wake-ups: what a completion thread costs);
+//! * `hostfn`: a host function on a side stream that waits for the event
+//!   (`cuLaunchHostFunc`); it unparks the waiting thread.
+//! * `chorus-block_on`, `chorus-tokio-ct`, `chorus-tokio-mt`,
+//!   `chorus-wait_timeout`: chorus itself, a 1-rank all_reduce whose input
+//!   comes from the stream, `.await`ed under `futures::executor::block_on`,
+//!   a tokio current-thread and a multi-thread runtime, or `wait_timeout`.
+//!   Its stamp is the end of the op's input: the op's own few microseconds
+//!   on the GPU count as latency.
+//!
+//! Each sample: a handshake kernel that stamps the GPU clock as soon as it
+//! sees a flag the host sets at a noted instant, a spin kernel of the given
+//! length, a kernel that stamps the GPU clock again, the event; the waiting
+//! thread waits by the mechanism and notes the host clock. Latency = that
+//! host instant minus the end's host time: the handshake's host instant
+//! plus the GPU time between the two stamps (the handshake reaches the GPU
+//! a PCIe write after the host's instant, so the latency errs high by about
+//! a microsecond; measuring across one sample, it has no clock drift). "Crude" = the host instant minus the host instant
+//! before the spin kernel's launch, minus its length (how PyTorch's side
+//! is measured, `torch_wake.py`). CPU = the process's user + system time
+//! over the samples divided by their wall time. Also: what recording each
+//! kind of event costs.
+//!
+//! ```sh
+//! wake_probe [--samples 200] [--lengths-us 100,1000,3000,10000,30000] [--mechanisms ...]
+//! ```
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use chorus_gpu::cuda::kernels::Kernels;
+use chorus_gpu::cuda::{Device, Event, GpuClock, HostSlots, Stream, StreamPriority};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Samples per mechanism and length (lengths of 10 ms and more get half).
+    #[arg(long, default_value_t = 200)]
+    samples: usize,
+    /// Op lengths, in microseconds.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "100,1000,3000,10000,30000"
+    )]
+    lengths_us: Vec<u64>,
+    /// Mechanisms to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "chorus-block_on,chorus-tokio-ct,chorus-tokio-mt,chorus-wait_timeout,spin,park-spinner,presleep100,presleep300,sleep10,sleep100,bsync"
+    )]
+    mechanisms: Vec<String>,
+}
+
+/// A one-shot flag the waiting thread parks on.
+struct Flag {
+    set: AtomicBool,
+    thread: Thread,
+}
+
+impl Flag {
+    fn new() -> Arc<Flag> {
+        Arc::new(Flag {
+            set: AtomicBool::new(false),
+            thread: std::thread::current(),
+        })
+    }
+    fn raise(&self) {
+        self.set.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+    fn wait(&self) {
+        while !self.set.load(Ordering::Acquire) {
+            std::thread::park();
+        }
+    }
+}
+
+/// A waiter thread: blocks in `cuEventSynchronize` on each event it is
+/// handed, then raises its flag.
+struct Waiter {
+    tx: mpsc::Sender<(Arc<Event>, Arc<Flag>)>,
+}
+
+impl Waiter {
+    /// A thread that waits for each event it is handed, by
+    /// `cuEventSynchronize` (`spin: false`) or by spinning on
+    /// `cuEventQuery`, then raises its flag.
+    fn start(device: Device, spin: bool) -> Waiter {
+        let (tx, rx) = mpsc::channel::<(Arc<Event>, Arc<Flag>)>();
+        std::thread::spawn(move || {
+            let _ = device.bind_to_thread();
+            for (ev, flag) in rx {
+                if spin {
+                    while !ev.query().unwrap_or(true) {}
+                } else {
+                    let _ = ev.synchronize();
+                }
+                flag.raise();
+            }
+        });
+        Waiter { tx }
+    }
+
+    fn wait(&self, ev: &Arc<Event>) {
+        let flag = Flag::new();
+        self.tx.send((ev.clone(), flag.clone())).expect("waiter");
+        flag.wait();
+    }
+}
+
+/// Untimed samples before each mechanism and length.
+const WARMUP: usize = 20;
+
+fn cpu_time() -> Duration {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+struct Rig {
+    pg: chorus::ProcessGroup,
+    buf: std::cell::RefCell<Option<chorus::DeviceBuffer<f32>>>,
+    tokio_ct: tokio::runtime::Runtime,
+    tokio_mt: tokio::runtime::Runtime,
+    device: Device,
+    stream: Stream,
+    side: Stream,
+    kernels: Kernels,
+    slots: HostSlots,
+    clock: GpuClock,
+    waiter: Waiter,
+    spinner: Waiter,
+}
+
+impl Rig {
+    /// One sample: latency (µs) from the stamp to the waiting thread
+    /// running again, and the crude latency (µs).
+    fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> (f64, f64) {
+        // Slots: 0 the handshake flag, 1 its GPU stamp, 2 the end's stamp.
+        for i in 0..3 {
+            self.slots.set(i, 0);
+        }
+        self.kernels
+            .wait_flag(&self.stream, &self.slots, 0, 1)
+            .expect("handshake");
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_micros(100) {
+            std::hint::spin_loop();
+        }
+        let launched = Instant::now();
+        let flagged = self.clock.host_ns(launched);
+        self.slots.set(0, 1);
+        self.kernels.spin(&self.stream, len).expect("spin");
+        self.kernels
+            .stamp(&self.stream, &self.slots, 2)
+            .expect("stamp");
+        if let Some(kind) = mech.strip_prefix("chorus-") {
+            let buf = self.buf.borrow_mut().take().expect("buffer");
+            let work = self
+                .pg
+                .all_reduce(buf, chorus::ReduceOp::Sum)
+                .expect("all_reduce");
+            let back = match kind {
+                "block_on" => futures::executor::block_on(work),
+                "tokio-ct" => self.tokio_ct.block_on(work),
+                "tokio-mt" => self
+                    .tokio_mt
+                    .block_on(async { tokio::spawn(work).await.expect("task") }),
+                "wait_timeout" => work.wait_timeout(Duration::from_secs(10)),
+                other => panic!("unknown mechanism chorus-{other}"),
+            }
+            .expect("op");
+            return self.latencies(mech, (launched, flagged), len, Some(back));
+        }
+        ev.record(&self.stream).expect("record");
+        match mech {
+            "spin" => while !ev.query().expect("query") {},
+            m if m.starts_with("presleep") => {
+                let margin: u64 = m["presleep".len()..].parse().expect("presleep margin");
+                let until = launched + len.saturating_sub(Duration::from_micros(margin));
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                while !ev.query().expect("query") {}
+            }
+            "park-spinner" => self.spinner.wait(ev),
+            "sleep10" | "sleep30" | "sleep100" => {
+                let us: u64 = mech["sleep".len()..].parse().expect("sleep length");
+                while !ev.query().expect("query") {
+                    std::thread::sleep(Duration::from_micros(us));
+                }
+            }
+            "sync" | "bsync" => ev.synchronize().expect("synchronize"),
+            "bsync-waiter" => self.waiter.wait(ev),
+            "hostfn" => {
+                let flag = Flag::new();
+                self.side.wait_event(ev).expect("side wait");
+                let f = flag.clone();
+                self.side
+                    .launch_host_fn(move || f.raise())
+                    .expect("host fn");
+                flag.wait();
+            }
+            other => panic!("unknown mechanism {other}"),
+        }
+        self.latencies(mech, (launched, flagged), len, None)
+    }
+
+    fn latencies(
+        &self,
+        mech: &str,
+        (launched, flagged): (Instant, i128),
+        len: Duration,
+        buf: Option<chorus::DeviceBuffer<f32>>,
+    ) -> (f64, f64) {
+        let back = self.clock.now_ns();
+        let crude = (launched.elapsed().as_secs_f64() - len.as_secs_f64()) * 1e6;
+        if let Some(b) = buf {
+            *self.buf.borrow_mut() = Some(b);
+        }
+        let (g0, g1) = (self.slots.get(1), self.slots.get(2));
+        assert!(g0 != 0 && g1 != 0, "{mech}: the stamp kernels have not run");
+        let end = flagged + (g1 as i128 - g0 as i128);
+        ((back - end) as f64 / 1e3, crude)
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    // Sleeps as asked: 1 µs of timer slack instead of 50.
+    nix::sys::prctl::set_timerslack(1000)?;
+    let device = Device::get(0)?;
+    device.bind_to_thread()?;
+    let stream = device.new_stream(StreamPriority::Normal)?;
+    let side = device.new_stream(StreamPriority::Normal)?;
+    let kernels = Kernels::load(&device)?;
+    let clock = GpuClock::calibrate(&kernels, &stream, 50)?;
+    println!(
+        "wake_probe on device 0 ({}); GPU clock calibrated, handshake spread {:.2} us",
+        device.name()?,
+        clock.spread_ns() as f64 / 1e3
+    );
+    let store: Arc<dyn chorus::store::Store> = Arc::new(chorus::store::InMemoryStore::new());
+    let pg = futures::executor::block_on(
+        chorus::ProcessGroup::builder()
+            .rank(0)
+            .world_size(1)
+            .store(store)
+            .device(0)
+            .name("wake_probe")
+            .build(),
+    )?;
+    let buf = chorus::DeviceBuffer::on_stream(stream.clone_htod(&[1.0f32; 256])?, stream.clone())?;
+    let rig = Rig {
+        pg,
+        buf: std::cell::RefCell::new(Some(buf)),
+        tokio_ct: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        tokio_mt: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        waiter: Waiter::start(device.clone(), false),
+        spinner: Waiter::start(device.clone(), true),
+        slots: HostSlots::new(&device, 3)?,
+        device,
+        stream,
+        side,
+        kernels,
+        clock,
+    };
+
+    // What recording each kind of event costs on the enqueue path.
+    for (name, ev) in [
+        ("ordinary", rig.device.new_event()?),
+        ("blocking-sync", rig.device.new_blocking_event()?),
+    ] {
+        let mut t = Vec::with_capacity(20_000);
+        for i in 0..20_000 {
+            let s = Instant::now();
+            ev.record(&rig.stream)?;
+            t.push(s.elapsed().as_secs_f64() * 1e6);
+            if i % 1000 == 999 {
+                rig.stream.synchronize()?;
+            }
+        }
+        rig.stream.synchronize()?;
+        println!(
+            "cuEventRecord, {name} event: median {:.3} us, p99 {:.3} us",
+            pct(&mut t, 0.5),
+            pct(&mut t, 0.99)
+        );
+    }
+
+    for mech in &args.mechanisms {
+        let ev = Arc::new(match mech.as_str() {
+            "bsync" | "bsync-waiter" => rig.device.new_blocking_event()?,
+            _ => rig.device.new_event()?,
+        });
+        for &us in &args.lengths_us {
+            let len = Duration::from_micros(us);
+            let n = if us >= 10_000 {
+                args.samples / 2
+            } else {
+                args.samples
+            }
+            .max(10);
+            eprintln!("wake_probe: {mech} {us} us");
+            // Warm-up: chorus learns how long ops like these take (a
+            // training step's ops repeat); the samples then measure the
+            // steady state.
+            for _ in 0..WARMUP {
+                rig.sample(mech, len, &ev);
+            }
+            let pw0 = chorus::test_util::prewake_counts();
+            let (cpu0, wall0) = (cpu_time(), Instant::now());
+            let (mut lat, mut crude): (Vec<f64>, Vec<f64>) =
+                (0..n).map(|_| rig.sample(mech, len, &ev)).unzip();
+            let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
+            let wall = wall0.elapsed().as_secs_f64();
+            // The handshake's 100 µs of host spinning per sample is the
+            // probe's, not the mechanism's.
+            let own = (cpu - n as f64 * 100e-6).max(0.0);
+            println!(
+                "{mech:<19} {:>6} us op: latency median {:7.2} us  p99 {:7.2} us  max {:7.2} us; crude median {:7.2} us; CPU {:5.1}% of a core, {:5.1}% less the probe's handshake ({n} samples)",
+                us,
+                pct(&mut lat, 0.5),
+                pct(&mut lat, 0.99),
+                pct(&mut lat, 1.0),
+                pct(&mut crude, 0.5),
+                100.0 * cpu / wall,
+                100.0 * own / wall,
+            );
+            if mech.starts_with("chorus-") {
+                let pw = chorus::test_util::prewake_counts();
+                println!(
+                    "{:<19} {:>6}          pre-wakes {}, of which seen end while watching {}",
+                    "",
+                    "",
+                    pw.0 - pw0.0,
+                    pw.1 - pw0.1
+                );
+            }
+        }
+    }
+    Ok(())
+}
