@@ -610,3 +610,100 @@ fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
         }
     }
 }
+
+/// A buffer that notes, when it is dropped, whether the GPU work that
+/// precedes its op (an event recorded after it) had ended.
+#[derive(Debug)]
+struct DropWatched {
+    buf: DeviceBuffer<f32>,
+    after: Arc<chorus::Event>,
+    early: Arc<std::sync::atomic::AtomicBool>,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+// SAFETY: every method delegates to `buf`, a device buffer this value
+// owns (and so keeps allocated) for its whole life.
+unsafe impl DeviceMem for DropWatched {
+    fn device_ptr(&self) -> u64 {
+        self.buf.device_ptr()
+    }
+    fn count(&self) -> usize {
+        self.buf.count()
+    }
+    fn dtype(&self) -> DType {
+        DType::F32
+    }
+    fn stream(&self) -> &Stream {
+        self.buf.stream()
+    }
+}
+
+impl Drop for DropWatched {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if !matches!(self.after.query(), Ok(true)) {
+            self.early.store(true, Ordering::SeqCst);
+        }
+        self.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Works let go of in the other order than they were submitted: the later
+/// op, still running, is dropped first, then an earlier one that finished.
+/// The earlier one's end must not release the later one's buffer.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_works_dropped_out_of_order_free_nothing_early() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let fast = dev.new_stream(StreamPriority::Normal).unwrap();
+    let slow = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "drop-order", Some(0));
+    let warm = block_on(
+        pg.all_reduce(upload(&fast, &[1f32; 64]), ReduceOp::Sum)
+            .unwrap(),
+    );
+    drop(warm.unwrap());
+    let reactor = chorus::reactor::global();
+    let early = Arc::new(AtomicBool::new(false));
+    for round in 0..4 {
+        let earlier = pg
+            .all_reduce(upload(&fast, &[1f32; 1024]), ReduceOp::Sum)
+            .unwrap();
+        k.spin(&slow, Duration::from_millis(100)).unwrap();
+        let after = Arc::new(dev.new_event().unwrap());
+        after.record(&slow).unwrap();
+        let dropped = Arc::new(AtomicBool::new(false));
+        let later = DropWatched {
+            buf: DeviceBuffer::new(slow.alloc_zeros::<f32>(1 << 20).unwrap()).unwrap(),
+            after: after.clone(),
+            early: early.clone(),
+            dropped: dropped.clone(),
+        };
+        let later = pg.all_reduce(later, ReduceOp::Sum).unwrap();
+        drop(later);
+        earlier.end_event().synchronize().unwrap();
+        drop(earlier);
+        // Long enough for the retire queue's sweeper to have looked.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !early.load(Ordering::SeqCst),
+            "round {round}: a running op's buffer was released"
+        );
+        after.synchronize().unwrap();
+        let t0 = Instant::now();
+        while !dropped.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "round {round}: released once finished"
+        );
+        while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+    }
+    assert!(!early.load(Ordering::SeqCst));
+}

@@ -78,6 +78,9 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Detached<C, F> {
 
 /// A queued op, type-erased.
 pub(super) trait Retiring: Send {
+    /// The op's position on its communicator's stream (end events complete
+    /// in this order; the ops of one group share one).
+    fn position(&self) -> u64;
     /// Queries the end event (binding the op's device); `on_reactor`: from
     /// the reactor thread. `None` while the op runs.
     fn outcome(&self, on_reactor: bool) -> Option<Result<(), CudaError>>;
@@ -86,6 +89,10 @@ pub(super) trait Retiring: Send {
 }
 
 impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Retiring for Detached<C, F> {
+    fn position(&self) -> u64 {
+        self.order.1
+    }
+
     fn outcome(&self, on_reactor: bool) -> Option<Result<(), CudaError>> {
         self.end.outcome(&self.device, on_reactor)
     }
@@ -95,7 +102,8 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Retiring for Det
     }
 }
 
-/// A communicator's ops nobody waits for, oldest first (see the module
+/// A communicator's ops nobody waits for, oldest first: sorted by stream
+/// position, whatever order their works were let go in (see the module
 /// docs).
 #[derive(Default)]
 pub(crate) struct RetireQueue {
@@ -124,6 +132,25 @@ struct State {
 type Outcomes = SmallVec<[(Box<dyn Retiring>, Result<(), CudaError>); RETIRE_PER_PUSH + 2]>;
 
 impl State {
+    /// Queues `op` at its stream position. Works are usually let go of in
+    /// submission order (a push at the back), but not always (two works
+    /// dropped in the other order, a stream-ordered take of an older op):
+    /// the queue must stay in stream order, since a finished op vouches
+    /// for every op before it.
+    fn insert(&mut self, op: Box<dyn Retiring>) {
+        let pos = op.position();
+        let at = self
+            .ops
+            .iter()
+            .rposition(|o| o.position() <= pos)
+            .map_or(0, |i| i + 1);
+        // An op older than one known finished has finished too.
+        if at < self.done {
+            self.done += 1;
+        }
+        self.ops.insert(at, op);
+    }
+
     /// Takes up to `n` ops known finished from the front.
     fn take_done(&mut self, n: usize, out: &mut Outcomes) {
         for _ in 0..n.min(self.done) {
@@ -175,7 +202,7 @@ impl RetireQueue {
         let mut out = Outcomes::new();
         let start_sweeper = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            st.ops.push_back(op);
+            st.insert(op);
             st.pushes += 1;
             self.pushes.store(st.pushes, Ordering::Relaxed);
             st.since_check += 1;
@@ -288,6 +315,9 @@ mod tests {
     }
 
     impl Retiring for Fake {
+        fn position(&self) -> u64 {
+            self.i as u64
+        }
         fn outcome(&self, _on_reactor: bool) -> Option<Result<(), CudaError>> {
             self.state()
         }
@@ -373,6 +403,46 @@ mod tests {
         let mut ids: Vec<usize> = log.iter().map(|e| e.0).collect();
         ids.sort_unstable();
         assert_eq!(ids, (0..1000).collect::<Vec<_>>());
+    }
+
+    /// Works let go of out of submission order: a later op queued first
+    /// must not be retired on the word of earlier ops that finished.
+    #[test]
+    fn an_op_let_go_of_early_waits_for_its_own_end() {
+        let s = Setup::new();
+        s.push(100, None);
+        // Ops 0..16 finished, op 100 still runs.
+        s.upto.store(16, Ordering::SeqCst);
+        for i in 0..16 {
+            s.push(i, None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let retired =
+            |s: &Setup| -> Vec<usize> { s.log.lock().unwrap().iter().map(|e| e.0).collect() };
+        assert!(
+            !retired(&s).contains(&100),
+            "op 100 retired while it ran: {:?}",
+            retired(&s)
+        );
+        let t0 = Instant::now();
+        while s.q.len() > 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "finished ops left queued"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        s.upto.store(101, Ordering::SeqCst);
+        s.wait_empty();
+        let mut ids = retired(&s);
+        assert_eq!(ids.pop(), Some(100), "op 100 retired last");
+        // An op older than the finished ones, let go of late, goes at once.
+        s.upto.store(200, Ordering::SeqCst);
+        for i in (120..140).rev() {
+            s.push(i, None);
+        }
+        s.wait_empty();
+        assert_eq!(s.log.lock().unwrap().len(), 37);
     }
 
     #[test]
