@@ -151,17 +151,6 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         }
     }
 
-    /// The work of an op already handed to the completion reactor.
-    pub(crate) fn watched(inner: OpFuture<Option<R>>, watched: Watched<R>, spin: Duration) -> Self {
-        DeviceWork {
-            inner,
-            end: watched.end_event_handle(),
-            track: Some(Track::Watched(watched)),
-            polled: false,
-            spin,
-        }
-    }
-
     /// The op's rank, group, sequence number and name.
     pub fn context(&self) -> &OpContext {
         self.inner.context()
@@ -179,7 +168,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         let st = self.inner.status();
         match &self.track {
             Some(Track::Held(Held(Some((f, _))))) if st == WorkStatus::Pending => {
-                match f.bind_device().and_then(|()| self.end.event().query()) {
+                match f.bind_device().and_then(|()| self.end.is_complete()) {
                     Ok(true) => WorkStatus::Finished,
                     Ok(false) => WorkStatus::Pending,
                     Err(_) => WorkStatus::Failed,
@@ -213,7 +202,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     ///
     /// A CUDA error of the op (never read as "not finished").
     pub fn gpu_finished(&self) -> Result<bool, CudaError> {
-        self.end.event().query()
+        self.end.is_complete()
     }
 
     /// StreamOrdered: makes each buffer's own (producer) stream wait on the

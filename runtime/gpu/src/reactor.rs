@@ -74,9 +74,10 @@ pub trait Pending: Send + 'static {
 
     /// Where the entry sits in an ordered queue: `(queue, position)`.
     /// Entries of one queue complete in position order (end events recorded
-    /// on one stream), so while one is pending the reactor skips those with
-    /// a later position in that round: one event query per stream instead
-    /// of one per op. `None` (the default): always checked.
+    /// on one stream; entries at one position share one end event), so
+    /// while one is pending the reactor skips those at its position or
+    /// later in that round: one event query per stream instead of one per
+    /// op. `None` (the default): always checked.
     fn order(&self) -> Option<(u64, u64)> {
         None
     }
@@ -339,7 +340,9 @@ fn poll_round(
     entries.retain_mut(|e| {
         let order = e.order();
         if let Some((q, pos)) = order {
-            if blocked.iter().any(|&(bq, bpos)| bq == q && pos > bpos) {
+            // Later on the stream than a pending op, or at its position
+            // (one launch, one end event): pending too.
+            if blocked.iter().any(|&(bq, bpos)| bq == q && pos >= bpos) {
                 return true;
             }
         }

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use chorus_core::flight_recorder::OpMeta;
 use chorus_core::{Op, OpContext, WorkError};
-use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Launched, Ticket, WatchSet};
+use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Launched, Ticket};
 
 use super::backend::{comm_error, device_check, lookup_error, register, DevicePair, NcclBackend};
-use crate::device_work::{finisher, DeviceWork};
+use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::grouped::{self, Cell, Grouped};
 use crate::sequence::Sequencer;
@@ -53,7 +53,6 @@ trait DeviceEntry {
         self: Box<Self>,
         launched: &mut Launched,
         failed: Option<&WorkError>,
-        set: &mut WatchSet,
         spin: Duration,
     );
     /// Fails the op before launch.
@@ -107,7 +106,6 @@ impl<C: DeviceBuffers> DeviceEntry for DeviceOp<C> {
         self: Box<Self>,
         launched: &mut Launched,
         failed: Option<&WorkError>,
-        set: &mut WatchSet,
         spin: Duration,
     ) {
         let DeviceOp {
@@ -126,8 +124,11 @@ impl<C: DeviceBuffers> DeviceEntry for DeviceOp<C> {
         let inflight = launched.take(ticket);
         let err = match (failed, inflight) {
             (None, Some(inflight)) => {
-                let watched = inflight.watch_in(finisher(completer), set);
-                grouped::put(&cell, Ok(DeviceWork::watched(work, watched, spin)));
+                // Held by its work, as a lone op is: the first of the
+                // group's works to see the shared end event complete
+                // tells the others without the driver; the reactor sees
+                // only the works awaited before the group ended.
+                grouped::put(&cell, Ok(DeviceWork::held(work, inflight, completer, spin)));
                 return;
             }
             (Some(e), _) => e.for_op(ctx),
@@ -204,7 +205,7 @@ impl NcclStaged {
 
     /// Registers every staged op in order (their sequence numbers are
     /// taken under one hold of the submission lock), then launches the
-    /// batch; one reactor entry watches the whole group, whose ops share
+    /// batch. Each op's work holds its part of the launch; the ops share
     /// one end event.
     pub(super) fn launch(
         mut self,
@@ -245,11 +246,9 @@ impl NcclStaged {
             *counters = next;
         }
         drop(counters);
-        let mut set = WatchSet::new();
         for e in ops {
-            e.deliver(&mut launched, failed.as_ref(), &mut set, spin);
+            e.deliver(&mut launched, failed.as_ref(), spin);
         }
-        set.register();
         match failed {
             Some(e) => Err(e),
             None => Ok(()),

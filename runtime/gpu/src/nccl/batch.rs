@@ -21,6 +21,7 @@ use super::enqueue::{RawOp, Refused};
 use super::error::{nccl_err, NcclCommError};
 use super::event_pool::EndEvent;
 use super::inflight::InFlight;
+use super::retire::RetireQueue;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
 
@@ -154,6 +155,7 @@ impl Batch {
             items: self.items.iter().map(|_| None).collect(),
             owner: self.id,
             error: None,
+            retire: comm.retire.clone(),
         };
         let end = match comm.end_event() {
             Ok(e) => e,
@@ -369,6 +371,8 @@ pub struct Launched {
     items: Vec<Option<Box<dyn Any + Send>>>,
     owner: u64,
     error: Option<NcclCommError>,
+    /// Where an op taken from the launch and then let go of is retired.
+    retire: Arc<RetireQueue>,
 }
 
 impl fmt::Debug for Launched {
@@ -393,7 +397,8 @@ impl Launched {
     }
 
     /// Takes the buffers of the op `ticket` names, as an [`InFlight`] that
-    /// shares the group's end event. `None` for a ticket of another batch, one
+    /// shares the group's end event (let go of, it goes to the
+    /// communicator's retire queue as a lone op's does). `None` for a ticket of another batch, one
     /// taken before, or a failed launch that enqueued nothing (the buffers are
     /// then dropped with this value).
     pub fn take<C: DeviceBuffers>(&mut self, ticket: Ticket<C>) -> Option<InFlight<C>> {
@@ -408,7 +413,7 @@ impl Launched {
                 order: self.order,
                 end,
                 bufs: Some(*bufs),
-                retire: None,
+                retire: Some(self.retire.clone()),
                 forecast: None,
             }),
             Err(other) => {
@@ -426,7 +431,7 @@ impl Drop for Launched {
         let Some(end) = self.end.take() else {
             return;
         };
-        if rest.is_empty() || matches!(end.event().query(), Ok(true)) {
+        if rest.is_empty() || matches!(end.is_complete(), Ok(true)) {
             return;
         }
         let entry = KeepAlive {
@@ -460,7 +465,7 @@ impl Pending for KeepAlive {
     fn poll_complete(&mut self) -> bool {
         let _ = self.device.bind_to_thread();
         crate::cuda::relax_capture_mode();
-        match self.end.event().query() {
+        match self.end.is_complete() {
             Ok(false) => false,
             Ok(true) => {
                 self.items = None;

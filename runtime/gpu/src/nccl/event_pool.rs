@@ -2,7 +2,7 @@
 //! no allocation, and is free again once nobody holds a handle on it.
 
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use chorus_core::work::FinishedProbe;
@@ -37,12 +37,17 @@ impl EventPool {
             let i = (self.next + k) % n;
             // `get_mut` succeeds only on the sole handle, with acquire
             // ordering on the releases of the others.
-            if Arc::get_mut(&mut self.events[i]).is_some() {
+            if let Some(free) = Arc::get_mut(&mut self.events[i]) {
+                // Recorded anew for the next op: its completion is unknown.
+                *free.complete.get_mut() = false;
                 self.next = (i + 1) % n;
                 return Ok(self.events[i].clone());
             }
         }
-        let ev = Arc::new(EndEvent { event: create()? });
+        let ev = Arc::new(EndEvent {
+            event: create()?,
+            complete: AtomicBool::new(false),
+        });
         END_EVENTS_CREATED.fetch_add(1, Ordering::Relaxed);
         if n < POOL_MAX {
             // Insert at the scan position: it is taken now, and the events
@@ -69,6 +74,9 @@ impl EventPool {
 /// it again for a later op once no handle on it is left.
 pub struct EndEvent {
     event: Event,
+    /// Set once a query found the event complete: the ops of a group share
+    /// one end event, and only the first of them to look needs the driver.
+    complete: AtomicBool,
 }
 
 impl fmt::Debug for EndEvent {
@@ -82,6 +90,24 @@ impl EndEvent {
     pub fn event(&self) -> &Event {
         &self.event
     }
+
+    /// True once the event completed: `cuEventQuery` until one query found
+    /// it complete, then without the driver. The op's device must be
+    /// current on the calling thread.
+    ///
+    /// # Errors
+    ///
+    /// The CUDA error of the query (an error of the op; never cached).
+    pub fn is_complete(&self) -> Result<bool, CudaError> {
+        if self.complete.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let done = self.event.query()?;
+        if done {
+            self.complete.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
 }
 
 impl EndEvent {
@@ -92,6 +118,9 @@ impl EndEvent {
         device: &Device,
         on_reactor: bool,
     ) -> Option<Result<(), CudaError>> {
+        if self.complete.load(Ordering::Acquire) {
+            return Some(Ok(()));
+        }
         // The querying thread may hold another device's context: make the
         // event's current (cheap when it already is).
         let _ = device.bind_to_thread();
@@ -100,7 +129,7 @@ impl EndEvent {
         if on_reactor {
             relax_capture_mode();
         }
-        match self.event.query() {
+        match self.is_complete() {
             Ok(false) => None,
             Ok(true) => Some(Ok(())),
             Err(e) => Some(Err(e)),
@@ -112,11 +141,13 @@ impl EndEvent {
 /// an op whose work nobody has polled yet may be finished already.
 impl FinishedProbe for EndEvent {
     fn finished(&self) -> bool {
-        let ev = self.event();
+        if self.complete.load(Ordering::Acquire) {
+            return true;
+        }
         // The watchdog thread may never have used the device.
-        let bound = Device::get(ev.device()).and_then(|d| d.bind_to_thread());
+        let bound = Device::get(self.event.device()).and_then(|d| d.bind_to_thread());
         relax_capture_mode();
-        bound.is_ok() && matches!(ev.query(), Ok(true))
+        bound.is_ok() && matches!(self.is_complete(), Ok(true))
     }
 }
 

@@ -8,7 +8,7 @@ use super::buffer::{order_after, DeviceBuffers};
 use super::event_pool::EndEvent;
 use super::forecast::Forecast;
 use super::retire::{Detached, Finished, RetireQueue};
-use super::watch::{register_or_wait, Cell, Entry, WatchSet, Watched};
+use super::watch::{register_or_wait, Cell, Entry, Watched};
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor;
 
@@ -78,7 +78,7 @@ impl<C: DeviceBuffers> InFlight<C> {
     ///
     /// The CUDA error of the event query (an error of the op).
     pub fn take_finished(&mut self) -> Result<Option<C>, CudaError> {
-        if self.bufs.is_none() || !self.end.event().query()? {
+        if self.bufs.is_none() || !self.end.is_complete()? {
             return Ok(None);
         }
         if let Some(f) = &self.forecast {
@@ -157,18 +157,6 @@ impl<C: DeviceBuffers> InFlight<C> {
         }
     }
 
-    /// Like [`watch`](Self::watch), but the reactor entry goes into `set`,
-    /// which registers the entries of ops sharing one end event (a group)
-    /// as one.
-    pub fn watch_in<F>(self, done: F, set: &mut WatchSet) -> Watched<C>
-    where
-        F: FnOnce(Finished<C>) + Send + 'static,
-    {
-        let (watched, entry) = self.into_entry(done);
-        set.entries.push(Box::new(entry));
-        watched
-    }
-
     fn into_entry<F>(mut self, done: F) -> (Watched<C>, Entry<C, F>)
     where
         F: FnOnce(Finished<C>) + Send + 'static,
@@ -198,7 +186,7 @@ impl<C: DeviceBuffers> InFlight<C> {
 impl<C: DeviceBuffers> Drop for InFlight<C> {
     fn drop(&mut self) {
         if let Some(bufs) = self.bufs.take() {
-            if matches!(self.end.event().query(), Ok(true)) {
+            if matches!(self.end.is_complete(), Ok(true)) {
                 return;
             }
             // Unfinished: the communicator's retire queue (or the reactor)

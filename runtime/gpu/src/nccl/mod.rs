@@ -14,8 +14,8 @@
 //! * [`InFlight`]: the op's buffers and end event. Its buffers are never
 //!   released before the end event completes: dropping an unfinished
 //!   `InFlight` leaves them with the communicator's retire queue (see
-//!   `retire`), which drops them afterwards. [`Watched`] / [`WatchSet`]:
-//!   ops handed to the completion [`reactor`](crate::reactor).
+//!   `retire`), which drops them afterwards. [`Watched`]: an op
+//!   handed to the completion [`reactor`](crate::reactor).
 //! * [`Batch`]: several ops in one NCCL group; [`GraphCapture`] /
 //!   [`Graph`]: CUDA graph capture of NCCL ops.
 //!
@@ -53,4 +53,4 @@ pub use init::{unique_id, PendingComm};
 pub use retire::Finished;
 #[cfg(feature = "test-util")]
 pub use watch::prewake_counts;
-pub use watch::{WatchSet, Watched};
+pub use watch::Watched;

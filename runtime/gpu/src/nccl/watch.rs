@@ -1,6 +1,6 @@
 //! Ops handed to the completion reactor: [`Watched`] (the caller's side,
-//! which can still take the buffers back stream-ordered) and [`WatchSet`]
-//! (the ops of one group, watched as one).
+//! which can still take the buffers back stream-ordered) and its reactor
+//! entry.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,56 +26,6 @@ pub(super) fn register_or_wait(entry: Box<dyn Pending>) {
         while !entry.poll_complete() {
             std::thread::yield_now();
         }
-    }
-}
-
-/// Reactor entries of ops that share one end event (the ops of a group),
-/// registered as one entry by [`register`](Self::register): one hand-off
-/// to the reactor and one event query per round for the whole group.
-#[derive(Default)]
-pub struct WatchSet {
-    pub(super) entries: Vec<Box<dyn Pending>>,
-}
-
-impl fmt::Debug for WatchSet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WatchSet")
-            .field("entries", &self.entries.len())
-            .finish()
-    }
-}
-
-impl WatchSet {
-    /// An empty set.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Hands the set's entries to the completion reactor as one entry.
-    pub fn register(self) {
-        if !self.entries.is_empty() {
-            register_or_wait(Box::new(self));
-        }
-    }
-}
-
-impl Pending for WatchSet {
-    fn order(&self) -> Option<(u64, u64)> {
-        self.entries.first().and_then(|e| e.order())
-    }
-
-    fn poll_complete(&mut self) -> bool {
-        // The first entry's event is every entry's: once it completed the
-        // others complete in the same round.
-        let Some(first) = self.entries.first_mut() else {
-            return true;
-        };
-        if !first.poll_complete() {
-            return false;
-        }
-        self.entries.remove(0);
-        self.entries.retain_mut(|e| !e.poll_complete());
-        self.entries.is_empty()
     }
 }
 
@@ -209,7 +159,7 @@ impl<C: DeviceBuffers> Watched<C> {
     /// The CUDA error of the event query (the reactor reports it too).
     pub fn take_finished(&self) -> Result<Option<C>, CudaError> {
         let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() || !self.cell.end.event().query()? {
+        if g.is_none() || !self.cell.end.is_complete()? {
             return Ok(None);
         }
         self.cell.observe(Instant::now());
