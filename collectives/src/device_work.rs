@@ -339,8 +339,12 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         match &mut self.track {
             Some(Track::Held(held)) => {
                 let (f, _) = held.0.as_mut()?;
-                // The awaiting thread may never have used the device.
-                f.bind_device().ok()?;
+                // The awaiting thread may never have used the device (not
+                // needed once the event is known complete, e.g. by another
+                // op of its group).
+                if !self.end.known_complete() {
+                    f.bind_device().ok()?;
+                }
                 loop {
                     match f.take_finished() {
                         Ok(Some(bufs)) => {

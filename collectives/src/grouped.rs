@@ -111,11 +111,13 @@ where
     /// its group was launched it fails at once (a group is launched on the
     /// thread that staged it, so waiting could never end).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let ctx = self.ctx.clone();
+        if let Some(w) = self.work.as_mut() {
+            return Pin::new(w).poll(cx);
+        }
         match self.fetch() {
             Some(Ok(w)) => Pin::new(w).poll(cx),
             Some(Err(e)) => Poll::Ready(Err(e)),
-            None => Poll::Ready(Err(not_launched(&ctx))),
+            None => Poll::Ready(Err(not_launched(&self.ctx))),
         }
     }
 }

@@ -207,3 +207,46 @@ fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
         timeout * 4
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_finished_group_nobody_polled_is_not_timed_out() {
+    // The works of a group hold their ops as lone works do: a group that
+    // finished, with its works unpolled past their deadline, must not time
+    // out (each op's registry entry asks the group's end event).
+    let dev = Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"));
+    assert!(
+        watchdog::enabled(),
+        "run with the watchdog on (CHORUS_WATCHDOG unset)"
+    );
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let pg = device_group(&st, "wd-group-held");
+    let timeout = Duration::from_millis(200);
+    let short = pg.with_timeout(timeout);
+    let data = [0.5f32, 4.0, -1.25, 8.0];
+    let before = watchdog::stats();
+    let (a, b) = short
+        .grouped(|g| {
+            Ok::<_, chorus::WorkError>((
+                g.all_reduce(upload(&s, &data), ReduceOp::Sum)
+                    .map_err(|r| r.error)?,
+                g.all_reduce(upload(&s, &data), ReduceOp::Max)
+                    .map_err(|r| r.error)?,
+            ))
+        })
+        .unwrap();
+    let (a, b) = (a.into_work().unwrap(), b.into_work().unwrap());
+    a.end_event().synchronize().unwrap();
+    std::thread::sleep(timeout * 5);
+    let after = watchdog::stats();
+    assert_eq!(
+        after.timeouts, before.timeouts,
+        "a finished group was timed out: {before:?} -> {after:?}"
+    );
+    assert!(pg.error().is_none(), "group failed: {:?}", pg.error());
+    for w in [a, b] {
+        let out = block_on(w).expect("the grouped op completes normally");
+        assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
+    }
+}

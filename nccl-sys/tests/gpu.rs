@@ -462,13 +462,23 @@ fn gpu_nonblocking_config_init_split_finalize() {
     }
     assert!(none.is_null(), "NOCOLOR must give no communicator");
 
-    // Finalize both (non-blocking: poll), then destroy (by drop).
-    for comm in [child.comm, owner.comm] {
+    // Finalize both (non-blocking: poll), then destroy (by drop). A call
+    // that returned success may still leave the communicator's state in
+    // progress for a moment: every communicator is ready first.
+    for (name, comm) in [("child", child.comm), ("parent", owner.comm)] {
+        let (state, _) = wait_ready(nccl, comm);
+        nccl.check(state)
+            .unwrap_or_else(|e| panic!("{name} before finalize: {e}"));
         // SAFETY: live communicators, all their work synchronized above.
         let rc = unsafe { finalize(comm) };
-        assert!(rc.is_success() || rc.is_in_progress(), "finalize: {}", rc);
+        assert!(
+            rc.is_success() || rc.is_in_progress(),
+            "{name} finalize: {}",
+            rc
+        );
         let (state, _) = wait_ready(nccl, comm);
-        nccl.check(state).expect("finalize");
+        nccl.check(state)
+            .unwrap_or_else(|e| panic!("{name} finalize: {e}"));
     }
     println!("config init (blocking=0, commName), split, NOCOLOR split, finalize: ok");
 }

@@ -212,6 +212,20 @@ pub(super) fn register<C: DeviceBuffers>(
     if profile::on() {
         profile::stamp(3);
     }
+    register_at(seq, timeout, ctx, op, meta, probe, now)
+}
+
+/// [`register`] with the submission instant given (the ops of a group
+/// share one).
+pub(super) fn register_at<C: DeviceBuffers>(
+    seq: &Sequencer,
+    timeout: Duration,
+    ctx: OpContext,
+    op: Op,
+    meta: OpMeta,
+    probe: Option<Arc<dyn FinishedProbe>>,
+    now: Instant,
+) -> Result<DevicePair<C>, WorkError> {
     OpFuture::new_started(
         ctx,
         seq.registry(),

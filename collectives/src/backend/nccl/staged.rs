@@ -8,13 +8,17 @@
 //! group.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use chorus_core::flight_recorder::OpMeta;
+use chorus_core::work::FinishedProbe;
 use chorus_core::{Op, OpContext, WorkError};
-use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Launched, Ticket};
+use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, EndEvent, Launched, Ticket};
 
-use super::backend::{comm_error, device_check, lookup_error, register, DevicePair, NcclBackend};
+use super::backend::{
+    comm_error, device_check, lookup_error, register_at, DevicePair, NcclBackend,
+};
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::grouped::{self, Cell, Grouped};
@@ -41,12 +45,15 @@ impl fmt::Debug for NcclStaged {
 trait DeviceEntry {
     fn op(&self) -> Op;
     fn ctx0(&self) -> &OpContext;
-    /// Registers the op's work under `ctx`.
+    /// Registers the op's work under `ctx`, submitted at `now`; `probe`
+    /// (the group's end event) tells the watchdog the op finished.
     fn register(
         &mut self,
         seq: &Sequencer,
         timeout: Duration,
         ctx: OpContext,
+        now: Instant,
+        probe: &Arc<EndEvent>,
     ) -> Result<(), WorkError>;
     /// Hands the launched op its buffers and end event, or fails it.
     fn deliver(
@@ -89,15 +96,19 @@ impl<C: DeviceBuffers> DeviceEntry for DeviceOp<C> {
         seq: &Sequencer,
         timeout: Duration,
         ctx: OpContext,
+        now: Instant,
+        probe: &Arc<EndEvent>,
     ) -> Result<(), WorkError> {
         self.ctx = ctx.clone();
-        self.pair = Some(register::<C>(
+        let probe: Arc<dyn FinishedProbe> = probe.clone();
+        self.pair = Some(register_at::<C>(
             seq,
             timeout,
             ctx,
             self.op,
             self.meta.clone(),
-            None,
+            Some(probe),
+            now,
         )?);
         Ok(())
     }
@@ -217,15 +228,31 @@ impl NcclStaged {
         let Some(batch) = self.batch.take() else {
             return Ok(());
         };
+        // The group's end event first: each op's registry entry asks it
+        // before the watchdog times the op out (a work completes when it
+        // is polled, and may not be for a while).
+        let end = match batch.communicator().reserve_end_event() {
+            Ok(e) => e,
+            Err(e) => {
+                let first = ops.first().map(|o| o.ctx0().clone());
+                let err = comm_error(&first.unwrap_or_else(|| seq.ctx(0, "group")), e.into());
+                for e in ops {
+                    e.fail(err.clone());
+                }
+                return Err(err);
+            }
+        };
         let mut counters = seq.lock();
         let mut next = counters.clone();
         let mut failure = None;
+        // One launch, one clock reading.
+        let now = Instant::now();
         for e in ops.iter_mut() {
             let op = e.op();
             let n = next.next(op);
             next.bump(op, n);
             let ctx = seq.ctx(n, e.ctx0().op);
-            if let Err(err) = e.register(seq, timeout, ctx) {
+            if let Err(err) = e.register(seq, timeout, ctx, now, &end) {
                 failure = Some(err);
                 break;
             }
@@ -237,7 +264,7 @@ impl NcclStaged {
             }
             return Err(err);
         }
-        let mut launched = batch.launch();
+        let mut launched = batch.launch_with_end(Some(end));
         let failed = launched.error().cloned().map(|e| {
             let first = ops.first().map(|o| o.ctx0().clone());
             comm_error(&first.unwrap_or_else(|| seq.ctx(0, "group")), e)

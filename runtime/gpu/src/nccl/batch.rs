@@ -147,6 +147,13 @@ impl Batch {
     /// ([`Launched::error`]), they are released once the stream has passed
     /// the failed group (at once when nothing was enqueued).
     pub fn launch(self) -> Launched {
+        self.launch_with_end(None)
+    }
+
+    /// [`launch`](Self::launch) with the end event `end`, reserved before
+    /// (with [`Communicator::reserve_end_event`]) so that the ops' works
+    /// can hold it from their registration on; `None`: one from the pool.
+    pub fn launch_with_end(self, end: Option<Arc<EndEvent>>) -> Launched {
         let comm = self.comm.clone();
         let mut launched = Launched {
             device: comm.device.clone(),
@@ -157,7 +164,7 @@ impl Batch {
             error: None,
             retire: comm.retire.clone(),
         };
-        let end = match comm.end_event() {
+        let end = match end.map_or_else(|| comm.end_event(), Ok) {
             Ok(e) => e,
             Err(e) => {
                 // Nothing was enqueued: the buffers may go now.
@@ -295,6 +302,7 @@ impl Communicator {
             bufs: Some(bufs),
             retire: Some(self.retire.clone()),
             forecast: None,
+            pending_seen: false,
         };
         match failed {
             None => Ok(inflight),
@@ -415,6 +423,7 @@ impl Launched {
                 bufs: Some(*bufs),
                 retire: Some(self.retire.clone()),
                 forecast: None,
+                pending_seen: false,
             }),
             Err(other) => {
                 // Unreachable with a ticket of this batch; keep the value.

@@ -158,6 +158,7 @@ impl Communicator {
                         key: Key { queue, op, bytes },
                         submitted,
                     }),
+                    pending_seen: false,
                 })
             }
             Err(e) => Err((e, bufs)),

@@ -91,9 +91,15 @@ impl EndEvent {
         &self.event
     }
 
+    /// True if a query already found the event complete (no driver call).
+    pub fn known_complete(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
+    }
+
     /// True once the event completed: `cuEventQuery` until one query found
     /// it complete, then without the driver. The op's device must be
-    /// current on the calling thread.
+    /// current on the calling thread. Only for holders of the op after its
+    /// end was recorded (what it remembers must be this op's end).
     ///
     /// # Errors
     ///
@@ -147,7 +153,10 @@ impl FinishedProbe for EndEvent {
         // The watchdog thread may never have used the device.
         let bound = Device::get(self.event.device()).and_then(|d| d.bind_to_thread());
         relax_capture_mode();
-        bound.is_ok() && matches!(self.is_complete(), Ok(true))
+        // A plain query, never remembered: the watchdog may ask between
+        // the event's reservation and its recording, when an event not yet
+        // recorded reads as complete.
+        bound.is_ok() && matches!(self.event.query(), Ok(true))
     }
 }
 

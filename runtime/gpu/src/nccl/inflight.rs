@@ -29,6 +29,10 @@ pub struct InFlight<C: DeviceBuffers> {
     /// The op's key and submission, to learn and expect when ops like it
     /// end (single ops; `None` in a group).
     pub(super) forecast: Option<Forecast>,
+    /// A query found the op still running: a later query that finds it
+    /// done sees its end closely enough to learn from (one that finds it
+    /// done at once only bounds the end from above).
+    pub(super) pending_seen: bool,
 }
 
 impl<C: DeviceBuffers> fmt::Debug for InFlight<C> {
@@ -78,10 +82,14 @@ impl<C: DeviceBuffers> InFlight<C> {
     ///
     /// The CUDA error of the event query (an error of the op).
     pub fn take_finished(&mut self) -> Result<Option<C>, CudaError> {
-        if self.bufs.is_none() || !self.end.is_complete()? {
+        if self.bufs.is_none() {
             return Ok(None);
         }
-        if let Some(f) = &self.forecast {
+        if !self.end.is_complete()? {
+            self.pending_seen = true;
+            return Ok(None);
+        }
+        if let Some(f) = self.forecast.as_ref().filter(|_| self.pending_seen) {
             f.observe(std::time::Instant::now());
         }
         Ok(self.bufs.take())
@@ -169,6 +177,7 @@ impl<C: DeviceBuffers> InFlight<C> {
             observed: std::sync::atomic::AtomicBool::new(false),
             prewoken: std::sync::atomic::AtomicBool::new(false),
             prewoken_seen: std::sync::atomic::AtomicBool::new(false),
+            watch_pending: std::sync::atomic::AtomicBool::new(false),
         });
         let entry = Entry {
             order: self.order,
@@ -198,6 +207,7 @@ impl<C: DeviceBuffers> Drop for InFlight<C> {
                 bufs: Some(bufs),
                 retire: self.retire.take(),
                 forecast: None,
+                pending_seen: false,
             };
             f.detach(|_| {});
         }

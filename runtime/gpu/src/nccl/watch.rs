@@ -40,6 +40,9 @@ pub(super) struct Cell<C> {
     pub(super) prewoken: AtomicBool,
     /// Set once the woken future took the pre-wake (for the counters).
     pub(super) prewoken_seen: AtomicBool,
+    /// A [`Watched::take_finished`] found the op running: a later one that
+    /// finds it done sees the end closely.
+    pub(super) watch_pending: AtomicBool,
 }
 
 static PREWAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -159,10 +162,21 @@ impl<C: DeviceBuffers> Watched<C> {
     /// The CUDA error of the event query (the reactor reports it too).
     pub fn take_finished(&self) -> Result<Option<C>, CudaError> {
         let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() || !self.cell.end.is_complete()? {
+        if g.is_none() {
             return Ok(None);
         }
-        self.cell.observe(Instant::now());
+        if !self.cell.end.is_complete()? {
+            self.cell.watch_pending.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if self.cell.watch_pending.load(Ordering::Relaxed) {
+            self.cell.observe(Instant::now());
+        } else {
+            // Found done at once: the end is only bounded from above, no
+            // sample (and none later from the reactor, which would be later
+            // still).
+            self.cell.observed.store(true, Ordering::Relaxed);
+        }
         if self.cell.prewoken_seen.load(Ordering::Relaxed) {
             PREWAKE_HITS.fetch_add(1, Ordering::Relaxed);
         }
