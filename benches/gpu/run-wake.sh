@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Completion latency and its CPU cost on one GPU: wake_probe (raw
 # mechanisms and chorus on every executor) beside PyTorch
-# (torch_wake.py, spinning and blocking waits); group_bench with the
-# enqueue profile; nccl_bench.
+# (torch_wake.py, spinning and blocking waits); group_bench and
+# group_probe with the enqueue profile; the watchdog's overhead; nccl_bench.
 #
 #   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200)
 set -u
@@ -34,9 +34,16 @@ if [ "$MODE" = all ] || [ "$MODE" = groups ]; then
   echo "=== group_bench (CHORUS_NCCL_PROFILE=1)"
   CHORUS_NCCL_PROFILE=1 timeout 150 "$D/bin/group_bench" --json "$OUT/group_bench.json" 2>&1 | tee "$OUT/group_bench.log"
 fi
+if [ "$MODE" = all ] || [ "$MODE" = groups ]; then
+  echo "=== group_probe (CHORUS_NCCL_PROFILE=1)"
+  CHORUS_NCCL_PROFILE=1 timeout 150 "$D/bin/group_probe" 2>&1 | tee "$OUT/group_probe.log"
+fi
 if [ "$MODE" = all ] || [ "$MODE" = watchdog ]; then
   echo "=== watchdog_overhead"
-  timeout 200 "$D/bin/watchdog_overhead" 2>&1 | tee "$OUT/watchdog_overhead.log" | tail -12
+  # In one process: blocks of 10,000 awaited ops, watchdog paused and
+  # running alternately (ABBA), on cores of their own.
+  timeout 200 taskset -c 2-5 "$D/bin/watchdog_overhead" --interleave "${BLOCKS:-60}" --ops 10000 \
+    2>&1 | tee "$OUT/watchdog_overhead.log" | tail -12
 fi
 if [ "$MODE" = all ] || [ "$MODE" = nccl ]; then
   echo "=== nccl_bench"

@@ -169,7 +169,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             (t1, Instant::now())
         });
+        // The group's phases: staging (checks, sequence, batch), launch
+        // (registration, the NCCL group, delivery), awaiting every work.
+        let (mut stage_us, mut launch_us) = (Vec::new(), Vec::new());
         let grp = measure(args.iters, || {
+            let t0 = Instant::now();
             let staged = {
                 let mut g = pg.group();
                 let ws: Vec<_> = bufs[..w]
@@ -177,7 +181,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .filter_map(Option::take)
                     .filter_map(|b| g.all_reduce(b, ReduceOp::Sum).ok())
                     .collect();
+                stage_us.push(t0.elapsed().as_secs_f64() * 1e6);
+                let tl = Instant::now();
                 let _ = g.launch();
+                launch_us.push(tl.elapsed().as_secs_f64() * 1e6);
                 ws
             };
             let t1 = Instant::now();
@@ -186,6 +193,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             (t1, Instant::now())
         });
+        let (stage, launch) = (median(&mut stage_us), median(&mut launch_us));
         let coal = measure(args.iters, || {
             let taken: Vec<_> = bufs[..w].iter_mut().filter_map(Option::take).collect();
             let work = match pg.all_reduce_coalesced(taken, ReduceOp::Sum) {
@@ -218,8 +226,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
             seq.0, seq.1, grp.0, grp.1, coal.0, coal.1, rseq.0, rseq.1, rgrp.0, rgrp.1, eseq.0, eseq.1, egrp.0, egrp.1
         );
+        println!(
+            "{w:>5} chorus grp phases: stage {stage:.1} / launch {launch:.1} / await {:.1} us",
+            grp.1 - grp.0
+        );
         rows.push(serde_json::json!({
             "width": w,
+            "chorus_grouped_phases": {"stage_us": stage, "launch_us": launch, "await_us": grp.1 - grp.0},
             "chorus_seq": {"submit_us": seq.0, "total_us": seq.1},
             "chorus_grouped": {"submit_us": grp.0, "total_us": grp.1},
             "chorus_coalesced": {"submit_us": coal.0, "total_us": coal.1},

@@ -1,0 +1,261 @@
+//! Where the host time of a group of per-op works goes: `--width` all_reduces
+//! of `--count` f32 on a 1-rank communicator, issued and awaited, built up
+//! layer by layer like `enqueue_probe` (median total µs per group, submit
+//! until the host knows the GPU finished; the GPU's part is the same in
+//! every layer, so differences between layers are host costs).
+//!
+//! Grouped: (g1) the raw NCCL group with one input-ready wait and one end
+//! event, the floor of docs/ARCHITECTURE.md rule 3; (g2) chorus-gpu's
+//! `Batch`: pushes, launch, each op's buffers taken back once the shared
+//! end event completed; (g3) g2 plus a registered work per op (registry
+//! entry, flight record, completion); (g4) `ProcessGroup::group`, each
+//! work awaited with `block_on`.
+//!
+//! One by one: (s1) raw calls with the two events per op; (s2)
+//! `Communicator::submit` per op, each op's buffer taken back once its end
+//! event completed; (s3) s2 plus a registered work per op; (s4)
+//! `ProcessGroup::all_reduce` per op, each work awaited.
+//!
+//! `group_probe [--iters N] [--width W] [--count C]`; needs a GPU.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use chorus::{DeviceBuffer, ReduceOp, StreamPriority};
+use chorus_core::Op;
+use chorus_gpu::cuda::Device;
+use chorus_gpu::floor::RawComm;
+use chorus_gpu::nccl::{CommOptions, Communicator, InFlight, PendingComm};
+use clap::Parser;
+use futures::executor::block_on;
+
+#[derive(Parser, Debug)]
+#[command(about = "Layer-by-layer host cost of a group of per-op works (1 rank, device 0)")]
+struct Args {
+    /// Groups timed per layer.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Ops per group.
+    #[arg(long, default_value_t = 16)]
+    width: usize,
+    /// f32 elements per buffer (1 MiB by default, as group_bench).
+    #[arg(long, default_value_t = 262_144)]
+    count: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Times `f` (one whole group) `iters` times after a warm-up; prints and
+/// returns the median in µs.
+fn layer(name: &str, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters / 10 + 20 {
+        f();
+    }
+    let mut t: Vec<f64> = (0..iters)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let m = median(&mut t);
+    println!("{name:<62} {m:7.2} us");
+    m
+}
+
+/// Spins on the op's end event until its buffers come back.
+fn finished(mut f: InFlight<DeviceBuffer<f32>>) -> DeviceBuffer<f32> {
+    loop {
+        match f.take_finished() {
+            Ok(Some(b)) => return b,
+            Ok(None) => std::hint::spin_loop(),
+            Err(e) => panic!("op failed: {e}"),
+        }
+    }
+}
+
+fn communicator(dev: &Device) -> Result<Communicator, Box<dyn std::error::Error>> {
+    let id = chorus_gpu::nccl::unique_id()?;
+    let mut pending = PendingComm::init(dev, 1, 0, &id, CommOptions::default())?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(r) = pending.poll()? {
+            return Ok(r.ok_or("no communicator")?);
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            return Err("communicator init timed out".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let (w, iters) = (args.width, args.iters);
+    let dev = Device::get(0)?;
+    dev.bind_to_thread()?;
+    let prod = dev.new_stream(StreamPriority::Normal)?;
+    let mut bufs: Vec<DeviceBuffer<f32>> = (0..w)
+        .map(|_| Ok(DeviceBuffer::new(prod.alloc_zeros::<f32>(args.count)?)?))
+        .collect::<Result<_, Box<dyn std::error::Error>>>()?;
+    prod.synchronize()?;
+    println!(
+        "group_probe: {w} ops of {} f32 per group, {iters} groups per layer",
+        args.count
+    );
+
+    let raw = RawComm::one_rank(&dev, w, args.count)?;
+    let (ready, end) = (dev.new_event()?, dev.new_event()?);
+    let each = |c: &RawComm| {
+        for i in 0..c.width() {
+            c.all_reduce(i).expect("ncclAllReduce");
+        }
+    };
+    layer(
+        "g1 raw NCCL group + one input-ready wait + one end event",
+        iters,
+        || {
+            raw.with_events(&prod, &ready, &end, |c| c.group(each))
+                .and_then(|r| r)
+                .expect("raw group");
+            end.synchronize().expect("sync");
+        },
+    );
+    layer("s1 raw calls one by one, two events per op", iters, || {
+        for i in 0..w {
+            raw.with_events(&prod, &ready, &end, |c| c.all_reduce(i))
+                .and_then(|r| r)
+                .expect("raw op");
+        }
+        end.synchronize().expect("sync");
+    });
+    drop(raw);
+
+    let c = std::sync::Arc::new(communicator(&dev)?);
+    let op = Op::AllReduce(ReduceOp::Sum);
+    let reg = std::sync::Arc::new(chorus_core::Registry::with_recorder(std::sync::Arc::new(
+        chorus_core::flight_recorder::FlightRecorder::new(1024),
+    )));
+    let group: std::sync::Arc<str> = "probe".into();
+    let mut seq = 0u64;
+    for with_works in [false, true] {
+        let name = if with_works {
+            "g3 g2 + a registered work per op"
+        } else {
+            "g2 chorus-gpu Batch: push, launch, take, buffers back"
+        };
+        layer(name, iters, || {
+            let mut batch = c.batch();
+            let tickets: Vec<_> = bufs
+                .drain(..)
+                .map(|b| batch.push(op, b).map_err(|(e, _)| e).expect("push"))
+                .collect();
+            let works: Vec<_> = if with_works {
+                (0..w)
+                    .map(|_| {
+                        seq += 1;
+                        chorus_benches::started_work(&reg, &group, seq, Instant::now())
+                            .expect("work")
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let mut launched = batch.launch();
+            let flights: Vec<_> = tickets
+                .into_iter()
+                .map(|t| launched.take(t).expect("take"))
+                .collect();
+            drop(launched);
+            let mut works = works.into_iter();
+            for f in flights {
+                bufs.push(finished(f));
+                if let Some((work, done)) = works.next() {
+                    done.complete(Ok(1));
+                    drop(work);
+                }
+            }
+        });
+    }
+    for with_works in [false, true] {
+        let name = if with_works {
+            "s3 s2 + a registered work per op"
+        } else {
+            "s2 Communicator::submit per op, buffers back"
+        };
+        layer(name, iters, || {
+            let flights: Vec<_> = bufs
+                .drain(..)
+                .map(|b| {
+                    let work = with_works.then(|| {
+                        seq += 1;
+                        chorus_benches::started_work(&reg, &group, seq, Instant::now())
+                            .expect("work")
+                    });
+                    (c.submit(op, b).map_err(|(e, _)| e).expect("submit"), work)
+                })
+                .collect();
+            for (f, work) in flights {
+                bufs.push(finished(f));
+                if let Some((work, done)) = work {
+                    done.complete(Ok(1));
+                    drop(work);
+                }
+            }
+        });
+    }
+    drop(c);
+
+    let pg = chorus_benches::one_rank_device_group("group_probe", 0)?;
+    let mut slots: Vec<Option<DeviceBuffer<f32>>> = bufs.drain(..).map(Some).collect();
+    layer(
+        "g4 ProcessGroup::group: stage, launch, await each",
+        iters,
+        || {
+            let works = {
+                let mut g = pg.group();
+                let ws: Vec<_> = slots
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .map(|b| g.all_reduce(b, ReduceOp::Sum).expect("stage"))
+                    .collect();
+                g.launch().expect("launch");
+                ws
+            };
+            for (slot, work) in slots.iter_mut().zip(works) {
+                *slot = Some(block_on(work).expect("await"));
+            }
+        },
+    );
+    layer(
+        "s4 ProcessGroup::all_reduce per op, await each",
+        iters,
+        || {
+            let works: Vec<_> = slots
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
+                .collect();
+            for (slot, work) in slots.iter_mut().zip(works) {
+                *slot = Some(block_on(work).expect("await"));
+            }
+        },
+    );
+    chorus_core::profile::reset();
+    layer("s4 again, with the enqueue profile", iters / 4, || {
+        let works: Vec<_> = slots
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
+            .collect();
+        for (slot, work) in slots.iter_mut().zip(works) {
+            *slot = Some(block_on(work).expect("await"));
+        }
+    });
+    chorus_benches::print_profile();
+    prod.synchronize()?;
+    Ok(())
+}
