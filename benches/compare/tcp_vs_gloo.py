@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""chorus's TCP backend beside PyTorch's Gloo, all_reduce f32, in one run.
+"""chorus's TCP backend beside PyTorch's Gloo, all_reduce f32, in one run,
+with the machine's floor: a blocking ping-pong of the same bytes over an
+abstract Unix socket (what local ranks use) and loopback TCP (`pingpong`).
 
 Builds nothing: run `cargo build --release -p chorus-benches -p chorus-launcher`
 first (benches/run.sh does). Prints a markdown table with ratios and
-the targets (latency <= 1/5 of Gloo's for small messages; 16 MiB
-bus bandwidth >= 2x Gloo's).
+the targets (small messages: latency <= 1/5 of Gloo's, and with 2 ranks
+<= 2x the Unix ping-pong; 16 MiB bus bandwidth >= 2x Gloo's) and the
+spread of chorus's medians over the runs (max / min; target <= 1.5).
 
-Each side runs `--repeat` times, alternating (chorus, Gloo, chorus, ...), so
-that both see the same background load; the table holds the median of the
-runs' medians, and the load average (1 min) before and after.
+Each side runs `--repeat` times, alternating (floor, chorus, Gloo, floor,
+chorus, ...), so that all see the same background load; the table holds
+the median of the runs' medians, and the load average (1 min) before and
+after.
 
     nice -n -20 python3 benches/compare/tcp_vs_gloo.py --ranks 2,4 --sizes 4,65536,16777216 --repeat 3
 """
@@ -49,6 +53,15 @@ def by_size(runs):
     }
 
 
+def floor_by_size(runs):
+    """{(transport, bytes): median of the runs' ping-pong medians}"""
+    acc = {}
+    for rows in runs:
+        for r in rows:
+            acc.setdefault((r["transport"], r["bytes"]), []).append(r["median_us"])
+    return {k: statistics.median(v) for k, v in acc.items()}
+
+
 def fmt_runs(v):
     return "/".join(f"{x:.0f}" if x >= 100 else f"{x:.1f}" for x in v)
 
@@ -64,6 +77,7 @@ def main():
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     run = os.path.join(target, "release", "chorus-run")
     bench = a.bench or os.path.join(target, "release", "tcp_allreduce")
+    pingpong = os.path.join(os.path.dirname(bench), "pingpong")
     try:
         import torch  # noqa: F401
         have_torch = True
@@ -73,19 +87,25 @@ def main():
     load0 = os.getloadavg()
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; niceness {os.nice(0)}; {a.repeat} runs per side")
     print()
-    print("| ranks | bytes | chorus median µs (runs) | gloo median µs (runs) | latency ratio (gloo/chorus) | chorus busbw GB/s | gloo busbw GB/s | busbw ratio | target | met |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| ranks | bytes | floor unix / tcp µs | chorus median µs (runs) | spread | chorus / floor | gloo median µs (runs) | latency ratio (gloo/chorus) | chorus busbw GB/s | gloo busbw GB/s | busbw ratio | target | met |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in [int(x) for x in a.ranks.split(",")]:
-        ours_runs, theirs_runs = [], []
+        ours_runs, theirs_runs, floor_runs = [], [], []
         for _ in range(a.repeat):
+            floor_runs.append(run_json([pingpong, "--sizes", a.sizes, "--budget-s", "1"]))
             ours_runs.append(run_json([run, "--nproc-per-node", str(n), "--", bench, "--sizes", a.sizes,
                                        "--budget-s", a.budget_s]))
             if have_torch:
                 theirs_runs.append(run_json([sys.executable, os.path.join(ROOT, "benches/compare/gloo_allreduce.py"),
                                              "--ranks", str(n), "--sizes", a.sizes, "--budget-s", a.budget_s]))
         ours, theirs = by_size(ours_runs), by_size(theirs_runs)
+        floor = floor_by_size(floor_runs)
         for b in sorted(ours):
             o_med, o_bw, o_runs = ours[b]
+            fu, ft = floor.get(("unix", b)), floor.get(("tcp", b))
+            floor_cell = f"{fu:.1f} / {ft:.1f}" if fu and ft else "-"
+            vs_floor = f"{o_med / fu:.2f}x" if fu else "-"
+            spread = max(o_runs) / min(o_runs) if min(o_runs) > 0 else float("nan")
             g = theirs.get(b)
             small = b <= 65536
             if g:
@@ -94,11 +114,18 @@ def main():
                 # Same bytes and ranks: the bandwidth ratio is the time ratio
                 # (the rounded busbw of tiny messages is 0).
                 bw_ratio = lat_ratio
-                tgt = ">= 5x lower latency" if small else ">= 2x busbw"
-                met = (lat_ratio >= 5) if small else (bw_ratio >= 2)
-                print(f"| {n} | {b} | {o_med:.1f} ({fmt_runs(o_runs)}) | {g_med:.1f} ({fmt_runs(g_runs)}) | {lat_ratio:.2f}x | {o_bw} | {g_bw} | {bw_ratio:.2f}x | {tgt} | {'yes' if met else 'NO'} |")
+                if small and n == 2:
+                    tgt = ">= 5x lower latency, <= 2x floor"
+                    met = lat_ratio >= 5 and fu is not None and o_med <= 2 * fu
+                elif small:
+                    tgt = ">= 5x lower latency"
+                    met = lat_ratio >= 5
+                else:
+                    tgt = ">= 2x busbw"
+                    met = bw_ratio >= 2
+                print(f"| {n} | {b} | {floor_cell} | {o_med:.1f} ({fmt_runs(o_runs)}) | {spread:.2f} | {vs_floor} | {g_med:.1f} ({fmt_runs(g_runs)}) | {lat_ratio:.2f}x | {o_bw} | {g_bw} | {bw_ratio:.2f}x | {tgt} | {'yes' if met else 'NO'} |")
             else:
-                print(f"| {n} | {b} | {o_med:.1f} ({fmt_runs(o_runs)}) | - | - | {o_bw} | - | - | - | - |")
+                print(f"| {n} | {b} | {floor_cell} | {o_med:.1f} ({fmt_runs(o_runs)}) | {spread:.2f} | {vs_floor} | - | - | {o_bw} | - | - | - | - |")
         sys.stdout.flush()
     load1 = os.getloadavg()
     print()
