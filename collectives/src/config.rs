@@ -18,6 +18,7 @@
 //! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |
 //! | `CHORUS_PROPAGATE_ERRORS` | `0` | [`GroupBuilder::propagate_errors`](crate::GroupBuilder::propagate_errors) |
 //! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
+//! | `CHORUS_LIVENESS_TIMEOUT_S` | `10` | [`TcpOptions::liveness_timeout`] (`0`: off) |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
 //! | `CHORUS_POLL_SPIN_US` | `10` | [`NcclOptions::poll_spin`] |
 //! | `CHORUS_NCCL_PROFILE` | `0` | `chorus_core::profile::set_enabled` (feature `profile`) |
@@ -70,11 +71,15 @@ impl WatchdogConfig {
 }
 
 impl TcpOptions {
-    /// The defaults, with `CHORUS_SHM=0` turning shared memory off.
+    /// The defaults, with `CHORUS_SHM=0` turning shared memory off and
+    /// `CHORUS_LIVENESS_TIMEOUT_S` setting the liveness timeout in seconds
+    /// (`0`: off).
     pub fn from_env() -> TcpOptions {
         let d = TcpOptions::default();
         TcpOptions {
             shared_memory: switch("CHORUS_SHM", d.shared_memory),
+            liveness_timeout: number("CHORUS_LIVENESS_TIMEOUT_S")
+                .map_or(d.liveness_timeout, Duration::from_secs),
             ..d
         }
     }

@@ -74,6 +74,21 @@ pub enum WorkError {
         /// What the transport reported.
         cause: String,
     },
+    /// The link to a peer went silent: nothing from it, not even the
+    /// transport's acknowledgements, for the liveness timeout (a network
+    /// partition, or a host that stopped), however long the op may run.
+    #[error(
+        "{ctx}: the link to rank {peer} went silent: no acknowledgement for {after:?} (the liveness \
+         timeout); a network partition or a stopped host: check the network between the hosts"
+    )]
+    PeerSilent {
+        /// The op that was running.
+        ctx: OpContext,
+        /// The peer rank that went silent.
+        peer: usize,
+        /// The liveness timeout that passed.
+        after: Duration,
+    },
     /// Ranks called different collectives at the same sequence number.
     #[error("{ctx}: collective mismatch: {detail}")]
     Mismatch {
@@ -138,6 +153,7 @@ impl WorkError {
             WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
             WorkError::Store { .. } => "Store",
             WorkError::PeerLost { .. } => "PeerLost",
+            WorkError::PeerSilent { .. } => "PeerSilent",
             WorkError::Mismatch { .. } => "Mismatch",
             WorkError::Aborted { .. } => "Aborted",
             WorkError::GroupErrored { .. } => "GroupErrored",
@@ -154,6 +170,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx, .. }
             | WorkError::Store { ctx, .. }
             | WorkError::PeerLost { ctx, .. }
+            | WorkError::PeerSilent { ctx, .. }
             | WorkError::Mismatch { ctx, .. }
             | WorkError::Aborted { ctx, .. }
             | WorkError::GroupErrored { ctx, .. }
@@ -172,6 +189,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx: c, .. }
             | WorkError::Store { ctx: c, .. }
             | WorkError::PeerLost { ctx: c, .. }
+            | WorkError::PeerSilent { ctx: c, .. }
             | WorkError::Mismatch { ctx: c, .. }
             | WorkError::Aborted { ctx: c, .. }
             | WorkError::GroupErrored { ctx: c, .. }

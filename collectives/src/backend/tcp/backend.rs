@@ -69,6 +69,12 @@ impl TcpBackend {
                 opts.chunk_bytes
             )));
         }
+        if !opts.liveness_timeout.is_zero() && opts.liveness_timeout < Duration::from_secs(1) {
+            return Err(Error::InvalidArgument(format!(
+                "TcpOptions::liveness_timeout is {:?}; it must be at least 1 s (or zero: off)",
+                opts.liveness_timeout
+            )));
+        }
         let setup_err = |msg: String| Error::Setup {
             group: group.to_string(),
             rank,

@@ -4,6 +4,7 @@
 use std::io::{self, IoSlice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::setup::{ReadHalf, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -97,6 +98,17 @@ pub(super) enum Incoming {
 /// already.
 const LEND_MIN: u64 = 32 << 10;
 
+/// How a connection ended whose read failed with `e`: `ETIMEDOUT` is the
+/// liveness timeout `live` (the kernel's keepalive probes or unacknowledged
+/// data gave up), anything else a broken connection.
+pub(super) fn read_failed(e: &io::Error, live: Duration) -> PeerState {
+    if e.kind() == io::ErrorKind::TimedOut && !live.is_zero() {
+        PeerState::Silent(live)
+    } else {
+        PeerState::Lost(format!("read failed: {e}"))
+    }
+}
+
 /// Reads frames from `peer` as they arrive and queues them for the worker,
 /// so that a sender never waits for the receiver to reach the op.
 ///
@@ -129,7 +141,7 @@ pub(super) async fn reader(
                         .into(),
                 )
             }
-            Err(e) => break PeerState::Lost(format!("read failed: {e}")),
+            Err(e) => break read_failed(&e, inner.opts.liveness_timeout),
         }
         let hdr = match Header::decode(&hb) {
             Ok(h) => h,
@@ -200,7 +212,10 @@ pub(super) async fn reader(
         }
         let mut payload = inner.pool.get(hdr.len as usize);
         if let Err(e) = rd.read_exact(payload.bytes_mut()).await {
-            break PeerState::Lost(format!("read failed mid-frame: {e}"));
+            break match read_failed(&e, inner.opts.liveness_timeout) {
+                PeerState::Lost(_) => PeerState::Lost(format!("read failed mid-frame: {e}")),
+                silent => silent,
+            };
         }
         let payload = Payload::Pool(payload);
         // A closed queue means the worker is gone: drop the frame.

@@ -33,6 +33,16 @@ pub struct TcpOptions {
     /// fails, payloads go through the socket. Default true
     /// (`CHORUS_SHM=0` turns it off, see `TcpOptions::from_env`).
     pub shared_memory: bool,
+    /// How long a peer on another host may stay silent — no data and no
+    /// acknowledgement of the kernel's keepalive probes — before its
+    /// connection fails with [`WorkError::PeerSilent`](crate::WorkError::PeerSilent),
+    /// however long the op in flight may still run (its own timeout is
+    /// separate). A live peer's kernel answers the probes whatever its
+    /// process is doing, so only a partition or a stopped host trips it.
+    /// Applies to TCP connections (Unix sockets join ranks of one host);
+    /// at least 1 s; zero turns it off. Default 10 s
+    /// (`CHORUS_LIVENESS_TIMEOUT_S`, see `TcpOptions::from_env`).
+    pub liveness_timeout: Duration,
 }
 
 impl Default for TcpOptions {
@@ -44,6 +54,7 @@ impl Default for TcpOptions {
             connect_timeout: Duration::from_secs(60),
             local_unix_sockets: true,
             shared_memory: true,
+            liveness_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -193,9 +193,31 @@ async fn read_hello<S: AsyncRead + Unpin>(s: &mut S) -> Result<Hello, String> {
     Ok(h)
 }
 
-fn tune(s: &TcpStream) -> Result<(), String> {
+/// `TCP_NODELAY`, and the liveness timeout `live` (zero: none) as kernel
+/// keepalive probes and `TCP_USER_TIMEOUT`: a silent link (partition,
+/// stopped host) ends the connection with `ETIMEDOUT` within `live`, whether
+/// this side waits for data (the probes go unanswered) or has data on the
+/// wire (it stays unacknowledged). A live peer's kernel answers the probes
+/// whatever its process does, so a slow op never trips it.
+fn tune(s: &TcpStream, live: Duration) -> Result<(), String> {
     s.set_nodelay(true)
-        .map_err(|e| format!("cannot set TCP_NODELAY: {e}"))
+        .map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+    if live.is_zero() {
+        return Ok(());
+    }
+    // Idle a third of the timeout, then 3 probes a sixth apart: the last
+    // one goes unanswered at five sixths of it.
+    let idle = (live / 3).max(Duration::from_secs(1));
+    let probe = (live / 6).max(Duration::from_secs(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(probe)
+        .with_retries(3);
+    let sock = socket2::SockRef::from(s);
+    sock.set_tcp_keepalive(&keepalive)
+        .map_err(|e| format!("cannot set TCP keepalive: {e}"))?;
+    sock.set_tcp_user_timeout(Some(live))
+        .map_err(|e| format!("cannot set TCP_USER_TIMEOUT: {e}"))
 }
 
 /// Why an incoming connection was refused; `fatal` when it came from a rank
@@ -272,7 +294,7 @@ fn local_peer(h: &Hello) -> bool {
 async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
     match s {
         Stream::Tcp(s) => {
-            tune(&s).map_err(|msg| Refused { msg, fatal: false })?;
+            tune(&s, me.opts.liveness_timeout).map_err(|msg| Refused { msg, fatal: false })?;
             let (peer, s, h) = accept_one(me, s).await?;
             Ok((peer, Conn::plain(Stream::Tcp(s), local_peer(&h))))
         }
@@ -318,7 +340,7 @@ async fn connect_tcp(
             Err(e) => return Err(format!("cannot connect to rank {peer} at {addr}: {e}")),
         }
     };
-    tune(&s)?;
+    tune(&s, me.opts.liveness_timeout)?;
     handshake(me, peer, &mut s, &addr.to_string(), same_host).await?;
     Ok(s)
 }

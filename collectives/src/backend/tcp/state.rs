@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use chorus_core::{OpContext, WorkError};
 use tokio::sync::watch;
@@ -22,6 +23,35 @@ pub(super) enum PeerState {
     Departed,
     /// The connection broke (EOF without goodbye, reset, corrupt stream).
     Lost(String),
+    /// The link went silent for the liveness timeout (the kernel gave up
+    /// on it: `ETIMEDOUT`).
+    Silent(Duration),
+}
+
+impl PeerState {
+    /// How the connection to `peer` ended, as the error of the op `ctx`
+    /// that needed it.
+    pub(super) fn error(&self, ctx: &OpContext, peer: usize) -> WorkError {
+        let cause = match self {
+            PeerState::Silent(after) => {
+                return WorkError::PeerSilent {
+                    ctx: ctx.clone(),
+                    peer,
+                    after: *after,
+                }
+            }
+            PeerState::Departed => format!(
+                "rank {peer} shut its group down (its backend was dropped) before taking part in this op"
+            ),
+            PeerState::Lost(c) => c.clone(),
+            PeerState::Open => "the connection's queue closed".to_string(),
+        };
+        WorkError::PeerLost {
+            ctx: ctx.clone(),
+            peer,
+            cause,
+        }
+    }
 }
 
 /// State shared by the backend handle, its worker and its reader tasks.
@@ -42,7 +72,7 @@ pub(super) struct Inner {
     /// ops its peers completed before one of them failed, and a mismatch
     /// found in a received header is reported as such, not as the close
     /// that followed it); an op that needs more from it fails at once.
-    pub(super) lost: Mutex<Option<(usize, String)>>,
+    pub(super) lost: Mutex<Option<(usize, PeerState)>>,
     pub(super) peers: Mutex<Vec<PeerState>>,
     pub(super) readers: Mutex<Vec<AbortHandle>>,
     /// Frames sent through shared memory.
@@ -123,11 +153,11 @@ impl Inner {
         // needs (a peer that finished the op and exited). An op that needs
         // more from this peer finds its queue closed and fails at once with
         // `PeerLost`; ops that need nothing more from it may finish.
-        if let PeerState::Lost(cause) = end {
+        if matches!(end, PeerState::Lost(_) | PeerState::Silent(_)) {
             self.lost
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert((peer, cause));
+                .get_or_insert((peer, end));
         }
     }
 
@@ -143,11 +173,7 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let e = match lost {
-            Some((peer, cause)) => WorkError::PeerLost {
-                ctx: self.base_ctx(),
-                peer,
-                cause,
-            },
+            Some((peer, end)) => end.error(&self.base_ctx(), peer),
             None => WorkError::Aborted {
                 ctx: self.base_ctx(),
                 reason: "the TCP backend was stopped".into(),
@@ -168,18 +194,7 @@ impl Inner {
 
     /// The error for an op that needs `peer` after its connection ended.
     pub(super) fn lost_error(&self, ctx: &OpContext, peer: usize) -> WorkError {
-        let cause = match self.peer_state(peer) {
-            PeerState::Departed => format!(
-                "rank {peer} shut its group down (its backend was dropped) before taking part in this op"
-            ),
-            PeerState::Lost(c) => c,
-            PeerState::Open => "the connection's queue closed".to_string(),
-        };
-        WorkError::PeerLost {
-            ctx: ctx.clone(),
-            peer,
-            cause,
-        }
+        self.peer_state(peer).error(ctx, peer)
     }
 
     pub(super) fn stop_readers(&self) {

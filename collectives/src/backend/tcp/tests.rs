@@ -1256,3 +1256,58 @@ fn bench_one() {
         report(n, "all_reduce", bytes, t, cpu);
     }
 }
+
+#[test]
+fn a_liveness_timeout_below_a_second_is_refused_and_zero_turns_it_off() {
+    let store: Arc<dyn Store> = Arc::new(chorus_store::InMemoryStore::default());
+    let opts = TcpOptions {
+        liveness_timeout: Duration::from_millis(500),
+        ..TcpOptions::default()
+    };
+    let r = block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts));
+    let e = r.err().expect("500 ms must be refused").to_string();
+    assert!(
+        e.contains("liveness_timeout") && e.contains("at least 1 s"),
+        "{e}"
+    );
+    // Off, and the smallest allowed: both connect (a world of one).
+    for live in [Duration::ZERO, Duration::from_secs(1)] {
+        let store: Arc<dyn Store> = Arc::new(chorus_store::InMemoryStore::default());
+        let opts = TcpOptions {
+            liveness_timeout: live,
+            ..tcp_opts()
+        };
+        block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts)).expect("connects");
+    }
+}
+
+#[test]
+fn a_timed_out_read_is_a_silent_link_and_other_errors_a_broken_one() {
+    use super::conn::read_failed;
+    use super::state::PeerState;
+    let live = Duration::from_secs(7);
+    // What the kernel's ETIMEDOUT reads as.
+    let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+    assert!(matches!(read_failed(&timed_out, live), PeerState::Silent(d) if d == live));
+    // Without a liveness timeout a timeout is no statement about the link.
+    assert!(matches!(
+        read_failed(&timed_out, Duration::ZERO),
+        PeerState::Lost(_)
+    ));
+    let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+    assert!(matches!(read_failed(&reset, live), PeerState::Lost(_)));
+    // The op's error names the peer and the timeout.
+    let ctx = OpContext {
+        rank: 0,
+        group: "g".into(),
+        seq: 4,
+        op: "all_reduce",
+    };
+    let e = PeerState::Silent(live).error(&ctx, 3);
+    assert!(matches!(&e, WorkError::PeerSilent { peer: 3, after, .. } if *after == live));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("rank 3") && msg.contains("went silent") && msg.contains("7s"),
+        "{msg}"
+    );
+}

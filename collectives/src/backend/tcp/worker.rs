@@ -402,13 +402,22 @@ impl Worker {
                 msg: format!("no connection to rank {peer}"),
             });
         };
-        w.write_frame(&hdr, body)
-            .await
-            .map_err(|e| WorkError::PeerLost {
+        let live = self.inner.opts.liveness_timeout;
+        w.write_frame(&hdr, body).await.map_err(|e| {
+            // Unacknowledged data past TCP_USER_TIMEOUT: the link is silent.
+            if e.kind() == std::io::ErrorKind::TimedOut && !live.is_zero() {
+                return WorkError::PeerSilent {
+                    ctx: op.ctx.clone(),
+                    peer,
+                    after: live,
+                };
+            }
+            WorkError::PeerLost {
                 ctx: op.ctx.clone(),
                 peer,
                 cause: format!("write failed: {e}"),
-            })
+            }
+        })
     }
 
     /// Receives the next frame of `op` from `peer` and checks its header;
@@ -450,7 +459,7 @@ impl Worker {
                 // On a bad header the read side is dropped with the error:
                 // the op fails, and with it the group.
                 self.check(op, peer, &hdr, idx, dst.len())?;
-                read_lent(op, peer, rd, back, dst).await?;
+                read_lent(op, peer, rd, back, dst, self.inner.opts.liveness_timeout).await?;
             }
         }
         Ok(())
@@ -461,7 +470,15 @@ impl Worker {
     async fn absorb(&mut self, op: &Active<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
         let Lent { hdr, rd, back } = l;
         let mut payload = self.inner.pool.get(hdr.len as usize);
-        read_lent(op, peer, rd, back, payload.bytes_mut()).await?;
+        read_lent(
+            op,
+            peer,
+            rd,
+            back,
+            payload.bytes_mut(),
+            self.inner.opts.liveness_timeout,
+        )
+        .await?;
         Ok(Frame {
             hdr,
             payload: Payload::Pool(payload),
@@ -618,10 +635,18 @@ async fn read_lent(
     mut rd: super::conn::Rd,
     back: tokio::sync::oneshot::Sender<Result<super::conn::Rd, String>>,
     dst: &mut [u8],
+    live: Duration,
 ) -> Result<(), WorkError> {
     if let Err(e) = rd.read_exact(dst).await {
         let cause = format!("read failed mid-frame: {e}");
         let _ = back.send(Err(cause.clone()));
+        if let PeerState::Silent(after) = super::conn::read_failed(&e, live) {
+            return Err(WorkError::PeerSilent {
+                ctx: op.ctx.clone(),
+                peer,
+                after,
+            });
+        }
         return Err(WorkError::PeerLost {
             ctx: op.ctx.clone(),
             peer,
