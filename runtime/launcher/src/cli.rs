@@ -139,9 +139,17 @@ impl Plan {
             ("GROUP_WORLD_SIZE", self.nnodes.to_string()),
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", self.master_port.to_string()),
+            // A rank that finds this dies with this launcher (see
+            // `chorus_store::rendezvous`): a SIGKILLed chorus-run leaves no
+            // rank behind.
+            (LAUNCHER_PID_VAR, std::process::id().to_string()),
         ]
     }
 }
+
+/// Names this launcher to its ranks (`chorus_store::rendezvous::LAUNCHER_PID_VAR`,
+/// which a test checks this equals).
+pub(crate) const LAUNCHER_PID_VAR: &str = "CHORUS_RUN_PID";
 
 /// A port that was free on `addr` a moment ago (the OS picks it; it is
 /// released again before the ranks start, so another process could take it
@@ -161,6 +169,11 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("chorus-run").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_launcher_variable_is_the_one_ranks_read() {
+        assert_eq!(LAUNCHER_PID_VAR, chorus_store::rendezvous::LAUNCHER_PID_VAR);
     }
 
     #[test]

@@ -68,6 +68,9 @@
 //!   exits while others still use the store breaks them. Prefer `shutdown`.
 
 mod config;
+mod launcher;
+
+pub use launcher::LAUNCHER_PID_VAR;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -168,6 +171,16 @@ pub enum RendezvousError {
         after: Duration,
         /// The last error.
         cause: StoreError,
+    },
+    /// `chorus-run` started this rank (`CHORUS_RUN_PID`) but has already
+    /// exited, or the rank could not be tied to it (see
+    /// `rendezvous::launcher`).
+    #[error("the chorus-run that started this rank (pid {pid}) is gone or cannot be followed: {cause}; the job was stopped while this rank started")]
+    LauncherGone {
+        /// The launcher's process id.
+        pid: i32,
+        /// What was found.
+        cause: String,
     },
     /// Some ranks did not join within the timeout.
     #[error("ranks {missing:?} of {world_size} never joined within {after:?}; did they start, with the same MASTER_ADDR/MASTER_PORT?")]
@@ -298,7 +311,9 @@ impl Rendezvous {
 ///
 /// As [`rendezvous`].
 pub async fn init_from_env() -> Result<Rendezvous, RendezvousError> {
-    rendezvous(RendezvousConfig::from_env()?).await
+    let cfg = RendezvousConfig::from_env()?;
+    launcher::tie_to_launcher()?;
+    rendezvous(cfg).await
 }
 
 /// Joins the job described by `cfg`: rank 0 hosts the store, every rank
