@@ -4,6 +4,7 @@
 
 pub mod busbw;
 pub mod latency;
+pub mod netns;
 pub mod report;
 pub mod testkit;
 pub mod timed;

@@ -23,6 +23,13 @@
 //!   so torchrun restarts the workers, which must join afresh and agree.
 //!   Prints `OK rank=R attempt=A sum=S`.
 //!
+//! * `hosts`: every op × f32, f64, bf16, i8 × 0, 1, 4099 elements and
+//!   16 MiB against the serial reference (the cross-host matrix).
+//! * `loop`: 16 MiB all_reduces (op timeout 300 s) for `LOOP_SECS`
+//!   (default 120), printing `LOOP rank=R iter=I` now and then; the first
+//!   failure is reported with `at_ms` (milliseconds since the Unix epoch)
+//!   and the rank exits 1 (for partition and launcher-loss tests).
+//!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
@@ -31,7 +38,8 @@ use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
 use chorus::{ProcessGroup, ReduceOp};
-use chorus_examples::testkit::{check_all_dtypes, SIZES};
+use chorus_examples::testkit::{check_all_dtypes, check_all_ops, SIZES};
+use half::bf16;
 
 fn env_num(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -187,6 +195,66 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 }
             }
         }
+        "hosts" => {
+            let pg = pg.with_timeout(Duration::from_secs(120));
+            let big = |bytes: usize| (16usize << 20) / bytes;
+            let mut checks = 0;
+            let r = async {
+                checks += check_all_ops::<f32>(&pg, 1, &[0, 1, 4099, big(4)]).await?;
+                checks += check_all_ops::<f64>(&pg, 2, &[0, 1, 4099, big(8)]).await?;
+                checks += check_all_ops::<bf16>(&pg, 4, &[0, 1, 4099, big(2)]).await?;
+                checks += check_all_ops::<i8>(&pg, 5, &[0, 1, 4099, big(1)]).await?;
+                Ok::<_, String>(())
+            }
+            .await;
+            match r {
+                Ok(()) => {
+                    pg.shutdown().await?;
+                    println!("OK rank={rank} checks={checks}");
+                    Ok(0)
+                }
+                Err(e) => {
+                    println!("FAIL rank={rank} {e}");
+                    Ok(1)
+                }
+            }
+        }
+        "loop" => {
+            let pg = pg.with_timeout(Duration::from_secs(300));
+            let secs = Duration::from_secs(env_num("LOOP_SECS", 120));
+            let start = Instant::now();
+            let mut buf = vec![1.0f32; 4 << 20];
+            let mut iter = 0u64;
+            loop {
+                let r = match pg.all_reduce(buf, ReduceOp::Avg) {
+                    Ok(w) => w.await,
+                    Err(rej) => Err(rej.error),
+                };
+                match r {
+                    Ok(b) => buf = b,
+                    Err(e) => {
+                        let at_ms = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis());
+                        println!(
+                            "RESULT rank={rank} kind={} at_ms={at_ms} iter={iter} msg={}",
+                            e.kind(),
+                            e.to_string().replace('\n', " ")
+                        );
+                        return Ok(1);
+                    }
+                }
+                iter += 1;
+                if iter % 4 == 1 {
+                    println!("LOOP rank={rank} iter={iter}");
+                }
+                if start.elapsed() > secs {
+                    pg.shutdown().await?;
+                    println!("OK rank={rank} iters={iter}");
+                    return Ok(0);
+                }
+            }
+        }
         "restart" => {
             let attempt = env_num("TORCHELASTIC_RESTART_COUNT", 0);
             let pg = pg.with_timeout(Duration::from_secs(30));
@@ -205,7 +273,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, kill, stop, propagate, mismatch, store-dies, restart)"
+                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart)"
             );
             Ok(2)
         }
