@@ -3,6 +3,11 @@
 rank, the same workload and output format as benches/src/bin/tcp_allreduce.rs.
 
     python3 benches/compare/gloo_allreduce.py --ranks 2 --sizes 4,65536,16777216
+
+Across hosts, one call per host with its ranks (global rank = node rank x
+ranks per node + local rank; rank 0's host prints the results):
+
+    python3 gloo_allreduce.py --ranks 2 --nnodes 2 --node-rank 1 --master-addr node0 --master-port 29612
 """
 import argparse
 import json
@@ -19,11 +24,11 @@ def free_port():
     return port
 
 
-def worker(rank, n, port, sizes, warmup, iters, budget_s, q):
+def worker(rank, n, addr, port, sizes, warmup, iters, budget_s, q):
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = addr
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -69,18 +74,25 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--budget-s", type=float, default=3.0)
+    ap.add_argument("--nnodes", type=int, default=1, help="hosts; --ranks is then ranks per host")
+    ap.add_argument("--node-rank", type=int, default=0)
+    ap.add_argument("--master-addr", default="127.0.0.1")
+    ap.add_argument("--master-port", type=int, default=0, help="0: a free port (one host only)")
     a = ap.parse_args()
     import torch.multiprocessing as mp
 
     sizes = [int(s) for s in a.sizes.split(",")]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, a.ranks, port, sizes, a.warmup, a.iters, a.budget_s, q))
+    port = a.master_port or free_port()
+    world = a.ranks * a.nnodes
+    first = a.node_rank * a.ranks
+    procs = [ctx.Process(target=worker, args=(first + r, world, a.master_addr, port, sizes, a.warmup, a.iters,
+                                               a.budget_s, q))
              for r in range(a.ranks)]
     for p in procs:
         p.start()
-    res = q.get(timeout=600)
+    res = q.get(timeout=600) if first == 0 else []
     for p in procs:
         p.join()
     for r in res:

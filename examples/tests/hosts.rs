@@ -32,6 +32,25 @@ fn start_job(
 ) -> Vec<(usize, Output)> {
     let run = workspace_bin("chorus-launcher", "chorus-run");
     let rank = std::path::PathBuf::from(env!("CARGO_BIN_EXE_chorus-test-rank"));
+    start_program(
+        h,
+        &run,
+        nproc,
+        master,
+        &[rank.to_string_lossy().as_ref(), scenario],
+        env,
+    )
+}
+
+/// [`start_job`] with any rank program and `chorus-run` given.
+fn start_program(
+    h: &mut Hosts,
+    run: &std::path::Path,
+    nproc: usize,
+    master: &str,
+    program: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<(usize, Output)> {
     let env: Vec<(String, String)> = env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -50,13 +69,12 @@ fn start_job(
                 "--master-port",
                 "29611",
                 "--",
-                &rank.to_string_lossy(),
-                scenario,
             ]
             .iter()
+            .chain(program)
             .map(|s| s.to_string())
             .collect();
-            h.spawn(i, &run, &args, &env)
+            h.spawn(i, run, &args, &env)
                 .unwrap_or_else(|e| panic!("{e}"))
         })
         .collect()
@@ -249,4 +267,134 @@ fn a_killed_launcher_ends_the_job_on_every_node() {
         "no rank of node 0 reported the lost peers:\n{log}"
     );
     println!("killed launcher: launchers exited {took:?} after the kill\n{log}");
+}
+
+/// The JSON lines a program printed (launcher prefixes stripped).
+fn json_rows(out: &Output) -> Vec<serde_json::Value> {
+    out.lines()
+        .iter()
+        .filter_map(|l| {
+            let l = l.split("] ").last().unwrap_or(l).trim();
+            if l.starts_with('{') {
+                serde_json::from_str(l).ok()
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// all_reduce f32 between test hosts, chorus (`tcp_allreduce` under one
+/// `chorus-run` per host) beside PyTorch's Gloo (`gloo_allreduce.py`, one
+/// call per host, `GLOO_SOCKET_IFNAME=eth0`) in the same hosts, 2 hosts ×
+/// 1 and × 2 ranks; prints a table. A benchmark, not a check: run it with
+/// release executables and a Python with PyTorch,
+///
+/// ```text
+/// cargo build --release -p chorus-benches -p chorus-launcher
+/// CHORUS_BENCH_BIN=$PWD/target/release CHORUS_TORCH_PYTHON=python3 \
+///   cargo nextest run -p chorus-examples --test hosts --run-ignored only \
+///   -E 'test(bench_)' --no-capture
+/// ```
+#[test]
+#[ignore = "a benchmark: needs root, release executables and PyTorch"]
+fn bench_all_reduce_across_hosts_beside_gloo() {
+    let bin = std::path::PathBuf::from(
+        std::env::var("CHORUS_BENCH_BIN").expect("set CHORUS_BENCH_BIN to target/release"),
+    );
+    let python = std::env::var("CHORUS_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let gloo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../benches/compare/gloo_allreduce.py");
+    let sizes = "4,65536,16777216";
+    println!(
+        "| hosts x ranks | bytes | chorus median us | Gloo median us | latency ratio | chorus busbw GB/s | Gloo busbw GB/s | busbw ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for nproc in [1usize, 2] {
+        let mut h = hosts(2);
+        let bench = bin.join("tcp_allreduce");
+        let nodes = start_program(
+            &mut h,
+            &bin.join("chorus-run"),
+            nproc,
+            "node0",
+            &[
+                bench.to_string_lossy().as_ref(),
+                "--sizes",
+                sizes,
+                "--budget-s",
+                "2",
+            ],
+            &[],
+        );
+        for (id, _) in &nodes {
+            let st = h.wait(*id, Duration::from_secs(300));
+            assert!(
+                st.is_some_and(|s| s.success()),
+                "chorus: {st:?}\n{}",
+                outputs(&nodes)
+            );
+        }
+        let ours = json_rows(&nodes[0].1);
+        let mut gl = Vec::new();
+        for i in 0..2 {
+            let args: Vec<String> = [
+                gloo.to_string_lossy().as_ref(),
+                "--ranks",
+                &nproc.to_string(),
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &i.to_string(),
+                "--master-addr",
+                "10.77.0.1",
+                "--master-port",
+                "29612",
+                "--sizes",
+                sizes,
+                "--budget-s",
+                "2",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let env = [
+                ("GLOO_SOCKET_IFNAME".to_string(), "eth0".to_string()),
+                ("OMP_NUM_THREADS".to_string(), "1".to_string()),
+            ];
+            gl.push(
+                h.spawn(i, std::path::Path::new(&python), &args, &env)
+                    .unwrap(),
+            );
+        }
+        for (id, _) in &gl {
+            let st = h.wait(*id, Duration::from_secs(300));
+            assert!(
+                st.is_some_and(|s| s.success()),
+                "gloo: {st:?}\n{}",
+                outputs(&gl)
+            );
+        }
+        let theirs = json_rows(&gl[0].1);
+        for o in &ours {
+            let b = o["bytes"].as_u64().unwrap_or(0);
+            let Some(g) = theirs.iter().find(|g| g["bytes"].as_u64() == Some(b)) else {
+                continue;
+            };
+            let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+            let (om, gm) = (num(o, "median_us"), num(g, "median_us"));
+            let (ob, gb) = (num(o, "busbw_gbps"), num(g, "busbw_gbps"));
+            // Tiny messages round their bus bandwidth to 0: no ratio.
+            let bw_ratio = if gb > 0.0 {
+                format!("{:.2}x", ob / gb)
+            } else {
+                "-".into()
+            };
+            println!(
+                "| 2 x {nproc} | {b} | {om:.1} | {gm:.1} | {:.2}x | {ob:.3} | {gb:.3} | {bw_ratio} |",
+                gm / om
+            );
+        }
+        drop(h);
+    }
 }
