@@ -55,7 +55,7 @@ for op in ("set", "get", "add"):
         base = t16 if c == "16" else t1
         cells.append(k(v) if impl == "torch" or not base else f"{k(v)} ({v/base:.1f}x)")
         if (impl, c) == ("chorus", "1"):
-            cells.append(f"{floor / v:.2f}x slower" if v and floor else "-")
+            cells.append(f"{floor / v:.2f}x the floor's time" if v and floor else "-")
     print(f"| {op} | " + " | ".join(cells) + " |")
 print("\n(ratios: against PyTorch with the same number of clients; ops/s)")
 PY

@@ -197,27 +197,11 @@ impl NcclBackend {
 pub(super) type DevicePair<C> = (OpFuture<Option<C>>, Completer<Option<C>>);
 
 /// Registers the work of a device op (flight recorder, deadline), recorded
-/// as started: it is enqueued right after. `probe` (the op's end event)
-/// lets the watchdog retire an op that finished but was not polled yet
-/// instead of timing it out.
+/// as submitted at `now` (the ops of a group share one reading): it is
+/// enqueued right after. `probe` (the op's end event) lets the watchdog
+/// retire an op that finished but was not polled yet instead of timing it
+/// out.
 pub(super) fn register<C: DeviceBuffers>(
-    seq: &Sequencer,
-    timeout: Duration,
-    ctx: OpContext,
-    op: Op,
-    meta: OpMeta,
-    probe: Option<Arc<dyn FinishedProbe>>,
-) -> Result<DevicePair<C>, WorkError> {
-    let now = Instant::now();
-    if profile::on() {
-        profile::stamp(3);
-    }
-    register_at(seq, timeout, ctx, op, meta, probe, now)
-}
-
-/// [`register`] with the submission instant given (the ops of a group
-/// share one).
-pub(super) fn register_at<C: DeviceBuffers>(
     seq: &Sequencer,
     timeout: Duration,
     ctx: OpContext,
@@ -355,7 +339,11 @@ impl NcclBackend {
         if prof {
             profile::stamp(2);
         }
-        let (work, completer) = match register::<C>(seq, timeout, ctx, op, meta, Some(probe)) {
+        let now = Instant::now();
+        if prof {
+            profile::stamp(3);
+        }
+        let (work, completer) = match register::<C>(seq, timeout, ctx, op, meta, Some(probe), now) {
             Ok(pair) => pair,
             Err(e) => return Err(Rejected::new(e, bufs)),
         };

@@ -16,9 +16,7 @@ use chorus_core::work::FinishedProbe;
 use chorus_core::{Op, OpContext, WorkError};
 use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, EndEvent, Launched, Ticket};
 
-use super::backend::{
-    comm_error, device_check, lookup_error, register_at, DevicePair, NcclBackend,
-};
+use super::backend::{comm_error, device_check, lookup_error, register, DevicePair, NcclBackend};
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::grouped::{self, Cell, Grouped};
@@ -101,7 +99,7 @@ impl<C: DeviceBuffers> DeviceEntry for DeviceOp<C> {
     ) -> Result<(), WorkError> {
         self.ctx = ctx.clone();
         let probe: Arc<dyn FinishedProbe> = probe.clone();
-        self.pair = Some(register_at::<C>(
+        self.pair = Some(register::<C>(
             seq,
             timeout,
             ctx,

@@ -1265,7 +1265,7 @@ fn a_liveness_timeout_below_a_second_is_refused_and_zero_turns_it_off() {
         ..TcpOptions::default()
     };
     let r = block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts));
-    let e = r.err().expect("500 ms must be refused").to_string();
+    let e = r.expect_err("500 ms must be refused").to_string();
     assert!(
         e.contains("liveness_timeout") && e.contains("at least 1 s"),
         "{e}"
