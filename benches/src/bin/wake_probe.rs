@@ -21,7 +21,11 @@
 //! * `chorus-block_on`, `chorus-tokio-ct`, `chorus-tokio-mt`,
 //!   `chorus-wait_timeout`: chorus itself, a 1-rank all_reduce whose input
 //!   comes from the stream, `.await`ed under `futures::executor::block_on`,
-//!   a tokio current-thread and a multi-thread runtime, or `wait_timeout`.
+//!   a tokio current-thread runtime, a task spawned on a multi-thread
+//!   runtime (timed inside the task, right after the await), or
+//!   `wait_timeout`; `chorus-tokio-mt-join` times the spawned task where its
+//!   `JoinHandle` is awaited instead (one more wake-up, of the thread that
+//!   awaits the handle).
 //!   Its stamp is the end of the op's input: the op's own few microseconds
 //!   on the GPU count as latency.
 //!
@@ -191,17 +195,34 @@ impl Rig {
                 .pg
                 .all_reduce(buf, chorus::ReduceOp::Sum)
                 .expect("all_reduce");
-            let back = match kind {
-                "block_on" => futures::executor::block_on(work),
-                "tokio-ct" => self.tokio_ct.block_on(work),
-                "tokio-mt" => self
-                    .tokio_mt
-                    .block_on(async { tokio::spawn(work).await.expect("task") }),
-                "wait_timeout" => work.wait_timeout(Duration::from_secs(10)),
+            // When the awaiting code runs again: after the await, on the
+            // thread that awaited (for a spawned task: inside the task, not
+            // where its JoinHandle is awaited; `tokio-mt-join` adds that
+            // hop, which any spawned future pays).
+            let (back, resumed) = match kind {
+                "block_on" => (futures::executor::block_on(work), None),
+                "tokio-ct" => (self.tokio_ct.block_on(work), None),
+                "tokio-mt" => {
+                    let (r, at) = self.tokio_mt.block_on(async {
+                        tokio::spawn(async move {
+                            let r = work.await;
+                            (r, Instant::now())
+                        })
+                        .await
+                        .expect("task")
+                    });
+                    (r, Some(at))
+                }
+                "tokio-mt-join" => (
+                    self.tokio_mt
+                        .block_on(async { tokio::spawn(work).await.expect("task") }),
+                    None,
+                ),
+                "wait_timeout" => (work.wait_timeout(Duration::from_secs(10)), None),
                 other => panic!("unknown mechanism chorus-{other}"),
-            }
-            .expect("op");
-            return self.latencies(mech, (launched, flagged), len, Some(back));
+            };
+            let back = back.expect("op");
+            return self.latencies(mech, (launched, flagged), len, Some(back), resumed);
         }
         ev.record(&self.stream).expect("record");
         match mech {
@@ -232,7 +253,7 @@ impl Rig {
             }
             other => panic!("unknown mechanism {other}"),
         }
-        self.latencies(mech, (launched, flagged), len, None)
+        self.latencies(mech, (launched, flagged), len, None, None)
     }
 
     fn latencies(
@@ -241,9 +262,14 @@ impl Rig {
         (launched, flagged): (Instant, i128),
         len: Duration,
         buf: Option<chorus::DeviceBuffer<f32>>,
+        resumed: Option<Instant>,
     ) -> (f64, f64) {
-        let back = self.clock.now_ns();
-        let crude = (launched.elapsed().as_secs_f64() - len.as_secs_f64()) * 1e6;
+        let back = match resumed {
+            Some(at) => self.clock.host_ns(at),
+            None => self.clock.now_ns(),
+        };
+        let crude = (resumed.unwrap_or_else(Instant::now) - launched).as_secs_f64() * 1e6
+            - len.as_secs_f64() * 1e6;
         if let Some(b) = buf {
             *self.buf.borrow_mut() = Some(b);
         }
