@@ -44,7 +44,13 @@ fn run(scenario: &str, trace_dir: &Path) -> Outcome {
 
 /// [`run`] with extra environment variables for the ranks.
 fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
+    run_args(scenario, trace_dir, env, &[])
+}
+
+/// [`run_with`] with extra `chorus-run` arguments.
+fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[&str]) -> Outcome {
     let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
+        .args(launcher)
         .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
         .arg(scenario)
@@ -265,11 +271,32 @@ fn mismatched_collectives_are_named_by_the_error_and_by_chorus_trace() {
     }
 }
 
+/// chorus-run serves the store: rank 0's death leaves it serving, and the
+/// survivors form a new group through it and run an op.
 #[test]
-fn store_host_death_gives_every_rank_a_store_error() {
+fn the_store_outlives_rank_0_under_chorus_run() {
+    for i in 0..RUNS / 4 {
+        let dir = temp_dir("store-lives", i);
+        let out = run("store-dies", &dir);
+        for r in [1, 2] {
+            let (kind, _, msg) = out
+                .results
+                .get(&r)
+                .unwrap_or_else(|| panic!("rank {r} reported nothing:\n{}", out.lines.join("\n")));
+            assert_eq!(kind, "none", "rank {r}: {msg}");
+            assert!(msg.contains("sum 2"), "rank {r}: {msg}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// With the store on rank 0 (`--rank0-store`), its death gives every rank
+/// a store error, promptly.
+#[test]
+fn rank_0_store_death_gives_every_rank_a_store_error() {
     for i in 0..RUNS {
         let dir = temp_dir("store", i);
-        let out = run("store-dies", &dir);
+        let out = run_args("store-dies", &dir, &[], &["--rank0-store"]);
         survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -279,10 +306,15 @@ fn store_host_death_gives_every_rank_a_store_error() {
 /// the dead store instead of hanging the ranks (fewer runs: the store's
 /// side is the same as above).
 #[test]
-fn store_host_death_with_error_propagation_on_does_not_hang() {
+fn rank_0_store_death_with_error_propagation_on_does_not_hang() {
     for i in 0..RUNS / 4 {
         let dir = temp_dir("store-prop", i);
-        let out = run_with("store-dies", &dir, &[("CHORUS_PROPAGATE_ERRORS", "1")]);
+        let out = run_args(
+            "store-dies",
+            &dir,
+            &[("CHORUS_PROPAGATE_ERRORS", "1")],
+            &["--rank0-store"],
+        );
         survivors_failed_within(&out, &[1, 2], &["Store"], 10_000);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -9,8 +9,9 @@
 //!   their flight recorders.
 //! * `mismatch`: rank `FAULT_RANK` calls all_gather where the others call
 //!   all_reduce.
-//! * `store-dies`: rank 0 (the store's host) SIGKILLs itself; the others use
-//!   the store and report the store error.
+//! * `store-dies`: rank 0 SIGKILLs itself; the others then use the store
+//!   (a new group of ranks 1 and 2, and an all_reduce on it) and report
+//!   `kind=none` if it still serves, `kind=Store` with the error if not.
 //! * `propagate`: like `stop`, with error propagation on and the group's
 //!   timeout at `FAULT_LONG_TIMEOUT_MS` (default 30 s); only rank 0 runs the
 //!   last op under `FAULT_TIMEOUT_MS`, so it detects the stopped rank and
@@ -179,11 +180,23 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             }
             // Give the store host time to die, then use the store.
             tokio::time::sleep(Duration::from_millis(600)).await;
+            // Whether that takes the store down depends on who serves it:
+            // rank 0 (`chorus-run --rank0-store`), or chorus-run itself.
             let start = Instant::now();
             match pg.new_group(&[1, 2]).await {
-                Ok(_) => {
-                    report(rank, start, "none", "new_group succeeded");
-                    Ok(3)
+                Ok(Some(g)) => {
+                    let sum = g.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?.await?;
+                    report(
+                        rank,
+                        start,
+                        "none",
+                        &format!("new_group succeeded, sum {}", sum[0]),
+                    );
+                    Ok(0)
+                }
+                Ok(None) => {
+                    report(rank, start, "none", "not a member of the new group");
+                    Ok(0)
                 }
                 Err(chorus::Error::Store(e)) => {
                     report(rank, start, "Store", &e.to_string());

@@ -46,6 +46,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
     pub(crate) kill_timeout: Duration,
 
+    /// Let rank 0 host the job's store, as without a launcher. By default
+    /// this chorus-run (node 0's, with several nodes) serves it for the
+    /// whole job on --master-addr:--master-port, so that no rank's death,
+    /// rank 0's included, takes the store down.
+    #[arg(long)]
+    pub(crate) rank0_store: bool,
+
     /// When a rank fails, let the others run on (instead of stopping them);
     /// exit with the first failing rank's code once every rank is done.
     /// For fault-injection tests.
@@ -78,7 +85,11 @@ pub(crate) struct Plan {
     pub(crate) nnodes: u32,
     pub(crate) node_rank: u32,
     pub(crate) master_addr: String,
+    /// 0 until node 0's chorus-run bound its store on a free port.
     pub(crate) master_port: u16,
+    /// The launcher serves the store (node 0's hosts it, the others' ranks
+    /// connect to it); false: rank 0 does.
+    pub(crate) launcher_store: bool,
 }
 
 impl Plan {
@@ -104,6 +115,8 @@ impl Plan {
         };
         let master_port = match (args.master_port, multi) {
             (Some(p), _) => p,
+            // The store binds port 0 and learns its port.
+            (None, false) if !args.rank0_store => 0,
             (None, false) => free_port(&master_addr)?,
             (None, true) => {
                 return Err(
@@ -117,7 +130,29 @@ impl Plan {
             node_rank: args.node_rank,
             master_addr,
             master_port,
+            launcher_store: !args.rank0_store,
         })
+    }
+
+    /// Whether this chorus-run serves the job's store.
+    pub(crate) fn hosts_store(&self) -> bool {
+        self.launcher_store && self.node_rank == 0
+    }
+
+    /// Where node 0's chorus-run binds the store: `master_addr` if it is
+    /// an IP address (or `localhost`), every interface otherwise (a host
+    /// name, which may resolve to an address of another interface), with
+    /// `master_port` (0: any free port).
+    pub(crate) fn store_bind_addr(&self) -> std::net::SocketAddr {
+        use std::net::{IpAddr, Ipv4Addr};
+        let ip = match self.master_addr.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) if self.master_addr.eq_ignore_ascii_case("localhost") => {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            }
+            Err(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        };
+        std::net::SocketAddr::new(ip, self.master_port)
     }
 
     /// Global rank of local rank `local`.
@@ -143,6 +178,15 @@ impl Plan {
             // `chorus_store::rendezvous`): a SIGKILLed chorus-run leaves no
             // rank behind.
             (LAUNCHER_PID_VAR, std::process::id().to_string()),
+            (
+                STORE_HOST_VAR,
+                if self.launcher_store {
+                    "launcher"
+                } else {
+                    "rank0"
+                }
+                .to_string(),
+            ),
         ]
     }
 }
@@ -150,6 +194,9 @@ impl Plan {
 /// Names this launcher to its ranks (`chorus_store::rendezvous::LAUNCHER_PID_VAR`,
 /// which a test checks this equals).
 pub(crate) const LAUNCHER_PID_VAR: &str = "CHORUS_RUN_PID";
+
+/// Says who serves the store (`chorus_store::rendezvous::STORE_HOST_ENV`).
+pub(crate) const STORE_HOST_VAR: &str = "CHORUS_STORE_HOST";
 
 /// A port that was free on `addr` a moment ago (the OS picks it; it is
 /// released again before the ranks start, so another process could take it
@@ -172,8 +219,9 @@ mod tests {
     }
 
     #[test]
-    fn the_launcher_variable_is_the_one_ranks_read() {
+    fn the_launcher_variables_are_the_ones_ranks_read() {
         assert_eq!(LAUNCHER_PID_VAR, chorus_store::rendezvous::LAUNCHER_PID_VAR);
+        assert_eq!(STORE_HOST_VAR, chorus_store::rendezvous::STORE_HOST_ENV);
     }
 
     #[test]
@@ -213,7 +261,47 @@ mod tests {
         assert_eq!(a.command, vec![OsString::from("prog"), "-x".into()]);
         let p = Plan::from_args(&a).unwrap();
         assert_eq!(p.master_addr, "127.0.0.1");
+        // chorus-run serves the store: it binds any free port itself.
+        assert!(p.hosts_store());
+        assert_eq!(p.master_port, 0);
+        assert_eq!(p.store_bind_addr().to_string(), "127.0.0.1:0");
+        // With the store on rank 0 the port is picked up front.
+        let a = parse(&["--nproc-per-node", "2", "--rank0-store", "prog"]).unwrap();
+        let p = Plan::from_args(&a).unwrap();
+        assert!(!p.hosts_store());
         assert_ne!(p.master_port, 0);
+        let env = p.rank_env(0);
+        assert!(env.contains(&(STORE_HOST_VAR, "rank0".to_string())));
+    }
+
+    #[test]
+    fn only_node_0_serves_the_store_and_every_node_says_where_it_is() {
+        let node = |i: &str| {
+            let a = parse(&[
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                i,
+                "--master-addr",
+                "node0",
+                "--master-port",
+                "29500",
+                "prog",
+            ])
+            .unwrap();
+            Plan::from_args(&a).unwrap()
+        };
+        let (n0, n1) = (node("0"), node("1"));
+        assert!(n0.hosts_store() && !n1.hosts_store());
+        // A host name: every interface.
+        assert_eq!(n0.store_bind_addr().to_string(), "0.0.0.0:29500");
+        for p in [&n0, &n1] {
+            let env = p.rank_env(1);
+            assert!(env.contains(&(STORE_HOST_VAR, "launcher".to_string())));
+            assert!(env.contains(&("MASTER_PORT", "29500".to_string())));
+        }
     }
 
     #[test]

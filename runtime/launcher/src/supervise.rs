@@ -95,7 +95,29 @@ fn log(msg: &str) {
 }
 
 /// Runs the job; returns chorus-run's exit code.
-pub(crate) async fn run(args: Args, plan: Plan) -> i32 {
+pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
+    // Node 0's chorus-run serves the job's store until every local rank is
+    // done (the other nodes' ranks reach it on the master address).
+    let _store = if plan.hosts_store() {
+        let addr = plan.store_bind_addr();
+        match chorus_store::TcpStoreServer::bind(addr, chorus_store::ServerOptions::from_env())
+            .await
+        {
+            Ok(server) => {
+                plan.master_port = server.local_addr().port();
+                Some(server)
+            }
+            Err(e) => {
+                log(&format!(
+                    "cannot serve the job's store on {addr}: {e}; is --master-port free on this node \
+                     and --master-addr one of its addresses?"
+                ));
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
     // Listen before the first child exists, so no signal is lost.
     // SIGHUP too: the ranks are not in the terminal's process group, so
     // they would not get it when the terminal goes away.

@@ -565,3 +565,46 @@ fn the_builder_can_name_a_pytorch_store() {
         Err(ConfigError::Invalid(_))
     ));
 }
+
+#[test]
+fn chorus_runs_store_is_used_not_hosted() {
+    use chorus_store::rendezvous::{StoreHost, STORE_HOST_ENV};
+    let mut v = torchrun();
+    v.insert(STORE_HOST_ENV, "launcher".into());
+    let c = parse(&v).unwrap();
+    assert_eq!(*c.store_host(), StoreHost::Launcher);
+    assert_eq!(c.master_port(), 29500);
+    v.insert(STORE_HOST_ENV, "rank0".into());
+    assert_eq!(*parse(&v).unwrap().store_host(), StoreHost::Rank0);
+    v.insert(STORE_HOST_ENV, "agent".into());
+    let e = parse(&v).unwrap_err().to_string();
+    assert!(
+        e.contains(STORE_HOST_ENV) && e.contains("launcher or rank0"),
+        "{e}"
+    );
+    // torchrun's agent store wins: it is the one serving.
+    v.insert(STORE_HOST_ENV, "launcher".into());
+    v.insert("TORCHELASTIC_USE_AGENT_STORE", "True".into());
+    assert!(matches!(
+        parse(&v).unwrap().store_host(),
+        StoreHost::Torch { .. }
+    ));
+    // The builder's equivalent; a served store has a port of its own.
+    let b = RendezvousConfig::builder()
+        .rank(1)
+        .world_size(2)
+        .master_addr("node0")
+        .master_port(29500)
+        .launcher_store()
+        .build()
+        .unwrap();
+    assert_eq!(*b.store_host(), StoreHost::Launcher);
+    let zero = RendezvousConfig::builder()
+        .rank(0)
+        .world_size(1)
+        .master_addr("127.0.0.1")
+        .master_port(0)
+        .launcher_store()
+        .build();
+    assert!(matches!(zero, Err(ConfigError::Invalid(_))), "{zero:?}");
+}

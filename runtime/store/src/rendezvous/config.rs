@@ -57,7 +57,17 @@ pub enum StoreHost {
         /// The prefix of every key chorus sets there.
         namespace: String,
     },
+    /// The launcher serves a chorus store on `master_addr:master_port` for
+    /// the job's whole life (`chorus-run` on node 0, which says so with
+    /// `CHORUS_STORE_HOST=launcher`): no rank binds the port, every rank
+    /// connects, and no rank's death — rank 0's included — takes the store
+    /// down.
+    Launcher,
 }
+
+/// The variable with which a launcher says it serves the job's store
+/// (value `launcher`, [`StoreHost::Launcher`]).
+pub const STORE_HOST_ENV: &str = "CHORUS_STORE_HOST";
 
 impl StoreHost {
     /// The namespace torchrun's workers use: `chorus/{run_id}/{restart}`
@@ -276,7 +286,17 @@ impl RendezvousConfig {
             }
             StoreHost::torchelastic(&run_id, restart)
         } else {
-            StoreHost::Rank0
+            match get(STORE_HOST_ENV).as_deref().map(str::trim) {
+                None | Some("") | Some("rank0") => StoreHost::Rank0,
+                Some("launcher") => StoreHost::Launcher,
+                Some(other) => {
+                    return Err(EnvError::Malformed {
+                        var: STORE_HOST_ENV,
+                        value: other.to_string(),
+                        expected: "launcher or rank0",
+                    })
+                }
+            }
         };
         let hosted = store_host == StoreHost::Rank0;
 
@@ -463,6 +483,7 @@ pub struct RendezvousConfigBuilder {
     shutdown_timeout: Option<Duration>,
     token: Option<String>,
     torch_namespace: Option<String>,
+    launcher_store: bool,
 }
 
 impl RendezvousConfigBuilder {
@@ -536,6 +557,14 @@ impl RendezvousConfigBuilder {
         self
     }
 
+    /// Use the chorus store a launcher already serves on
+    /// `master_addr:master_port` instead of hosting one on rank 0
+    /// ([`StoreHost::Launcher`]).
+    pub fn launcher_store(mut self) -> Self {
+        self.launcher_store = true;
+        self
+    }
+
     /// Checks the fields and builds the config.
     ///
     /// # Errors
@@ -563,9 +592,10 @@ impl RendezvousConfigBuilder {
                 "local_world_size {local_world_size} is larger than world_size {world_size}"
             )));
         }
-        let store_host = match self.torch_namespace {
-            Some(namespace) => StoreHost::Torch { namespace },
-            None => StoreHost::Rank0,
+        let store_host = match (self.torch_namespace, self.launcher_store) {
+            (Some(namespace), _) => StoreHost::Torch { namespace },
+            (None, true) => StoreHost::Launcher,
+            (None, false) => StoreHost::Rank0,
         };
         // Only a store rank 0 hosts can take any port and be found anyway.
         let single = world_size == 1 && store_host == StoreHost::Rank0;
@@ -582,7 +612,7 @@ impl RendezvousConfigBuilder {
         let master_port = match self.master_port {
             Some(0) if store_host != StoreHost::Rank0 => {
                 return Err(ConfigError::Invalid(
-                    "master_port 0 names no existing PyTorch store; give the port it serves on".into(),
+                    "master_port 0 names no store that is already serving; give the port it serves on".into(),
                 ))
             }
             Some(0) if !single => {

@@ -49,6 +49,16 @@
 //! before. The agent owns the store's lifetime, so rank 0's
 //! [`Rendezvous::shutdown`] does not wait for the others to leave.
 //!
+//! # Under chorus-run's store
+//!
+//! `chorus-run` (node 0's, in a job of several nodes) serves the job's
+//! store itself for as long as it runs, and says so with
+//! `CHORUS_STORE_HOST=launcher` ([`StoreHost::Launcher`]): no rank binds
+//! the port, every rank connects to `MASTER_ADDR:MASTER_PORT`, and the
+//! store outlives any rank, rank 0 included (`chorus-run --rank0-store`
+//! keeps the rank-0 store described below). As under torchrun, rank 0's
+//! [`Rendezvous::shutdown`] does not wait for the others to leave.
+//!
 //! # Lifetime of the store
 //!
 //! Rank 0's server lives as long as the job's store: the
@@ -80,7 +90,7 @@ use std::time::{Duration, Instant};
 
 pub use config::{
     ConfigError, EnvError, RendezvousConfig, RendezvousConfigBuilder, Source, StoreHost,
-    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_TIMEOUT, STORE_HOST_ENV,
 };
 
 use crate::client::{ClientOptions, TcpStore};
@@ -312,7 +322,8 @@ impl Rendezvous {
 /// As [`rendezvous`].
 pub async fn init_from_env() -> Result<Rendezvous, RendezvousError> {
     let cfg = RendezvousConfig::from_env()?;
-    launcher::tie_to_launcher()?;
+    launcher::tie_to_launcher()
+        .map_err(|(pid, cause)| RendezvousError::LauncherGone { pid, cause })?;
     rendezvous(cfg).await
 }
 
@@ -429,6 +440,7 @@ async fn connect(
     let host = match cfg.store_host() {
         StoreHost::Rank0 => "rank 0",
         StoreHost::Torch { .. } => "the PyTorch TCPStore (torchrun's agent)",
+        StoreHost::Launcher => "chorus-run (node 0)",
     };
     let connect_err = |addr: &str, cause| RendezvousError::Connect {
         rank,
