@@ -403,21 +403,50 @@ impl Worker {
             });
         };
         let live = self.inner.opts.liveness_timeout;
-        w.write_frame(&hdr, body).await.map_err(|e| {
-            // Unacknowledged data past TCP_USER_TIMEOUT: the link is silent.
-            if e.kind() == std::io::ErrorKind::TimedOut && !live.is_zero() {
-                return WorkError::PeerSilent {
-                    ctx: op.ctx.clone(),
-                    peer,
-                    after: live,
-                };
-            }
-            WorkError::PeerLost {
+        let Err(e) = w.write_frame(&hdr, body).await else {
+            return Ok(());
+        };
+        // Unacknowledged data past TCP_USER_TIMEOUT: the link is silent.
+        if e.kind() == std::io::ErrorKind::TimedOut && !live.is_zero() {
+            return Err(WorkError::PeerSilent {
                 ctx: op.ctx.clone(),
                 peer,
-                cause: format!("write failed: {e}"),
-            }
+                after: live,
+            });
+        }
+        // A peer that found a mismatch closes at once, possibly while this
+        // rank still writes: what it sent before is the better report.
+        if let Some(m) = self.mismatch_before_close(op, peer).await {
+            return Err(m);
+        }
+        Err(WorkError::PeerLost {
+            ctx: op.ctx.clone(),
+            peer,
+            cause: format!("write failed: {e}"),
         })
+    }
+
+    /// After a write to `peer` failed: the mismatch its frame for this op
+    /// shows, if the frame arrived before the connection ended (its reader
+    /// delivers what came before the end, then closes the queue; waited for
+    /// at most 200 ms).
+    async fn mismatch_before_close(&mut self, op: &Active<'_>, peer: usize) -> Option<WorkError> {
+        if op.class == CLASS_P2P {
+            return None;
+        }
+        let got = tokio::time::timeout(Duration::from_millis(200), self.take(op, peer, false))
+            .await
+            .ok()?
+            .ok()?;
+        let hdr = match got {
+            Got::Frame(f) => f.hdr,
+            Got::Lent(l) => l.hdr,
+        };
+        // Only the op's identity: frame index and length are this op's own.
+        match self.check(op, peer, &hdr, hdr.frame, hdr.len as usize) {
+            Err(e @ WorkError::Mismatch { .. }) => Some(e),
+            _ => None,
+        }
     }
 
     /// Receives the next frame of `op` from `peer` and checks its header;
