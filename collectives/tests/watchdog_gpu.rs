@@ -157,12 +157,9 @@ fn gpu_watchdog_times_out_a_spinning_stream_then_a_new_group_works() {
     dev.synchronize().unwrap();
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
-    // A work holds its op until it is polled: an op that finished long
-    // before its deadline, whose work nobody has polled, must not time out
-    // (the watchdog asks its end event), nor one whose work was forgotten.
+/// For the unpolled-work tests: a stream, a device group `name` and the
+/// same group with a 200 ms op timeout.
+fn unpolled_setup(name: &str) -> (Stream, ProcessGroup, ProcessGroup, Duration) {
     let dev = Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"));
     assert!(
         watchdog::enabled(),
@@ -170,9 +167,19 @@ fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
     );
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = device_group(&st, "wd-held");
+    let pg = device_group(&st, name);
     let timeout = Duration::from_millis(200);
     let short = pg.with_timeout(timeout);
+    (s, pg, short, timeout)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_finished_op_nobody_polled_is_not_timed_out() {
+    // A work holds its op until it is polled: an op that finished long
+    // before its deadline, whose work nobody has polled, must not time out
+    // (the watchdog asks its end event), nor one whose work was forgotten.
+    let (s, pg, short, timeout) = unpolled_setup("wd-held");
     let data = [1.5f32, -2.0, 3.25];
     let before = watchdog::stats();
     let held = short.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap();
@@ -214,16 +221,7 @@ fn gpu_a_finished_group_nobody_polled_is_not_timed_out() {
     // The works of a group hold their ops as lone works do: a group that
     // finished, with its works unpolled past their deadline, must not time
     // out (each op's registry entry asks the group's end event).
-    let dev = Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"));
-    assert!(
-        watchdog::enabled(),
-        "run with the watchdog on (CHORUS_WATCHDOG unset)"
-    );
-    let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = device_group(&st, "wd-group-held");
-    let timeout = Duration::from_millis(200);
-    let short = pg.with_timeout(timeout);
+    let (s, pg, short, timeout) = unpolled_setup("wd-group-held");
     let data = [0.5f32, 4.0, -1.25, 8.0];
     let before = watchdog::stats();
     let (a, b) = short

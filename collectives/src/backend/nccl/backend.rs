@@ -282,7 +282,8 @@ pub(crate) fn lookup_error(ctx: OpContext, e: &CommCacheError<NcclInitError>) ->
 impl NcclBackend {
     /// Registers and enqueues a device op in program order. `count` is the
     /// element count its flight record keeps; `enqueue` hands the op to its
-    /// communicator (one NCCL call, or a coalesced group), which checks it.
+    /// communicator (one NCCL call, or a coalesced group), which checks it,
+    /// with the one clock reading its registration took.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_as<C: DeviceBuffers>(
         &self,
@@ -292,7 +293,13 @@ impl NcclBackend {
         name: &'static str,
         bufs: C,
         count: impl FnOnce(&C) -> usize,
-        enqueue: impl FnOnce(&Communicator, Op, C, Arc<EndEvent>) -> Result<InFlight<C>, Refused<C>>,
+        enqueue: impl FnOnce(
+            &Communicator,
+            Op,
+            C,
+            Arc<EndEvent>,
+            Instant,
+        ) -> Result<InFlight<C>, Refused<C>>,
     ) -> Result<DeviceWork<C>, Rejected<C>> {
         let (dev, meta) = match device_check(seq, op, name, &bufs, count) {
             Ok(v) => v,
@@ -347,7 +354,7 @@ impl NcclBackend {
             Ok(pair) => pair,
             Err(e) => return Err(Rejected::new(e, bufs)),
         };
-        match enqueue(&comm, cop, bufs, end) {
+        match enqueue(&comm, cop, bufs, end, now) {
             Ok(inflight) => {
                 if prof {
                     profile::stamp(7);

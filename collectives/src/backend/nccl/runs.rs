@@ -57,7 +57,7 @@ impl<C: DeviceBuffers> Runs<C> for NcclBackend {
             op.name(),
             bufs,
             first,
-            |comm, op, bufs, end| comm.submit_with_end(op, bufs, Some(end)),
+            |comm, op, bufs, end, at| comm.submit_at(op, bufs, Some(end), at),
         )
     }
 
@@ -94,7 +94,7 @@ impl<B: DeviceMem> Coalesces<B> for NcclBackend {
             name,
             bufs,
             total,
-            |comm, op, bufs, end| comm.submit_coalesced_with_end(op, bufs, Some(end)),
+            |comm, op, bufs, end, _| comm.submit_coalesced_with_end(op, bufs, Some(end)),
         )
     }
 }

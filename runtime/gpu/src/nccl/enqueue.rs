@@ -125,6 +125,24 @@ impl Communicator {
         bufs: C,
         end: Option<Arc<EndEvent>>,
     ) -> Result<InFlight<C>, Refused<C>> {
+        self.submit_at(op, bufs, end, std::time::Instant::now())
+    }
+
+    /// [`submit_with_end`](Self::submit_with_end) for an op submitted at
+    /// `submitted` (the caller's clock reading, e.g. the one its work was
+    /// registered with: the enqueue path reads the clock once), from which
+    /// its length is learned.
+    ///
+    /// # Errors
+    ///
+    /// As for [`submit`](Self::submit).
+    pub fn submit_at<C: DeviceBuffers>(
+        &self,
+        op: Op,
+        bufs: C,
+        end: Option<Arc<EndEvent>>,
+        submitted: std::time::Instant,
+    ) -> Result<InFlight<C>, Refused<C>> {
         if let Err(e) = self.check(op, &bufs) {
             return Err((e, bufs));
         }
@@ -132,7 +150,6 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
-        let submitted = std::time::Instant::now();
         let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let prof = chorus_core::profile::on();
         if prof {
