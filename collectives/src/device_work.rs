@@ -325,6 +325,8 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 if let Some(bufs) = self.watch_briefly(watch.min(deadline - now)) {
                     return Ok(bufs);
                 }
+                // Not seen: the reactor finds the end, looking closely now.
+                reactor::global().nudge();
             }
         }
         // The deadline passed: the aborting wait.
@@ -369,7 +371,9 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 }
             }
             Some(Track::Watched(w)) => {
-                reactor::global().nudge();
+                // The reactor is not nudged while this thread watches: one
+                // watcher is enough (a poll that returns `Pending` nudges
+                // it afterwards).
                 w.bind_device().ok()?;
                 while !self.inner.is_done() && t0.elapsed() < spin {
                     match w.take_finished() {

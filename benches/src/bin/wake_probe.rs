@@ -75,6 +75,10 @@ struct Args {
         default_value = "chorus-block_on,chorus-tokio-ct,chorus-tokio-mt,chorus-wait_timeout,spin,park-spinner,presleep100,presleep300,sleep10,sleep100,bsync"
     )]
     mechanisms: Vec<String>,
+    /// For chorus's mechanisms, list every sample slower than this (µs)
+    /// with what its pre-wake did (0: no list).
+    #[arg(long, default_value_t = 100.0)]
+    tail_us: f64,
 }
 
 /// A one-shot flag the waiting thread parks on.
@@ -370,8 +374,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let pw0 = chorus::test_util::prewake_counts();
             let (cpu0, wall0) = (cpu_time(), Instant::now());
-            let (mut lat, mut crude): (Vec<f64>, Vec<f64>) =
-                (0..n).map(|_| rig.sample(mech, len, &ev)).unzip();
+            // Per sample: latency, crude latency, and the pre-wakes given
+            // and seen while watching during it.
+            let mut tails = Vec::new();
+            let (mut lat, mut crude): (Vec<f64>, Vec<f64>) = (0..n)
+                .map(|i| {
+                    let before = chorus::test_util::prewake_counts();
+                    let (l, c) = rig.sample(mech, len, &ev);
+                    let after = chorus::test_util::prewake_counts();
+                    if args.tail_us > 0.0 && l > args.tail_us && mech.starts_with("chorus-") {
+                        tails.push((i, l, after.0 - before.0, after.1 - before.1));
+                    }
+                    (l, c)
+                })
+                .unzip();
             let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
             let wall = wall0.elapsed().as_secs_f64();
             // The handshake's 100 µs of host spinning per sample is the
@@ -396,6 +412,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     pw.0 - pw0.0,
                     pw.1 - pw0.1
                 );
+                for (i, l, given, seen) in &tails {
+                    println!(
+                        "{:<19} {:>6}          slow sample {i}: {l:.1} us, pre-wakes {given}, seen while watching {seen}",
+                        "", ""
+                    );
+                }
             }
         }
     }
