@@ -17,6 +17,7 @@
 //! | `CHORUS_TRACE_DIR` | temp folder | [`WatchdogConfig::dump_dir`] |
 //! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |
 //! | `CHORUS_PROPAGATE_ERRORS` | `0` | [`GroupBuilder::propagate_errors`](crate::GroupBuilder::propagate_errors) |
+//! | `CHORUS_PEER_LIVENESS_MS` | `10000` | [`GroupBuilder::peer_liveness`](crate::GroupBuilder::peer_liveness) (`0`: off) |
 //! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
 //! | `CHORUS_LIVENESS_TIMEOUT_S` | `10` | [`TcpOptions::liveness_timeout`] (`0`: off) |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
@@ -104,6 +105,15 @@ impl NcclOptions {
 /// unless set).
 pub(crate) fn propagate_errors() -> bool {
     switch("CHORUS_PROPAGATE_ERRORS", false)
+}
+
+/// The peer liveness timeout of a group (`CHORUS_PEER_LIVENESS_MS`,
+/// default [`DEFAULT_PEER_LIVENESS`](crate::liveness::DEFAULT_PEER_LIVENESS); `0`: off).
+pub(crate) fn peer_liveness() -> Duration {
+    number("CHORUS_PEER_LIVENESS_MS").map_or(
+        crate::liveness::DEFAULT_PEER_LIVENESS,
+        Duration::from_millis,
+    )
 }
 
 /// Turns on the enqueue profile when `CHORUS_NCCL_PROFILE=1` (only with

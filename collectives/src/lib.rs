@@ -47,6 +47,7 @@ mod config;
 mod device_work;
 pub mod error;
 mod grouped;
+mod liveness;
 pub mod process_group;
 pub mod propagation;
 pub mod reduce;

@@ -334,10 +334,18 @@ pub fn set_paused(paused: bool) {
 /// the store (error propagation): dumps the flight recorder (if the
 /// watchdog runs in this process) and fails the group as for a local error.
 pub(crate) fn apply_remote(policy: ErrorPolicy, reg: &Registry, err: &WorkError) {
+    apply_detected(policy, reg, err, "remote error");
+}
+
+/// Applies `policy` to a group whose failure was found outside its
+/// backends (a peer's report, a silent peer): dumps the flight recorder
+/// (if the watchdog runs in this process) with `reason` and fails the
+/// group as for a local error.
+pub(crate) fn apply_detected(policy: ErrorPolicy, reg: &Registry, err: &WorkError, reason: &str) {
     // AbortGroup dumps through `on_group_error`; the others dump here.
     if policy != ErrorPolicy::AbortGroup && STATE.get().is_some() {
-        let path = dump_logged("remote error");
-        tracing::error!(error = %err, dump = %path, ?policy, "a peer reported a failure; flight recorder dumped");
+        let path = dump_logged(reason);
+        tracing::error!(error = %err, dump = %path, ?policy, "{reason}: flight recorder dumped");
     }
     apply(policy, reg, err, &[]);
 }

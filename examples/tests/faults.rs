@@ -205,6 +205,43 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
     }
 }
 
+#[test]
+fn a_stopped_rank_is_found_silent_within_the_liveness_timeout_however_long_the_op_timeout() {
+    // Op timeout 60 s, peer liveness 1 s: the survivors fail on the stopped
+    // rank's silence, not on their op timeout.
+    const LIVENESS_MS: u64 = 1000;
+    for i in 0..5 {
+        let dir = temp_dir("silent", i);
+        let out = run_with(
+            "stop",
+            &dir,
+            &[
+                ("FAULT_TIMEOUT_MS", "60000"),
+                ("CHORUS_PEER_LIVENESS_MS", &LIVENESS_MS.to_string()),
+            ],
+        );
+        // The first survivor to fail aborts and closes its connections: the
+        // other may see that close first.
+        survivors_failed_within(
+            &out,
+            &[0, 2],
+            &["PeerSilent", "PeerLost", "GroupErrored", "Aborted"],
+            LIVENESS_MS + 1000,
+        );
+        let named: Vec<&String> = out
+            .results
+            .values()
+            .filter(|(k, _, _)| k == "PeerSilent")
+            .map(|(_, _, m)| m)
+            .collect();
+        assert!(!named.is_empty(), "{:?}", out.results);
+        for m in named {
+            assert!(m.contains("rank 1 went silent"), "{m}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// The trace of the dumps in `dir` finds the stopped rank 1 behind at seq 3.
 fn trace_names_rank_1_behind_at_seq_3(dir: &Path) {
     let report = trace(dir);

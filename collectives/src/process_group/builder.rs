@@ -16,6 +16,7 @@ use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::Backend;
 use crate::config;
 use crate::error::Error;
+use crate::liveness::Liveness;
 use crate::propagation::ErrorPropagation;
 use crate::sequence::Sequencer;
 use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
@@ -33,9 +34,28 @@ pub struct GroupBuilder {
     device: Option<usize>,
     nccl: NcclOptions,
     propagate: bool,
+    liveness: Duration,
 }
 
 impl GroupBuilder {
+    /// The peer liveness timeout (default [`DEFAULT_PEER_LIVENESS`], 10 s,
+    /// or `CHORUS_PEER_LIVENESS_MS`; zero turns it off): every rank beats
+    /// in the group's store from chorus's own threads, and a peer whose beat
+    /// stops for this long — a stopped process, a hung or cut-off host —
+    /// fails the pending works of the group with
+    /// [`WorkError::PeerSilent`](chorus_core::WorkError::PeerSilent) naming it
+    /// (under the group's error policy), however long their op timeout. A
+    /// rank that cannot reach the store for as long fails its pending works
+    /// with [`WorkError::Store`](chorus_core::WorkError::Store). Works on
+    /// both backends; NCCL cannot tell a slow peer from a dead one by
+    /// itself. Subgroups inherit it. See docs/FAULTS.md.
+    ///
+    /// [`DEFAULT_PEER_LIVENESS`]: crate::process_group::DEFAULT_PEER_LIVENESS
+    pub fn peer_liveness(mut self, timeout: Duration) -> Self {
+        self.liveness = timeout;
+        self
+    }
+
     /// Error propagation through the store (default: off, or on where
     /// `CHORUS_PROPAGATE_ERRORS=1`): the rank that detects a failure (op
     /// timeout, lost peer, mismatch, NCCL error, abort) publishes it, and
@@ -172,6 +192,7 @@ impl GroupBuilder {
             policy: self.policy,
             nccl: self.nccl,
             propagate: self.propagate,
+            liveness: self.liveness,
         })
         .await?;
         if let Some(dev) = self.device {
@@ -231,6 +252,7 @@ impl ProcessGroup {
             device: None,
             nccl: NcclOptions::from_env(),
             propagate: config::propagate_errors(),
+            liveness: config::peer_liveness(),
         }
     }
 }
@@ -246,6 +268,7 @@ pub(super) struct Setup {
     pub(super) policy: ErrorPolicy,
     pub(super) nccl: NcclOptions,
     pub(super) propagate: bool,
+    pub(super) liveness: Duration,
 }
 
 /// Connects this rank's part of a group: counts it in through the store,
@@ -262,6 +285,7 @@ pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         policy,
         nccl: nccl_opts,
         propagate,
+        liveness,
     } = setup;
     config::apply_profile();
     let size = members.len();
@@ -284,6 +308,27 @@ pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
     // epoch tells its error key from its predecessor's.
     let epoch = u64::try_from(joined - 1).unwrap_or(0) / size as u64;
     let prop_store = store.clone();
+    // The first beat before the backends connect: once the group is up,
+    // every rank's counter exists.
+    let beats = (size > 1 && !liveness.is_zero()).then(|| Liveness {
+        store: store.clone(),
+        epoch,
+        group: name.clone(),
+        rank,
+        size,
+        timeout: liveness,
+        policy,
+    });
+    if let Some(b) = &beats {
+        let first = b.first_beat();
+        chorus_store::rt::run(first)
+            .await
+            .map_err(|msg| Error::Setup {
+                group: name.to_string(),
+                rank,
+                msg,
+            })??;
+    }
     let tcp_backend =
         TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
     let nccl = Arc::new(NcclBackend::new(
@@ -327,6 +372,7 @@ pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             policy,
         )
     });
+    let liveness_task = beats.map(|b| b.start(&registry));
     tracing::debug!(group = %name, rank, size, "group ready");
     Ok(ProcessGroup {
         inner: Arc::new(GroupState {
@@ -341,6 +387,8 @@ pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             timeout,
             policy,
             propagation,
+            liveness,
+            liveness_task,
             rendezvous: Mutex::new(None),
         }),
         timeout,

@@ -171,6 +171,9 @@ impl ProcessGroup {
         if let Some(p) = &self.inner.propagation {
             p.stop();
         }
+        if let Some(l) = &self.inner.liveness_task {
+            l.stop();
+        }
         // Goodbyes first: no rank closes while another still reads from it.
         let close = self.inner.tcp.close();
         chorus_store::rt::run(close)

@@ -14,6 +14,7 @@ pub(crate) mod staging;
 pub(crate) mod state;
 mod subgroup;
 
+pub use crate::liveness::DEFAULT_PEER_LIVENESS;
 pub use builder::GroupBuilder;
 pub use handle::ProcessGroup;
 pub use staging::Staging;

@@ -10,6 +10,7 @@ use chorus_store::Store;
 
 use crate::backend::nccl::{NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
+use crate::liveness::LivenessTask;
 use crate::propagation::ErrorPropagation;
 use crate::sequence::Sequencer;
 use crate::watchdog::ErrorPolicy;
@@ -46,6 +47,10 @@ pub struct GroupState {
     /// Declared before the rendezvous so that, when dropped, it flushes a
     /// failure still being published before rank 0's store stops.
     pub(crate) propagation: Option<ErrorPropagation>,
+    /// The group's peer liveness timeout (zero: off; subgroups inherit it).
+    pub(crate) liveness: Duration,
+    /// Beats in the store and watches the peers' (none when off or alone).
+    pub(crate) liveness_task: Option<LivenessTask>,
     /// The job's rendezvous (world group made by `init_from_env`), kept
     /// until [`ProcessGroup::shutdown`](crate::ProcessGroup::shutdown).
     pub(crate) rendezvous: Mutex<Option<Rendezvous>>,

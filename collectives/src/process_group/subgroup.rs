@@ -78,6 +78,7 @@ impl ProcessGroup {
             policy: g.policy,
             nccl: g.nccl_opts,
             propagate: g.propagation.is_some(),
+            liveness: g.liveness,
         })
         .await?;
         if let Some((dev, comm)) = split {

@@ -74,12 +74,14 @@ pub enum WorkError {
         /// What the transport reported.
         cause: String,
     },
-    /// The link to a peer went silent: nothing from it, not even the
-    /// transport's acknowledgements, for the liveness timeout (a network
-    /// partition, or a host that stopped), however long the op may run.
+    /// A peer went silent: nothing from it for the liveness timeout — not
+    /// even the transport's acknowledgements (a network partition, a host
+    /// that stopped), or no beat in the group's store (a stopped or hung
+    /// process, a host cut off) — however long the op may run.
     #[error(
-        "{ctx}: the link to rank {peer} went silent: no acknowledgement for {after:?} (the liveness \
-         timeout); a network partition or a stopped host: check the network between the hosts"
+        "{ctx}: rank {peer} went silent: nothing from it for {after:?} (the liveness timeout); a \
+         network partition, or a stopped process or host: check that rank's host and the network \
+         to it"
     )]
     PeerSilent {
         /// The op that was running.
