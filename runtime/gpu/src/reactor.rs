@@ -63,6 +63,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use crate::exit_gate;
+
 pub use crate::config::ReactorConfig;
 
 /// One watched op.
@@ -371,8 +373,29 @@ fn poll_round(
     before - entries.len()
 }
 
+/// [`poll_round`] inside the exit gate; `None` once the process exits.
+fn gated_round(
+    entries: &mut Vec<Box<dyn Pending>>,
+    blocked: &mut Vec<(u64, u64)>,
+    shared: &Shared,
+) -> Option<usize> {
+    let _gate = exit_gate::enter()?;
+    Some(poll_round(entries, blocked, shared))
+}
+
+/// The process is exiting: touch nothing again (the entries and their
+/// buffers stay as they are, for the process's end).
+fn stop_for_exit() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
 fn run(shared: Arc<Shared>) {
     let cfg = shared.config;
+    // The driver was used before the first registration: the exit handler
+    // registered now runs before the driver's own.
+    exit_gate::install();
     // Short sleeps must be short: the default timer slack (50 µs) would
     // stretch every one of them.
     #[cfg(target_os = "linux")]
@@ -396,8 +419,8 @@ fn run(shared: Arc<Shared>) {
         let now = Instant::now();
         if now >= next_slow {
             slow.append(&mut lock_vec(&shared.detached));
-            if !slow.is_empty() {
-                poll_round(&mut slow, &mut blocked, &shared);
+            if !slow.is_empty() && gated_round(&mut slow, &mut blocked, &shared).is_none() {
+                stop_for_exit();
             }
             next_slow = now + cfg.detached_poll;
         }
@@ -436,7 +459,10 @@ fn run(shared: Arc<Shared>) {
             next_slow = Instant::now();
             continue;
         }
-        if poll_round(&mut local, &mut blocked, &shared) > 0 {
+        let Some(done) = gated_round(&mut local, &mut blocked, &shared) else {
+            stop_for_exit();
+        };
+        if done > 0 {
             last_progress = Instant::now();
             continue;
         }
