@@ -29,8 +29,9 @@
 //! future woken `prewake_lead` (default 500 µs) before that end
 //! ([`Pending::prewake`]): the future then watches the end event itself and
 //! sees it within microseconds. While every pending op's end is expected
-//! later, the thread sleeps until the first pre-wake (looking in every four
-//! `max_sleep`s), so a long op costs a handful of wake-ups. With nothing to watch
+//! later, the thread skips the spin and sleeps until the first pre-wake
+//! (looking in every four `max_sleep`s), so a long op costs a handful of
+//! wake-ups. With nothing to watch
 //! it spins the same way and yields for at most 1 ms (so a stream of ops
 //! finds it awake and needs no unpark system call), then parks and uses no
 //! CPU until the next registration unparks it.
@@ -488,13 +489,16 @@ fn run(shared: Arc<Shared>) {
             }
         }
         let idle = now.saturating_duration_since(last_progress);
-        if idle < cfg.spin {
+        // While every op is expected to end after its pre-wake, there is
+        // nothing to spin for (a registration or a nudge does not change
+        // that): sleep towards the pre-wake at once.
+        if idle < cfg.spin && !all_expected {
             // A short pause between rounds of driver queries, so that the
             // threads enqueueing work do not contend with a tight loop.
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
-        } else if idle < cfg.yield_for {
+        } else if idle < cfg.yield_for && !all_expected {
             std::thread::yield_now();
         } else {
             // Sleep a fraction of how long the ops have run (a check every
