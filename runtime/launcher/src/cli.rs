@@ -59,6 +59,17 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) keep_going: bool,
 
+    /// Restart a rank that fails (exits non-zero or is killed) in place, up
+    /// to N times in all on this node, without touching the other ranks:
+    /// the replacement gets the same RANK and LOCAL_RANK, and
+    /// CHORUS_RANK_RESTARTS says how often this rank was restarted (0 for
+    /// the first start). The program decides how a replacement rejoins
+    /// (the survivors re-form their group; see docs/FAULTS.md). Needs the
+    /// launcher's store (not with --rank0-store). Default 0: a failed rank
+    /// stops the job.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) max_restarts: u32,
+
     /// The program to run and its arguments (after `--`).
     #[arg(
         value_name = "PROGRAM",
@@ -101,6 +112,13 @@ impl Plan {
                 "--node-rank {} is not below --nnodes {}",
                 args.node_rank, args.nnodes
             ));
+        }
+        if args.max_restarts > 0 && args.rank0_store {
+            return Err(
+                "--max-restarts needs the launcher's store: a restarted rank 0 would take the \
+                 job's store with it under --rank0-store"
+                    .into(),
+            );
         }
         if u64::from(args.nnodes) * u64::from(args.nproc_per_node) > u64::from(u32::MAX) {
             return Err("--nnodes times --nproc-per-node is too large".into());
@@ -160,9 +178,11 @@ impl Plan {
         self.node_rank * self.nproc_per_node + local
     }
 
-    /// The environment of local rank `local` (torchrun's names).
-    pub(crate) fn rank_env(&self, local: u32) -> Vec<(&'static str, String)> {
+    /// The environment of local rank `local` (torchrun's names), started
+    /// for the `restarts`-th time after failures (0: its first start).
+    pub(crate) fn rank_env(&self, local: u32, restarts: u32) -> Vec<(&'static str, String)> {
         vec![
+            (RESTARTS_VAR, restarts.to_string()),
             ("RANK", self.rank(local).to_string()),
             (
                 "WORLD_SIZE",
@@ -194,6 +214,9 @@ impl Plan {
 /// Names this launcher to its ranks (`chorus_store::rendezvous::LAUNCHER_PID_VAR`,
 /// which a test checks this equals).
 pub(crate) const LAUNCHER_PID_VAR: &str = "CHORUS_RUN_PID";
+
+/// How often this rank was restarted in place (`--max-restarts`).
+pub(crate) const RESTARTS_VAR: &str = "CHORUS_RANK_RESTARTS";
 
 /// Says who serves the store (`chorus_store::rendezvous::STORE_HOST_ENV`).
 pub(crate) const STORE_HOST_VAR: &str = "CHORUS_STORE_HOST";
@@ -244,7 +267,7 @@ mod tests {
         .unwrap();
         assert_eq!(a.command, vec![OsString::from("prog"), "--flag".into()]);
         let p = Plan::from_args(&a).unwrap();
-        let env = p.rank_env(2);
+        let env = p.rank_env(2, 0);
         let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
         assert_eq!(get("RANK"), "5");
         assert_eq!(get("WORLD_SIZE"), "6");
@@ -253,6 +276,10 @@ mod tests {
         assert_eq!(get("GROUP_RANK"), "1");
         assert_eq!(get("MASTER_ADDR"), "10.0.0.7");
         assert_eq!(get("MASTER_PORT"), "4242");
+        assert_eq!(get(RESTARTS_VAR), "0");
+        let again = p.rank_env(2, 3);
+        assert!(again.contains(&(RESTARTS_VAR, "3".to_string())));
+        assert!(again.contains(&("RANK", "5".to_string())));
     }
 
     #[test]
@@ -270,7 +297,7 @@ mod tests {
         let p = Plan::from_args(&a).unwrap();
         assert!(!p.hosts_store());
         assert_ne!(p.master_port, 0);
-        let env = p.rank_env(0);
+        let env = p.rank_env(0, 0);
         assert!(env.contains(&(STORE_HOST_VAR, "rank0".to_string())));
     }
 
@@ -298,7 +325,7 @@ mod tests {
         // A host name: every interface.
         assert_eq!(n0.store_bind_addr().to_string(), "0.0.0.0:29500");
         for p in [&n0, &n1] {
-            let env = p.rank_env(1);
+            let env = p.rank_env(1, 0);
             assert!(env.contains(&(STORE_HOST_VAR, "launcher".to_string())));
             assert!(env.contains(&("MASTER_PORT", "29500".to_string())));
         }
@@ -322,5 +349,15 @@ mod tests {
         assert!(Plan::from_args(&a).unwrap_err().contains("--node-rank 2"));
         let a = parse(&["--nproc-per-node", "2", "--nnodes", "2", "p"]).unwrap();
         assert!(Plan::from_args(&a).unwrap_err().contains("--master-addr"));
+        let a = parse(&[
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--rank0-store",
+            "p",
+        ])
+        .unwrap();
+        assert!(Plan::from_args(&a).unwrap_err().contains("--max-restarts"));
     }
 }

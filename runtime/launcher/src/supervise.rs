@@ -140,50 +140,29 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
         }
     };
 
-    let program = &args.command[0];
     let mut alive: BTreeMap<u32, Pid> = BTreeMap::new();
     let mut waits = FuturesUnordered::new();
     let mut pumps = Vec::new();
     // (rank, code) of the first rank that failed.
     let mut failure: Option<(u32, i32)> = None;
+    // Restarts left on this node, and each local rank's count so far.
+    let mut restarts_left = args.max_restarts;
+    let mut restarts: BTreeMap<u32, u32> = BTreeMap::new();
 
     for local in 0..plan.nproc_per_node {
-        let rank = plan.rank(local);
-        let mut cmd = Command::new(program);
-        cmd.args(&args.command[1..])
-            .envs(plan.rank_env(local))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let code = match e.kind() {
-                    std::io::ErrorKind::NotFound => 127,
-                    std::io::ErrorKind::PermissionDenied => 126,
-                    _ => 1,
-                };
-                log(&format!(
-                    "cannot start rank {rank} ({}): {e}",
-                    program.to_string_lossy()
-                ));
-                failure = Some((rank, code));
+        match start_rank(&args, &plan, local, 0, &out, &err) {
+            Ok(started) => {
+                pumps.extend(started.pumps);
+                if let Some(pid) = started.pid {
+                    alive.insert(started.rank, pid);
+                }
+                waits.push(started.wait);
+            }
+            Err(code) => {
+                failure = Some((plan.rank(local), code));
                 break;
             }
-        };
-        let prefix = format!("[rank {rank}] ").into_bytes();
-        if let Some(o) = child.stdout.take() {
-            pumps.push(tokio::spawn(pump(o, prefix.clone(), out.sender())));
         }
-        if let Some(e) = child.stderr.take() {
-            pumps.push(tokio::spawn(pump(e, prefix, err.sender())));
-        }
-        if let Some(pid) = child.id() {
-            alive.insert(rank, Pid::from_raw(pid as i32));
-        }
-        waits.push(async move { (rank, child.wait().await) });
     }
 
     let mut ranks = Running {
@@ -210,6 +189,37 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
                     Ok(st) => (exit_code(st), describe(st)),
                     Err(e) => (1, format!("could not be waited for: {e}")),
                 };
+                let restartable = code != 0
+                    && restarts_left > 0
+                    && failure.is_none()
+                    && got_signal.is_none()
+                    && ranks.kill_at.is_none();
+                if restartable {
+                    restarts_left -= 1;
+                    let local = rank - plan.rank(0);
+                    let k = restarts.entry(local).or_insert(0);
+                    *k += 1;
+                    log(&format!(
+                        "rank {rank} {what}; restarting it in place (restart {k} of this rank, {restarts_left} left on this node)"
+                    ));
+                    match start_rank(&args, &plan, local, *k, &out, &err) {
+                        Ok(started) => {
+                            pumps.extend(started.pumps);
+                            if let Some(pid) = started.pid {
+                                ranks.alive.insert(started.rank, pid);
+                            }
+                            waits.push(started.wait);
+                            continue;
+                        }
+                        Err(c) => {
+                            failure = Some((rank, c));
+                            if !ranks.alive.is_empty() && !args.keep_going {
+                                ranks.stop(Signal::SIGTERM);
+                            }
+                            continue;
+                        }
+                    }
+                }
                 if code != 0 && failure.is_none() {
                     failure = Some((rank, code));
                     if ranks.alive.is_empty() || ranks.kill_at.is_some() {
@@ -274,6 +284,68 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
         (None, Some(sig)) => 128 + sig as i32,
         (None, None) => 0,
     }
+}
+
+/// A started rank: its global rank, process group, output pumps and the
+/// future of its exit.
+struct Started {
+    rank: u32,
+    /// `None` if it exited before it could be watched (its exit is still
+    /// reaped through `wait`).
+    pid: Option<Pid>,
+    pumps: Vec<tokio::task::JoinHandle<()>>,
+    wait: RankExit,
+}
+
+type RankExit =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (u32, std::io::Result<ExitStatus>)> + Send>>;
+
+/// Starts local rank `local` for the `restarts`-th time (0: its first
+/// start), its output prefixed with its rank; on failure logs why and
+/// returns the exit code to report (127: not found, 126: not executable).
+fn start_rank(
+    args: &Args,
+    plan: &Plan,
+    local: u32,
+    restarts: u32,
+    out: &Writer,
+    err: &Writer,
+) -> Result<Started, i32> {
+    let program = &args.command[0];
+    let rank = plan.rank(local);
+    let mut cmd = Command::new(program);
+    cmd.args(&args.command[1..])
+        .envs(plan.rank_env(local, restarts))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| {
+        log(&format!(
+            "cannot start rank {rank} ({}): {e}",
+            program.to_string_lossy()
+        ));
+        match e.kind() {
+            std::io::ErrorKind::NotFound => 127,
+            std::io::ErrorKind::PermissionDenied => 126,
+            _ => 1,
+        }
+    })?;
+    let prefix = format!("[rank {rank}] ").into_bytes();
+    let mut pumps = Vec::new();
+    if let Some(o) = child.stdout.take() {
+        pumps.push(tokio::spawn(pump(o, prefix.clone(), out.sender())));
+    }
+    if let Some(e) = child.stderr.take() {
+        pumps.push(tokio::spawn(pump(e, prefix, err.sender())));
+    }
+    Ok(Started {
+        rank,
+        pid: child.id().map(|pid| Pid::from_raw(pid as i32)),
+        pumps,
+        wait: Box::pin(async move { (rank, child.wait().await) }),
+    })
 }
 
 /// The ranks still running and when they get SIGKILL.

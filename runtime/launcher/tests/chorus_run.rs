@@ -406,3 +406,103 @@ fn a_second_signal_kills_at_once() {
         assert!(gone(pid), "process {pid} survived chorus-run");
     }
 }
+
+#[test]
+fn max_restarts_restarts_a_failed_rank_in_place_and_leaves_the_others_alone() {
+    // Rank 1 fails on its first start (killed by a signal) and on its
+    // first restart (code 3), then succeeds; rank 0 runs through once,
+    // long enough to see both restarts.
+    let script = r#"
+        echo "start rank=$RANK restarts=$CHORUS_RANK_RESTARTS pid=$$"
+        case "$RANK:$CHORUS_RANK_RESTARTS" in
+          1:0) sleep 0.1; kill -9 $$ ;;
+          1:1) sleep 0.1; exit 3 ;;
+          1:*) echo "rank 1 done" ;;
+          0:*) sleep 1.5; echo "rank 0 done" ;;
+        esac"#;
+    let o = run(&[
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(
+        o.code,
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        o.stdout,
+        o.stderr
+    );
+    let starts: Vec<&str> = o
+        .stdout
+        .lines()
+        .filter(|l| l.contains("] start "))
+        .collect();
+    let of = |r: u32| starts.iter().filter(|l| split_prefix(l).0 == r).count();
+    assert_eq!(of(0), 1, "rank 0 must not be restarted:\n{}", o.stdout);
+    assert_eq!(of(1), 3, "{}", o.stdout);
+    for k in 0..3 {
+        assert!(
+            o.stdout.contains(&format!("start rank=1 restarts={k} ")),
+            "{}",
+            o.stdout
+        );
+    }
+    assert!(o.stdout.contains("rank 0 done") && o.stdout.contains("rank 1 done"));
+    assert!(
+        o.stderr
+            .contains("rank 1 was killed by signal 9 (SIGKILL); restarting it in place"),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .contains("rank 1 exited with code 3; restarting it in place"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn a_rank_that_fails_past_max_restarts_stops_the_job() {
+    let script = r#"
+        case $RANK in
+          0) sleep 1000 ;;
+          1) sleep 0.1; exit 5 ;;
+        esac"#;
+    let o = run(&[
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--kill-timeout",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(
+        o.code,
+        Some(5),
+        "stdout:\n{}\nstderr:\n{}",
+        o.stdout,
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .contains("restarting it in place (restart 1 of this rank, 0 left on this node)"),
+        "{}",
+        o.stderr
+    );
+    assert!(
+        o.stderr
+            .contains("rank 1 exited with code 5; stopping the other ranks"),
+        "{}",
+        o.stderr
+    );
+}
