@@ -135,18 +135,7 @@ impl Blas {
         y: u64,
     ) -> Result<(), TrainError> {
         let what = || format!("layer {layer} forward");
-        self.gemm(
-            &what,
-            false,
-            true,
-            (rows, out, inp),
-            x,
-            inp,
-            w,
-            inp,
-            y,
-            out,
-        )
+        self.gemm(&what, false, true, (rows, out, inp), x, inp, w, inp, y, out)
     }
 
     /// Input gradient: `dx = dy · w` (`dy` `rows × out`, `w` `out × inp`).

@@ -111,10 +111,15 @@ fn search(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<BlasLibrar
 
 /// The folders of steps 3 and 4, in order, without repeats.
 fn folders(var: &impl Fn(&str) -> Option<std::ffi::OsString>) -> Vec<PathBuf> {
-    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDA_TOOLKIT_ROOT_DIR"]
-        .iter()
-        .filter_map(|k| var(k).filter(|v| !v.is_empty()).map(PathBuf::from))
-        .collect();
+    let mut roots: Vec<PathBuf> = [
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_ROOT",
+        "CUDA_TOOLKIT_ROOT_DIR",
+    ]
+    .iter()
+    .filter_map(|k| var(k).filter(|v| !v.is_empty()).map(PathBuf::from))
+    .collect();
     roots.push("/usr/local/cuda".into());
     roots.push("/opt/cuda".into());
     let mut dirs = Vec::new();

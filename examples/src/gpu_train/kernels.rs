@@ -68,7 +68,13 @@ impl Kernels {
         })
     }
 
-    fn launch(&self, k: usize, blocks: u32, stream: &Stream, args: &[Arg]) -> Result<(), TrainError> {
+    fn launch(
+        &self,
+        k: usize,
+        blocks: u32,
+        stream: &Stream,
+        args: &[Arg],
+    ) -> Result<(), TrainError> {
         let mut vals: Vec<[u8; 8]> = args
             .iter()
             .map(|a| {
@@ -108,7 +114,9 @@ impl Kernels {
             .ok()
             .filter(|&v| v < u32::MAX - 2 * BLOCK * MAX_REDUCE_BLOCKS)
             .ok_or_else(|| {
-                TrainError::Config(format!("{what}: {n} elements is more than one launch indexes"))
+                TrainError::Config(format!(
+                    "{what}: {n} elements is more than one launch indexes"
+                ))
             })
     }
 
@@ -125,7 +133,15 @@ impl Kernels {
     /// # Errors
     ///
     /// [`TrainError::Driver`] naming the launch.
-    pub fn bias_act(&self, s: &Stream, y: u64, bias: u64, n: usize, width: usize, relu: bool) -> Result<(), TrainError> {
+    pub fn bias_act(
+        &self,
+        s: &Stream,
+        y: u64,
+        bias: u64,
+        n: usize,
+        width: usize,
+        relu: bool,
+    ) -> Result<(), TrainError> {
         let n = self.n32("bias_act", n)?;
         let args = [
             Arg::Ptr(y),
@@ -144,7 +160,12 @@ impl Kernels {
     /// [`TrainError::Driver`] naming the launch.
     pub fn relu_bwd(&self, s: &Stream, d: u64, a: u64, n: usize) -> Result<(), TrainError> {
         let n = self.n32("relu_bwd", n)?;
-        self.launch(1, Self::blocks(n), s, &[Arg::Ptr(d), Arg::Ptr(a), Arg::U32(n)])
+        self.launch(
+            1,
+            Self::blocks(n),
+            s,
+            &[Arg::Ptr(d), Arg::Ptr(a), Arg::U32(n)],
+        )
     }
 
     /// `out[o] = Σ_b d[b·width + o]`.
@@ -152,7 +173,14 @@ impl Kernels {
     /// # Errors
     ///
     /// [`TrainError::Driver`] naming the launch.
-    pub fn col_sum(&self, s: &Stream, d: u64, out: u64, rows: usize, width: usize) -> Result<(), TrainError> {
+    pub fn col_sum(
+        &self,
+        s: &Stream,
+        d: u64,
+        out: u64,
+        rows: usize,
+        width: usize,
+    ) -> Result<(), TrainError> {
         let w = self.n32("col_sum", width)?;
         let r = self.n32("col_sum", rows)?;
         let args = [Arg::Ptr(d), Arg::Ptr(out), Arg::U32(r), Arg::U32(w)];
@@ -165,7 +193,16 @@ impl Kernels {
     ///
     /// [`TrainError::Driver`] naming the launch.
     #[allow(clippy::too_many_arguments)]
-    pub fn mse(&self, s: &Stream, pred: u64, y: u64, d: u64, n: usize, scale: f32, loss: u64) -> Result<(), TrainError> {
+    pub fn mse(
+        &self,
+        s: &Stream,
+        pred: u64,
+        y: u64,
+        d: u64,
+        n: usize,
+        scale: f32,
+        loss: u64,
+    ) -> Result<(), TrainError> {
         let n = self.n32("mse", n)?;
         let args = [
             Arg::Ptr(pred),
@@ -185,7 +222,12 @@ impl Kernels {
     /// [`TrainError::Driver`] naming the launch.
     pub fn sgd(&self, s: &Stream, p: u64, g: u64, n: usize, lr: f32) -> Result<(), TrainError> {
         let n = self.n32("sgd", n)?;
-        self.launch(4, Self::blocks(n), s, &[Arg::Ptr(p), Arg::Ptr(g), Arg::U32(n), Arg::F32(lr)])
+        self.launch(
+            4,
+            Self::blocks(n),
+            s,
+            &[Arg::Ptr(p), Arg::Ptr(g), Arg::U32(n), Arg::F32(lr)],
+        )
     }
 
     /// `*out ^= hash(p[0..n])` (`out` must start at 0).
@@ -195,7 +237,12 @@ impl Kernels {
     /// [`TrainError::Driver`] naming the launch.
     pub fn hash(&self, s: &Stream, p: u64, n: usize, out: u64) -> Result<(), TrainError> {
         let n = self.n32("hash", n)?;
-        self.launch(5, Self::reduce_blocks(n), s, &[Arg::Ptr(p), Arg::U32(n), Arg::Ptr(out)])
+        self.launch(
+            5,
+            Self::reduce_blocks(n),
+            s,
+            &[Arg::Ptr(p), Arg::U32(n), Arg::Ptr(out)],
+        )
     }
 }
 

@@ -140,7 +140,12 @@ impl GpuMlp {
     /// # Errors
     ///
     /// A launch's error, naming it.
-    pub fn forward(&mut self, step: usize, b: usize, prof: &mut Option<&mut StepProfile>) -> Result<(), TrainError> {
+    pub fn forward(
+        &mut self,
+        step: usize,
+        b: usize,
+        prof: &mut Option<&mut StepProfile>,
+    ) -> Result<(), TrainError> {
         let (lay, rows, rank) = (self.layout, self.batch, self.rank);
         let w = lay.width;
         let n = rows * w;
@@ -152,21 +157,33 @@ impl GpuMlp {
             let wp = self.params.ptr + 4 * lay.weight(l).start as u64;
             let bp = self.params.ptr + 4 * lay.bias(l).start as u64;
             let blas = &mut self.blas;
-            traced(prof, &self.stream, rank, || format!("fwd gemm {l}"), || {
-                blas.linear_forward(l, (rows, w, w), input, wp, out)
-            })?;
+            traced(
+                prof,
+                &self.stream,
+                rank,
+                || format!("fwd gemm {l}"),
+                || blas.linear_forward(l, (rows, w, w), input, wp, out),
+            )?;
             let k = &self.kernels;
             let relu = l + 1 < lay.layers;
-            traced(prof, &self.stream, rank, || format!("fwd bias+act {l}"), || {
-                k.bias_act(&self.stream, out, bp, n, w, relu)
-            })?;
+            traced(
+                prof,
+                &self.stream,
+                rank,
+                || format!("fwd bias+act {l}"),
+                || k.bias_act(&self.stream, out, bp, n, w, relu),
+            )?;
         }
         let pred = self.acts[lay.layers - 1].ptr;
         let loss = self.losses.ptr + 4 * step as u64;
         let (k, d0) = (&self.kernels, self.d[0].ptr);
-        traced(prof, &self.stream, rank, || "mse loss".into(), || {
-            k.mse(&self.stream, pred, yb, d0, n, 2.0 / n as f32, loss)
-        })
+        traced(
+            prof,
+            &self.stream,
+            rank,
+            || "mse loss".into(),
+            || k.mse(&self.stream, pred, yb, d0, n, 2.0 / n as f32, loss),
+        )
     }
 
     /// Backward on batch `b`, last layer first; `grads_done(l)` is called
@@ -193,23 +210,39 @@ impl GpuMlp {
             let gw = self.grads.ptr + 4 * lay.weight(l).start as u64;
             let wp = self.params.ptr + 4 * lay.weight(l).start as u64;
             let k = &self.kernels;
-            traced(prof, &self.stream, rank, || format!("bwd bias grad {l}"), || {
-                k.col_sum(&self.stream, dy, gb, rows, w)
-            })?;
+            traced(
+                prof,
+                &self.stream,
+                rank,
+                || format!("bwd bias grad {l}"),
+                || k.col_sum(&self.stream, dy, gb, rows, w),
+            )?;
             let blas = &mut self.blas;
-            traced(prof, &self.stream, rank, || format!("bwd weight grad {l}"), || {
-                blas.linear_weight_grad(l, (rows, w, w), dy, input, gw)
-            })?;
+            traced(
+                prof,
+                &self.stream,
+                rank,
+                || format!("bwd weight grad {l}"),
+                || blas.linear_weight_grad(l, (rows, w, w), dy, input, gw),
+            )?;
             grads_done(l, prof)?;
             if l > 0 {
                 let dx = self.d[1 - cur].ptr;
-                traced(prof, &self.stream, rank, || format!("bwd input grad {l}"), || {
-                    blas.linear_input_grad(l, (rows, w, w), dy, wp, dx)
-                })?;
+                traced(
+                    prof,
+                    &self.stream,
+                    rank,
+                    || format!("bwd input grad {l}"),
+                    || blas.linear_input_grad(l, (rows, w, w), dy, wp, dx),
+                )?;
                 let a = self.acts[l - 1].ptr;
-                traced(prof, &self.stream, rank, || format!("bwd relu {l}"), || {
-                    k.relu_bwd(&self.stream, dx, a, n)
-                })?;
+                traced(
+                    prof,
+                    &self.stream,
+                    rank,
+                    || format!("bwd relu {l}"),
+                    || k.relu_bwd(&self.stream, dx, a, n),
+                )?;
                 cur = 1 - cur;
             }
         }
@@ -221,12 +254,21 @@ impl GpuMlp {
     /// # Errors
     ///
     /// The launch's error.
-    pub fn sgd(&self, r: std::ops::Range<usize>, lr: f32, prof: &mut Option<&mut StepProfile>) -> Result<(), TrainError> {
+    pub fn sgd(
+        &self,
+        r: std::ops::Range<usize>,
+        lr: f32,
+        prof: &mut Option<&mut StepProfile>,
+    ) -> Result<(), TrainError> {
         let p = self.params.ptr + 4 * r.start as u64;
         let g = self.grads.ptr + 4 * r.start as u64;
-        traced(prof, &self.stream, self.rank, || format!("sgd [{}, {})", r.start, r.end), || {
-            self.kernels.sgd(&self.stream, p, g, r.len(), lr)
-        })
+        traced(
+            prof,
+            &self.stream,
+            self.rank,
+            || format!("sgd [{}, {})", r.start, r.end),
+            || self.kernels.sgd(&self.stream, p, g, r.len(), lr),
+        )
     }
 
     /// Hashes the parameters into step `step`'s slot.
@@ -236,9 +278,16 @@ impl GpuMlp {
     /// The launch's error.
     pub fn hash(&self, step: usize, prof: &mut Option<&mut StepProfile>) -> Result<(), TrainError> {
         let out = self.hashes.ptr + 8 * step as u64;
-        traced(prof, &self.stream, self.rank, || "param hash".into(), || {
-            self.kernels.hash(&self.stream, self.params.ptr, self.layout.total(), out)
-        })
+        traced(
+            prof,
+            &self.stream,
+            self.rank,
+            || "param hash".into(),
+            || {
+                self.kernels
+                    .hash(&self.stream, self.params.ptr, self.layout.total(), out)
+            },
+        )
     }
 
     /// Waits for the stream and copies back steps `from..to`'s losses (as
@@ -248,7 +297,10 @@ impl GpuMlp {
     ///
     /// CUDA errors of the copies or of any earlier work.
     pub fn read_back(&self, from: usize, to: usize) -> Result<(Vec<f64>, Vec<u64>), TrainError> {
-        let cuda = |source| TrainError::Cuda { rank: self.rank, source };
+        let cuda = |source| TrainError::Cuda {
+            rank: self.rank,
+            source,
+        };
         let to = to.min(self.steps);
         let losses = self.stream.clone_dtoh(&self.losses._slice).map_err(cuda)?;
         let hashes = self.stream.clone_dtoh(&self.hashes._slice).map_err(cuda)?;

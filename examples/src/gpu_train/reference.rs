@@ -229,10 +229,7 @@ mod tests {
             layout,
             params: init_params(&layout, 1),
         };
-        let (a, b) = (
-            Batches::new(1, 0, 1, 16, 32),
-            Batches::new(1, 1, 1, 16, 32),
-        );
+        let (a, b) = (Batches::new(1, 0, 1, 16, 32), Batches::new(1, 1, 1, 16, 32));
         let first = m.step(&[a.get(0), b.get(0)], 0.5);
         let mut last = first;
         for _ in 0..200 {

@@ -164,12 +164,16 @@ impl Spans {
                 "ts": 0.0, "dur": self.step}),
         ];
         for (label, a, b) in &self.compute {
-            ev.push(serde_json::json!({"name": label, "ph": "X", "pid": rank, "tid": 1,
-                "ts": a, "dur": (b - a).max(0.0)}));
+            ev.push(
+                serde_json::json!({"name": label, "ph": "X", "pid": rank, "tid": 1,
+                "ts": a, "dur": (b - a).max(0.0)}),
+            );
         }
         for (k, a, b) in &self.comm {
-            ev.push(serde_json::json!({"name": format!("all_reduce bucket {k}"), "ph": "X",
-                "pid": rank, "tid": 2, "ts": a, "dur": (b - a).max(0.0)}));
+            ev.push(
+                serde_json::json!({"name": format!("all_reduce bucket {k}"), "ph": "X",
+                "pid": rank, "tid": 2, "ts": a, "dur": (b - a).max(0.0)}),
+            );
         }
         ev
     }

@@ -47,11 +47,11 @@ pub use driver::{device_count, driver, DriverInfo};
 pub(crate) use error::driver_error;
 pub use error::CudaError;
 pub use event::Event;
-pub use library_names::library_names;
 #[cfg(feature = "test-util")]
 pub use gpu_clock::GpuClock;
 #[cfg(feature = "test-util")]
 pub use hold::StreamHold;
 #[cfg(feature = "test-util")]
 pub use host_mapped::HostSlots;
+pub use library_names::library_names;
 pub use stream::Stream;
