@@ -6,7 +6,7 @@
 //! waits per bucket or per step (only when it prints).
 //!
 //! The run checks itself: the first steps' losses against a CPU reference
-//! of the same model, data and update ([`reference`]), and the
+//! of the same model, data and update ([`reference`](mod@reference)), and the
 //! parameters' hash (computed on the GPU after every update) equal on
 //! every rank. `examples/gpu_trainer.rs` is the program;
 //! docs/EXAMPLES.md describes what it prints.

@@ -125,6 +125,7 @@ fn bar(done: usize, total: usize) -> String {
 ///
 /// A [`TrainError`] naming the failed CUDA, cuBLAS or collective call, or
 /// diverged parameters.
+#[allow(clippy::needless_range_loop)] // `s` is the step, not just an index
 pub async fn train(pg: &ProcessGroup, cfg: &Config) -> Result<Report, TrainError> {
     let (rank, world) = (pg.rank(), pg.size());
     if cfg.width == 0
