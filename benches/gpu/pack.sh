@@ -9,6 +9,7 @@
 #   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
 #   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead
+#   bash benches/gpu/pack.sh trainer   # run-trainer.sh: gpu_trainer (and its GPU test) beside torch_ddp.py, small and large MLP
 #   bash benches/gpu/pack.sh ecosystem # run-ecosystem.sh: every GPU test, the candle adapter, torchrun, nccl_bench A/B
 #                                      #   (builds the adapter with .ci/cuda-toolkit.sh: TORCH_VENV names a venv with PyTorch)
 #
@@ -73,13 +74,20 @@ ecosystem)
       | sed 's/"name":"gpu"/"name":"gpu-candle"/'
     cargo build --release --locked --example tp_mlp --message-format=json ) >> "$json"
   ;;
+trainer)
+  D=.gpu; RUN=benches/gpu/run-trainer.sh
+  WANT="gpu_trainer gpu_trainer_gpu chorus-run"
+  cargo build --release -p chorus-examples --example gpu_trainer --message-format=json > "$json"
+  cargo test --release -p chorus-examples --test gpu_trainer_gpu --no-run --message-format=json >> "$json"
+  cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
+  ;;
 bench)
   D=.gpu; RUN=benches/gpu/run-bench.sh
   WANT="chorus-bench chorus-run tcp_allreduce store_compare nccl_bench group_bench"
   cargo build --release -p chorus-benches -p chorus-launcher --message-format=json > "$json"
   ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|wake|ecosystem|bench" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|wake|trainer|ecosystem|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
 python3 - "$json" "$D" $WANT <<'PY'

@@ -1,8 +1,9 @@
 //! Helpers shared by the chorus examples, and the test kit of the
 //! integration tests.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod busbw;
+pub mod gpu_train;
 pub mod latency;
 pub mod netns;
 pub mod report;

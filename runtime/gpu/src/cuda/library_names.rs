@@ -1,9 +1,9 @@
-//! The file names of the CUDA driver library, in the order cudarc's loader
-//! tries them.
+//! The file names of the CUDA libraries (the driver, cuBLAS, ...), in the
+//! order cudarc's loader tries them.
 //!
 //! cudarc's own list (`cudarc::get_lib_name_candidates`) exists only when
-//! cudarc loads the driver at run time; when another crate in the build
-//! asks cudarc to link it instead, that function is compiled out. chorus
+//! cudarc loads the libraries at run time; when another crate in the build
+//! asks cudarc to link them instead, that function is compiled out. chorus
 //! probes the same names either way, so it keeps its own copy, keyed on the
 //! CUDA version of the bindings cudarc was built with.
 
@@ -19,10 +19,27 @@ const STEMS: [&str; 2] = ["cuda", "nvcuda"];
 pub(crate) fn driver_library_names() -> Vec<String> {
     let mut names = Vec::new();
     for stem in STEMS {
-        for name in names_for(stem, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10) {
+        for name in library_names(stem) {
             if !names.contains(&name) {
                 names.push(name);
             }
+        }
+    }
+    names
+}
+
+/// Every file name cudarc's loader tries, in its order and without
+/// repeats, for the library `stem` (`"cublas"`, `"cublasLt"`, `"nvrtc"`):
+/// `libcublas.so`, ..., `libcublas.so.13`, `libcublas.so.12`, ... for the
+/// CUDA version of the bindings cudarc was built with. A program that loads
+/// such a library from a folder of its own (a pip package's) before cudarc
+/// does must load a file whose `SONAME` is one of these names, or cudarc
+/// will not find it.
+pub fn library_names(stem: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for name in names_for(stem, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10) {
+        if !names.contains(&name) {
+            names.push(name);
         }
     }
     names

@@ -53,4 +53,5 @@ pub use gpu_clock::GpuClock;
 pub use hold::StreamHold;
 #[cfg(feature = "test-util")]
 pub use host_mapped::HostSlots;
+pub use library_names::library_names;
 pub use stream::Stream;

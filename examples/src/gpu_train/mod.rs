@@ -1,0 +1,28 @@
+//! A data-parallel MLP trainer that computes on the GPU: forward and
+//! backward on a compute stream (GEMMs through cuBLAS, element-wise PTX
+//! kernels), DDP-style gradient buckets all_reduced by NCCL the moment
+//! backward has produced them, and an optimizer that waits for each
+//! bucket through the stream-ordered completion level, so the host never
+//! waits per bucket or per step (only when it prints).
+//!
+//! The run checks itself: the first steps' losses against a CPU reference
+//! of the same model, data and update ([`reference`](mod@reference)), and the
+//! parameters' hash (computed on the GPU after every update) equal on
+//! every rank. `examples/gpu_trainer.rs` is the program;
+//! docs/EXAMPLES.md describes what it prints.
+#![allow(unsafe_code)]
+
+pub mod blas;
+pub mod blas_search;
+pub mod data;
+pub mod error;
+pub mod kernels;
+pub mod layout;
+pub mod model;
+pub mod ptx;
+pub mod reference;
+pub mod timing;
+pub mod train;
+
+pub use error::TrainError;
+pub use train::{reference_losses, train, Config, Report};
