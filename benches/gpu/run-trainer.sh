@@ -11,7 +11,7 @@ export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1 OMP_NUM_THREADS=1 CHORUS_GPU_MACHINE=
 : "${OUT:=/tmp/out}"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 SMALL="--width 1024 --layers 4 --batch 32 --steps 300 --lr 6"
-LARGE="--width 8192 --layers 4 --batch 128 --steps 60 --lr 6 --check-steps 2 --print-every 20"
+LARGE="--width 8192 --layers 4 --batch 128 --steps 400 --lr 6 --check-steps 2 --print-every 100"
 run() { # name, timeout, command...
   local name=$1 t=$2; shift 2
   echo "=== $name: $*"
