@@ -45,6 +45,12 @@ pub(crate) fn key(epoch: u64, rank: usize) -> String {
     format!("alive/{epoch}/{rank}")
 }
 
+/// Added to a rank's counter when it leaves the group cleanly (shutdown,
+/// or its last handle dropped): a counter at or above it is a peer that
+/// left, never a silent one (a rank that finished early while others go
+/// on with ops that do not need it).
+pub(crate) const LEFT: i64 = 1 << 48;
+
 /// How often a rank beats and reads its peers' beats for a liveness
 /// `timeout`: a tenth of it, between 50 ms and 1 s. A silent peer is then
 /// noticed within the timeout and two periods of its last beat.
@@ -66,7 +72,8 @@ pub(crate) enum Verdict {
 
 #[derive(Clone, Copy, Debug)]
 struct Beat {
-    /// The counter as last read (`None` before the first reading).
+    /// The counter as last read (`None` before the first reading); at or
+    /// above [`LEFT`] once the peer left.
     value: Option<i64>,
     /// When the reading last found it changed (or the clock started).
     changed: Instant,
@@ -142,6 +149,7 @@ impl PeerClock {
             };
         }
         self.peers()
+            .filter(|&p| self.beats[p].value.is_none_or(|v| v < LEFT))
             .map(|p| (p, now.saturating_duration_since(self.beats[p].changed)))
             .filter(|&(_, d)| d >= self.timeout)
             .max_by_key(|&(_, d)| d)
@@ -169,14 +177,27 @@ pub(crate) struct Liveness {
 pub(crate) struct LivenessTask {
     stopped: Arc<AtomicBool>,
     task: Option<tokio::task::JoinHandle<()>>,
+    store: Arc<dyn Store>,
+    key: String,
+    period: Duration,
 }
 
 impl LivenessTask {
-    /// Stops beating and reading (at group shutdown). Idempotent.
+    /// Stops beating and reading, and tells the peers this rank left (in
+    /// the background, bounded by a period): at group shutdown and when the
+    /// group is dropped. Idempotent.
     pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::Release);
+        if self.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
         if let Some(t) = &self.task {
             t.abort();
+        }
+        if let Ok(h) = chorus_store::rt::handle() {
+            let (store, key, period) = (self.store.clone(), self.key.clone(), self.period);
+            h.spawn(async move {
+                let _ = tokio::time::timeout(period, store.add(&key, LEFT)).await;
+            });
         }
     }
 }
@@ -207,6 +228,11 @@ impl Liveness {
     /// watches nothing.
     pub(crate) fn start(self, registry: &Arc<Registry>) -> LivenessTask {
         let stopped = Arc::new(AtomicBool::new(false));
+        let (store, key, period) = (
+            self.store.clone(),
+            key(self.epoch, self.rank),
+            period(self.timeout),
+        );
         let task = match chorus_store::rt::handle() {
             Ok(h) => Some(h.spawn(run(self, Arc::downgrade(registry), stopped.clone()))),
             Err(e) => {
@@ -214,7 +240,13 @@ impl Liveness {
                 None
             }
         };
-        LivenessTask { stopped, task }
+        LivenessTask {
+            stopped,
+            task,
+            store,
+            key,
+            period,
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 use std::time::{Duration, Instant};
 
-use super::{period, PeerClock, Verdict};
+use super::{period, PeerClock, Verdict, LEFT};
 
 const T: Duration = Duration::from_secs(3);
 
@@ -108,4 +108,16 @@ fn a_group_of_one_is_always_alive() {
     assert_eq!(c.peers().count(), 0);
     c.read(&[], ms(t0, 10_000));
     assert_eq!(c.verdict(ms(t0, 10_000)), Verdict::Alive);
+}
+
+#[test]
+fn a_peer_that_left_is_never_silent() {
+    let t0 = Instant::now();
+    let mut c = PeerClock::new(0, 3, T, t0);
+    c.read(&[Some(3), Some(3)], t0);
+    // Rank 1 left cleanly; rank 2 goes on beating.
+    for i in 1..=20u64 {
+        c.read(&[Some(3 + LEFT), Some(3 + i as i64)], ms(t0, i * 300));
+    }
+    assert_eq!(c.verdict(ms(t0, 6_000)), Verdict::Alive);
 }
