@@ -1,6 +1,6 @@
 //! The error type of chorus's public API.
 
-use chorus_core::WorkError;
+use chorus_core::{Failed, WorkError};
 use chorus_store::rendezvous::RendezvousError;
 use chorus_store::StoreError;
 
@@ -68,5 +68,13 @@ impl<B> From<Rejected<B>> for Error {
 impl<B> From<Rejected<B>> for WorkError {
     fn from(r: Rejected<B>) -> Self {
         r.error
+    }
+}
+
+/// A failed op's error, without its buffers (for `?` in code that returns
+/// [`Error`]).
+impl<B> From<Failed<B>> for Error {
+    fn from(f: Failed<B>) -> Self {
+        Error::Work(f.error)
     }
 }

@@ -19,7 +19,8 @@
 //!   memory of other crates.
 //! * Element types and reductions: [`DType`], [`Element`], [`ReduceOp`];
 //!   [`reduce`]: the host arithmetic and the serial reference.
-//! * [`Error`] and [`Rejected`] (a refused op, with its buffers);
+//! * [`Error`], [`Rejected`] (a refused op, with its buffers) and
+//!   [`Failed`] (a failed op, with its buffers once nothing touches them);
 //!   [`WorkError`], the error of an op, with its [`OpContext`].
 //! * [`watchdog`]: timeouts, error policies, flight-recorder dumps, the
 //!   heartbeat monitor; [`propagation`]: errors published to the peers;
@@ -59,7 +60,7 @@ pub use backend::tcp::TcpOptions;
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;
 pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};
-pub use chorus_core::{WorkError, WorkStatus};
+pub use chorus_core::{Failed, WorkError, WorkStatus};
 pub use chorus_gpu::cuda::{self, Device, Event, Stream, StreamPriority};
 pub use chorus_gpu::nccl::{
     DeviceBuffer, DeviceBuffers, DeviceElement, DeviceMem, EndEvent, Graph, NcclCommError,

@@ -38,7 +38,7 @@
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
-use chorus::{ProcessGroup, ReduceOp};
+use chorus::{Failed, ProcessGroup, ReduceOp};
 use chorus_examples::testkit::{check_all_dtypes, check_all_ops, SIZES};
 use half::bf16;
 
@@ -94,7 +94,10 @@ async fn stop_scenario(
         signal_self(Signal::SIGSTOP);
     }
     let start = Instant::now();
-    let r = op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await;
+    let r = op_pg
+        .all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?
+        .await
+        .map_err(Failed::into_error);
     Ok(outcome(rank, start, r))
 }
 
@@ -143,7 +146,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 );
                 signal_self(Signal::SIGKILL);
             }
-            Ok(outcome(rank, start, w.await))
+            Ok(outcome(rank, start, w.await.map_err(Failed::into_error)))
         }
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "propagate" => {
@@ -162,10 +165,12 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?
                     .await
                     .map(|_| ())
+                    .map_err(Failed::into_error)
             } else {
                 pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?
                     .await
                     .map(|_| ())
+                    .map_err(Failed::into_error)
             };
             Ok(outcome(rank, start, r))
         }
@@ -240,7 +245,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             let mut iter = 0u64;
             loop {
                 let r = match pg.all_reduce(buf, ReduceOp::Avg) {
-                    Ok(w) => w.await,
+                    Ok(w) => w.await.map_err(Failed::into_error),
                     Err(rej) => Err(rej.error),
                 };
                 match r {
