@@ -24,7 +24,8 @@
 //!   [`WorkError`], the error of an op, with its [`OpContext`].
 //! * [`watchdog`]: timeouts, error policies, flight-recorder dumps, the
 //!   heartbeat monitor; [`propagation`]: errors published to the peers;
-//!   [`flight_recorder`]: what a dump holds.
+//!   [`flight_recorder`]: what a dump holds; [`recovery`]: re-forming a
+//!   group from the survivors of a failure ([`ProcessGroup::reform`]).
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
 //!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
 //!   chorus's own background I/O threads.
@@ -50,6 +51,7 @@ pub mod error;
 mod grouped;
 pub mod process_group;
 pub mod propagation;
+pub mod recovery;
 pub mod reduce;
 mod sequence;
 pub mod watchdog;
@@ -70,7 +72,7 @@ pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 pub use chorus_gpu::reactor;
 pub use chorus_store::{rendezvous, rt};
 pub use device_work::DeviceWork;
-pub use error::{Error, Rejected};
+pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;
 pub use process_group::capture::{Capture, CaptureGroup};
 pub use process_group::group::Group;
