@@ -83,7 +83,6 @@ impl<B> From<Failed<B>> for Error {
     }
 }
 
-
 /// Why [`ProcessGroup::reform`](crate::ProcessGroup::reform) gave no new
 /// group.
 #[derive(Debug, thiserror::Error)]
@@ -125,7 +124,9 @@ pub enum ReformError {
     },
     /// The store holds a roster for this epoch that chorus cannot read
     /// (another program wrote the key, or a different chorus version).
-    #[error("group '{group}' epoch {epoch}: the store's roster is not one chorus wrote: {value:?}")]
+    #[error(
+        "group '{group}' epoch {epoch}: the store's roster is not one chorus wrote: {value:?}"
+    )]
     Corrupt {
         /// The group being re-formed.
         group: String,

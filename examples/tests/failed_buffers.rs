@@ -72,7 +72,10 @@ async fn an_op_whose_peer_is_lost_gives_its_buffer_back() {
     groups[2].abort("rank 2 goes away");
     drop(groups);
     for (w, want) in works.into_iter().zip(ids) {
-        let f = tokio::time::timeout(T, w).await.expect("bounded").unwrap_err();
+        let f = tokio::time::timeout(T, w)
+            .await
+            .expect("bounded")
+            .unwrap_err();
         assert!(
             matches!(
                 f.error(),
@@ -96,7 +99,10 @@ async fn ops_aborted_from_outside_give_their_buffers_back() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     pg.abort("stop everything");
     for (w, want) in [(wa, a_id), (wb, b_id)] {
-        let f = tokio::time::timeout(T, w).await.expect("bounded").unwrap_err();
+        let f = tokio::time::timeout(T, w)
+            .await
+            .expect("bounded")
+            .unwrap_err();
         assert!(matches!(f.error(), WorkError::Aborted { .. }), "{f}");
         assert!(f.to_string().contains("stop everything"), "{f}");
         assert_eq!(id(&f.into_buffers().expect("buffer back")), want);

@@ -188,7 +188,10 @@ fn concurrent_aborts_run_the_hook_once() {
                 thread::spawn(move || reg.abort(&abort_cause()))
             })
             .collect();
-        assert!(matches!(block_on(w).map_err(chorus_core::Failed::into_error), Err(WorkError::Aborted { .. })));
+        assert!(matches!(
+            block_on(w).map_err(chorus_core::Failed::into_error),
+            Err(WorkError::Aborted { .. })
+        ));
         let failed: usize = aborters
             .into_iter()
             .map(|a| a.join().expect("aborter"))
@@ -223,7 +226,10 @@ fn the_error_hook_finishes_before_any_work_fails() {
             let reg = reg.clone();
             thread::spawn(move || reg.fail_all(&abort_cause()))
         };
-        assert!(matches!(block_on(w).map_err(chorus_core::Failed::into_error), Err(WorkError::Aborted { .. })));
+        assert!(matches!(
+            block_on(w).map_err(chorus_core::Failed::into_error),
+            Err(WorkError::Aborted { .. })
+        ));
         assert_eq!(
             hooks.load(Ordering::SeqCst),
             1,

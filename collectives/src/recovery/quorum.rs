@@ -47,7 +47,12 @@ impl Roster {
     /// The roster as stored.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let members: Vec<String> = self.members.iter().map(usize::to_string).collect();
-        format!("chorus-roster/1 epoch={} members={}", self.epoch, members.join(",")).into_bytes()
+        format!(
+            "chorus-roster/1 epoch={} members={}",
+            self.epoch,
+            members.join(",")
+        )
+        .into_bytes()
     }
 
     /// A stored roster; `None` if `bytes` is not one.
@@ -172,14 +177,19 @@ impl Quorum {
             State::Announce => Action::Announce,
             State::Watch { observe: true } => Action::Observe,
             State::Watch { observe: false } => {
-                let close = (self.leader && (self.announced >= self.size as u64 || now >= self.deadline))
+                let close = (self.leader
+                    && (self.announced >= self.size as u64 || now >= self.deadline))
                     || now >= self.fallback;
                 if close {
                     self.state = State::Collect;
                     return Action::Collect;
                 }
                 self.state = State::Watch { observe: true };
-                let next = if self.leader { self.deadline } else { self.fallback };
+                let next = if self.leader {
+                    self.deadline
+                } else {
+                    self.fallback
+                };
                 Action::Wait(POLL.min(next.saturating_duration_since(now)))
             }
             State::Collect => Action::Collect,

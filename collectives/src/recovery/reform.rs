@@ -181,8 +181,15 @@ impl ProcessGroup {
         })?;
         // The job's rendezvous (and the store it may host) lives on with
         // the new group.
-        let rdv = g.rendezvous.lock().unwrap_or_else(|p| p.into_inner()).take();
-        *new.inner.rendezvous.lock().unwrap_or_else(|p| p.into_inner()) = rdv;
+        let rdv = g
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        *new.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = rdv;
         Ok(new)
     }
 }

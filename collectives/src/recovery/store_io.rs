@@ -72,7 +72,10 @@ async fn read_roster(store: &dyn Store, bound: Instant) -> Result<Option<Vec<u8>
     }
     // It exists and is never deleted: the get returns at once.
     let left = bound.saturating_duration_since(Instant::now());
-    store.get(ROSTER, left.max(Duration::from_millis(1))).await.map(Some)
+    store
+        .get(ROSTER, left.max(Duration::from_millis(1)))
+        .await
+        .map(Some)
 }
 
 /// `op`, failing with a timeout on `key` if it is still running at `bound`.

@@ -135,7 +135,9 @@ fn every_survivor_gets_the_same_roster_and_a_dense_rank() {
         let size = rng.gen_range(2..9);
         // Each rank is dead or starts within half the window.
         let start: Vec<Option<Duration>> = (0..size)
-            .map(|_| (rng.gen_range(0..4) != 0).then(|| Duration::from_millis(rng.gen_range(0..100))))
+            .map(|_| {
+                (rng.gen_range(0..4) != 0).then(|| Duration::from_millis(rng.gen_range(0..100)))
+            })
             .collect();
         if start.iter().all(Option::is_none) {
             continue;
@@ -143,7 +145,10 @@ fn every_survivor_gets_the_same_roster_and_a_dense_rank() {
         let outs = simulate(seed, size, &start, &vec![None; size]);
         let roster = agreed(&outs);
         let want: Vec<usize> = (0..size).filter(|&r| start[r].is_some()).collect();
-        assert_eq!(roster.members, want, "seed {seed}: everyone alive within the window");
+        assert_eq!(
+            roster.members, want,
+            "seed {seed}: everyone alive within the window"
+        );
         for (r, o) in outs.iter().enumerate() {
             match (start[r], o) {
                 (None, None) => {}
@@ -183,10 +188,15 @@ fn a_leader_that_dies_mid_close_is_replaced_by_the_fallback() {
         // Rank 0 starts first (and leads), then dies after 1..6 actions:
         // before, during or after collecting, or after closing.
         let d = rng.gen_range(1..7);
-        let outs = simulate(seed, 4, &[ms(0), ms(10), ms(20), ms(30)], &[Some(d), None, None, None]);
+        let outs = simulate(
+            seed,
+            4,
+            &[ms(0), ms(10), ms(20), ms(30)],
+            &[Some(d), None, None, None],
+        );
         let roster = agreed(&outs);
-        for r in 1..4 {
-            let o = outs[r].as_ref().expect("the others finish");
+        for (r, o) in outs.iter().enumerate().skip(1) {
+            let o = o.as_ref().expect("the others finish");
             // Rank 0 may be in the roster (it announced) and that is fine:
             // the new group's connection then fails for everyone alike.
             assert!(
@@ -214,7 +224,12 @@ fn rosters_round_trip_and_garbage_is_refused() {
     assert_eq!(Roster::decode(&r.encode()), Some(r.clone()));
     assert_eq!(r.new_rank(2), Some(1));
     assert_eq!(r.new_rank(1), None);
-    for bad in [&b""[..], b"x", b"chorus-roster/1 epoch=1 members=", b"chorus-roster/1 epoch=1 members=2,1"] {
+    for bad in [
+        &b""[..],
+        b"x",
+        b"chorus-roster/1 epoch=1 members=",
+        b"chorus-roster/1 epoch=1 members=2,1",
+    ] {
         assert_eq!(Roster::decode(bad), None, "{bad:?}");
     }
     let mut q = Quorum::new(0, 2, 4, Instant::now(), WINDOW, GRACE);
@@ -222,7 +237,10 @@ fn rosters_round_trip_and_garbage_is_refused() {
     assert_eq!(q.poll(Instant::now()), Action::Observe);
     q.observed(Some(&r.encode()), 1);
     assert!(
-        matches!(q.poll(Instant::now()), Action::Done(Outcome::Corrupt { .. })),
+        matches!(
+            q.poll(Instant::now()),
+            Action::Done(Outcome::Corrupt { .. })
+        ),
         "a roster of another epoch is not this one's"
     );
 }

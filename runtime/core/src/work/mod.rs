@@ -171,9 +171,15 @@ impl<T: Send + 'static> OpFuture<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
-        Self::register(ctx, registry, Instant::now(), deadline, None, false, |r, ctx| {
-            r.scheduled(ctx.seq, ctx.op, collective, meta)
-        })
+        Self::register(
+            ctx,
+            registry,
+            Instant::now(),
+            deadline,
+            None,
+            false,
+            |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
+        )
     }
 
     /// Like [`new_recorded`](Self::new_recorded), for a backend that hands
@@ -195,9 +201,15 @@ impl<T: Send + 'static> OpFuture<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
-        Self::register(ctx, registry, Instant::now(), deadline, None, true, |r, ctx| {
-            r.scheduled(ctx.seq, ctx.op, collective, meta)
-        })
+        Self::register(
+            ctx,
+            registry,
+            Instant::now(),
+            deadline,
+            None,
+            true,
+            |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
+        )
     }
 
     /// Like [`new_recorded`](Self::new_recorded), for a backend that starts

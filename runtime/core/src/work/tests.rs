@@ -123,10 +123,14 @@ fn blocking_wait_times_out_and_aborts() {
     let reg = Arc::new(Registry::new());
     let (w1, _c1) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
     let (w2, _c2) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
-    let err = w1.wait_timeout(Duration::from_millis(30)).unwrap_err().into_error();
+    let err = w1
+        .wait_timeout(Duration::from_millis(30))
+        .unwrap_err()
+        .into_error();
     assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
     assert!(matches!(
-        w2.wait_timeout(Duration::from_secs(5)).map_err(Failed::into_error),
+        w2.wait_timeout(Duration::from_secs(5))
+            .map_err(Failed::into_error),
         Err(WorkError::OpTimeout { .. })
     ));
     assert!(reg.errored().is_some());
@@ -333,7 +337,10 @@ fn failed_op_gives_its_buffers_back() {
         buf,
     );
     let f = futures::executor::block_on(work).unwrap_err();
-    assert!(matches!(f.error(), WorkError::PeerLost { peer: 1, .. }), "{f}");
+    assert!(
+        matches!(f.error(), WorkError::PeerLost { peer: 1, .. }),
+        "{f}"
+    );
     let back = f.into_buffers().expect("the buffers come back");
     assert_eq!(back.as_ptr(), ptr, "the very buffer passed in");
     assert!(reg.errored().is_some(), "a failure still aborts the group");
@@ -349,7 +356,11 @@ fn holding_work_failed_early_waits_for_its_buffers() {
         reason: "user abort".into(),
     };
     assert_eq!(reg.abort(&cause), 1);
-    assert_eq!(work.status(), WorkStatus::Pending, "no outcome without the buffers yet");
+    assert_eq!(
+        work.status(),
+        WorkStatus::Pending,
+        "no outcome without the buffers yet"
+    );
     assert!(work.try_take().is_none());
     assert!(done.is_failed(), "the backend may skip the rest of the op");
     // The backend stops, and gives the buffers back with its own error.
@@ -362,7 +373,10 @@ fn holding_work_failed_early_waits_for_its_buffers() {
     );
     assert_eq!(work.status(), WorkStatus::Failed);
     let f = futures::executor::block_on(work).unwrap_err();
-    assert!(matches!(f.error(), WorkError::Aborted { .. }), "first cause wins: {f}");
+    assert!(
+        matches!(f.error(), WorkError::Aborted { .. }),
+        "first cause wins: {f}"
+    );
     assert_eq!(f.into_buffers(), Some(vec![7; 5]));
 }
 
