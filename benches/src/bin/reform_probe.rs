@@ -54,7 +54,10 @@ async fn groups(size: usize, name: &str) -> Result<Vec<ProcessGroup>, chorus::Er
         .collect();
     let mut out = Vec::new();
     for h in handles {
-        out.push(h.await.map_err(|e| chorus::Error::InvalidArgument(e.to_string()))??);
+        out.push(
+            h.await
+                .map_err(|e| chorus::Error::InvalidArgument(e.to_string()))??,
+        );
     }
     Ok(out)
 }
@@ -71,7 +74,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut totals = Vec::new();
     for t in 0..args.trials {
         let gs = groups(args.ranks, &format!("probe{t}")).await?;
-        let lost = if args.all_alive { None } else { Some(args.ranks - 1) };
+        let lost = if args.all_alive {
+            None
+        } else {
+            Some(args.ranks - 1)
+        };
         let mut tasks = Vec::new();
         for (r, g) in gs.into_iter().enumerate() {
             if Some(r) == lost {
@@ -105,7 +112,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let m = median(&mut totals);
-    let over = if args.all_alive { 0.0 } else { m - window.as_secs_f64() * 1e3 };
+    let over = if args.all_alive {
+        0.0
+    } else {
+        m - window.as_secs_f64() * 1e3
+    };
     println!(
         "reform_probe ranks={} lost={} window_ms={} trials={}: detection to first op on the new group median {:.1} ms (beyond the window: {:.1} ms), max {:.1} ms",
         args.ranks,
