@@ -78,8 +78,8 @@ impl<R: HostBuffers> Work<R> {
     /// Blocks the calling thread until the op is done; on timeout aborts the
     /// group (every pending op fails) and returns [`WorkError::OpTimeout`]
     /// with the buffers, which the stopped worker hands back within moments
-    /// (at most [`HOLD_GRACE`](chorus_core::work::HOLD_GRACE) is waited for
-    /// them; past it they are released when the worker lets go).
+    /// (at most 2 s is waited for them; past that the work fails without
+    /// them, and they are released when the worker lets go).
     ///
     /// # Errors
     ///
