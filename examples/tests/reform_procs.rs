@@ -27,6 +27,17 @@ type Results = BTreeMap<usize, (String, String)>;
 /// stopped itself, is continued once every other rank has reported.
 /// Returns every rank's RESULT that came.
 fn run(scenario: &str, world: usize, victim: usize) -> Results {
+    // The aborted old groups dump their flight recorders here.
+    let traces = std::env::temp_dir().join(format!(
+        "chorus-reform-{scenario}-{world}-{victim}-{}",
+        std::process::id()
+    ));
+    let results = run_in(scenario, world, victim, &traces);
+    let _ = std::fs::remove_dir_all(&traces);
+    results
+}
+
+fn run_in(scenario: &str, world: usize, victim: usize, traces: &std::path::Path) -> Results {
     let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
         .args(["--keep-going", "--nproc-per-node", &world.to_string(), "--"])
         .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
@@ -34,6 +45,7 @@ fn run(scenario: &str, world: usize, victim: usize) -> Results {
         .env("FAULT_TIMEOUT_MS", "600")
         .env("FAULT_WINDOW_MS", "800")
         .env("FAULT_RANK", victim.to_string())
+        .env("CHORUS_TRACE_DIR", traces)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
