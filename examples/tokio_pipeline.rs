@@ -52,10 +52,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::{ProcessGroup, ReduceOp};
+use chorus::{Failed, ProcessGroup, ReduceOp};
 use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
 use clap::Parser;
 use futures::stream::{FuturesOrdered, StreamExt};
+use futures::TryFutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -479,7 +480,14 @@ fn submit_round(
     let counts = pg.all_gather(vec![values.len() as i64], vec![0i64; pg.size()])?;
     let mine = values.len() as u64;
     Ok(async move {
-        let (s, mn, mx, (_, counts)) = tokio::try_join!(sums, mins, maxs, counts)?;
+        // The works fail with their own buffers (`Failed<B>`, one type per
+        // op); without them the errors join as one `WorkError`.
+        let (s, mn, mx, (_, counts)) = tokio::try_join!(
+            sums.map_err(Failed::into_error),
+            mins.map_err(Failed::into_error),
+            maxs.map_err(Failed::into_error),
+            counts.map_err(Failed::into_error)
+        )?;
         if !slow.is_zero() {
             sleep(slow).await;
         }

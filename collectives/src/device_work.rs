@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use chorus_core::{Completer, OpContext, OpFuture, WorkError, WorkStatus};
+use chorus_core::{Completer, Failed, OpContext, OpFuture, WorkError, WorkStatus};
 use chorus_gpu::cuda::{CudaError, Event, Stream};
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Finished, InFlight, Watched};
 use chorus_gpu::reactor;
@@ -37,6 +37,19 @@ use chorus_gpu::reactor;
 /// watchdog asks the end event of an op past its deadline before it times
 /// it out, so a finished op whose work is simply not polled yet never
 /// times out.
+///
+/// # Failure
+///
+/// A failed op resolves to [`Failed`] with its [`WorkError`], and with
+/// the buffers only where no device can write them any more: when the
+/// completion reactor found the op's end event failed (a CUDA error; the
+/// context stops running work), or when the op's end event has completed
+/// by the time the failure is read (after an abort, once the aborted
+/// communicator's stream passed the op). Otherwise the buffers are
+/// withheld: `Failed::buffers` is `None`, and they stay with the op in its
+/// communicator's retire queue, which releases them once the end event
+/// completed (a later op's thread or the reactor's sweeper). Memory a GPU
+/// may still write is never handed back.
 ///
 /// # Cancel safety
 ///
@@ -110,7 +123,9 @@ pub(crate) fn finisher<C: DeviceBuffers>(
         Err(e) => {
             let msg = format!("CUDA error while the op ran: {e}");
             match completer.context().cloned() {
-                Some(ctx) => completer.complete(Err(WorkError::Backend { ctx, msg })),
+                // The reactor is done with the op (it would drop the
+                // buffers here): they go back with the error.
+                Some(ctx) => completer.fail(WorkError::Backend { ctx, msg }, bufs),
                 None => drop(completer),
             }
         }
@@ -130,6 +145,15 @@ fn missing(ctx: &OpContext) -> WorkError {
     WorkError::Backend {
         ctx: ctx.clone(),
         msg: "the op's buffers were already taken (a chorus bug)".into(),
+    }
+}
+
+/// The buffers of a finished work's outcome, or the failure.
+fn flatten<R>(ctx: &OpContext, r: Result<Option<R>, Failed<Option<R>>>) -> Result<R, Failed<R>> {
+    match r {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(Failed::without_buffers(missing(ctx))),
+        Err(f) => Err(f.map_buffers(|b| b)),
     }
 }
 
@@ -213,7 +237,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     ///
     /// The op's error if it already failed, or the CUDA error of the stream
     /// wait.
-    pub fn stream_ordered(self) -> Result<R, WorkError> {
+    pub fn stream_ordered(self) -> Result<R, Failed<R>> {
         self.take_ordered(None)
     }
 
@@ -224,16 +248,17 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     /// # Errors
     ///
     /// As [`stream_ordered`](Self::stream_ordered).
-    pub fn stream_ordered_on(self, stream: &Stream) -> Result<R, WorkError> {
+    pub fn stream_ordered_on(self, stream: &Stream) -> Result<R, Failed<R>> {
         self.take_ordered(Some(stream))
     }
 
-    fn take_ordered(mut self, stream: Option<&Stream>) -> Result<R, WorkError> {
+    fn take_ordered(mut self, stream: Option<&Stream>) -> Result<R, Failed<R>> {
         if self.inner.status() == WorkStatus::Failed {
-            // A held op goes to the retire queue with the work's drop.
+            // A held op goes to the retire queue with the work's drop
+            // unless it has finished.
             return match self.inner.try_take() {
-                Some(Err(e)) => Err(e),
-                _ => Err(missing(self.inner.context())),
+                Some(Err(f)) => Err(self.reclaim(f)),
+                _ => Err(Failed::without_buffers(missing(self.inner.context()))),
             };
         }
         let taken = match &mut self.track {
@@ -251,19 +276,62 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 let t0 = std::time::Instant::now();
                 loop {
                     if let Some(r) = self.inner.try_take() {
-                        let ctx = self.inner.context();
-                        return r.and_then(|b| b.ok_or_else(|| missing(ctx)));
+                        return flatten(self.inner.context(), r);
                     }
                     if t0.elapsed() > Duration::from_secs(5) {
-                        return Err(missing(self.inner.context()));
+                        return Err(Failed::without_buffers(missing(self.inner.context())));
                     }
                     std::thread::yield_now();
                 }
             }
-            Err(e) => Err(WorkError::Backend {
+            // The op is still held (or watched): its buffers go to the
+            // retire queue with the work.
+            Err(e) => Err(Failed::without_buffers(WorkError::Backend {
                 ctx: self.inner.context().clone(),
                 msg: format!("stream-ordered wait failed: {e}"),
-            }),
+            })),
+        }
+    }
+
+    /// A failure with the op's buffers if they came with it, or if the
+    /// op's end event has completed (nothing on the device touches them
+    /// any more); else without them (they stay with the op until the end
+    /// event completes, see the type's docs).
+    fn reclaim(&mut self, f: Failed<Option<R>>) -> Failed<R> {
+        let (error, bufs) = f.into_parts();
+        let buffers = match bufs.flatten() {
+            Some(b) => Some(b),
+            None => self.take_if_finished(),
+        };
+        Failed { error, buffers }
+    }
+
+    /// The op's buffers if its end event has completed.
+    fn take_if_finished(&mut self) -> Option<R> {
+        match &mut self.track {
+            Some(Track::Held(held)) => {
+                let (f, _) = held.0.as_mut()?;
+                if !self.end.known_complete() {
+                    f.bind_device().ok()?;
+                }
+                let bufs = f.take_finished().ok().flatten()?;
+                if let Some((_, c)) = held.0.take() {
+                    c.complete(Ok(None));
+                }
+                Some(bufs)
+            }
+            Some(Track::Watched(w)) => {
+                w.bind_device().ok()?;
+                w.take_finished().ok().flatten()
+            }
+            None => None,
+        }
+    }
+
+    fn resolved(&mut self, r: Result<Option<R>, Failed<Option<R>>>) -> Result<R, Failed<R>> {
+        match r {
+            Err(f) => Err(self.reclaim(f)),
+            ok => flatten(self.inner.context(), ok),
         }
     }
 
@@ -282,8 +350,9 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     ///
     /// # Errors
     ///
-    /// The op's error, or the timeout.
-    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, WorkError> {
+    /// The op's error, or the timeout; with the buffers only where the GPU
+    /// is known to be done with them (see the type's docs).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
         let ctx = self.inner.context().clone();
         // A blocking wait watches the end event itself a little before it
         // sleeps: short ops then return without the reactor and the
@@ -309,7 +378,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         };
         loop {
             if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {
-                return r.and_then(|b| b.ok_or_else(|| missing(&ctx)));
+                return self.resolved(r);
             }
             let now = std::time::Instant::now();
             if now >= deadline {
@@ -329,9 +398,11 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 reactor::global().nudge();
             }
         }
-        // The deadline passed: the aborting wait.
-        let r = self.inner.wait_timeout(Duration::ZERO)?;
-        r.ok_or_else(|| missing(&ctx))
+        // The deadline passed: the aborting wait. `inner` is not holding,
+        // so it returns at once.
+        let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(&ctx)));
+        let r = inner.wait_timeout(Duration::ZERO);
+        self.resolved(r)
     }
 
     /// The first poll's brief watch of the end event (see `poll`): the
@@ -395,7 +466,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
 }
 
 impl<R: DeviceBuffers> Future for DeviceWork<R> {
-    type Output = Result<R, WorkError>;
+    type Output = Result<R, Failed<R>>;
 
     /// GpuFinished: resolves once the op's end event completed.
     ///
@@ -436,10 +507,7 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
             }
         }
         match Pin::new(&mut self.inner).poll(cx) {
-            Poll::Ready(r) => {
-                let ctx = self.inner.context();
-                Poll::Ready(r.and_then(|b| b.ok_or_else(|| missing(ctx))))
-            }
+            Poll::Ready(r) => Poll::Ready(self.resolved(r)),
             Poll::Pending => {
                 reactor::global().nudge();
                 Poll::Pending

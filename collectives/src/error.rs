@@ -1,6 +1,7 @@
-//! The error type of chorus's public API.
+//! The error types of chorus's public API: [`Error`], a refused op
+//! ([`Rejected`]), a group that could not be re-formed ([`ReformError`]).
 
-use chorus_core::WorkError;
+use chorus_core::{Failed, WorkError};
 use chorus_store::rendezvous::RendezvousError;
 use chorus_store::StoreError;
 
@@ -32,6 +33,9 @@ pub enum Error {
     /// An argument to group creation was invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A group could not be re-formed.
+    #[error(transparent)]
+    Reform(#[from] ReformError),
 }
 
 /// A submission that was refused before anything ran; gives the buffers
@@ -69,4 +73,84 @@ impl<B> From<Rejected<B>> for WorkError {
     fn from(r: Rejected<B>) -> Self {
         r.error
     }
+}
+
+/// A failed op's error, without its buffers (for `?` in code that returns
+/// [`Error`]).
+impl<B> From<Failed<B>> for Error {
+    fn from(f: Failed<B>) -> Self {
+        Error::Work(f.error)
+    }
+}
+
+/// Why [`ProcessGroup::reform`](crate::ProcessGroup::reform) gave no new
+/// group.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReformError {
+    /// The survivors closed the roster of `epoch` without this rank: it
+    /// announced itself after the roster was written (it was stopped or
+    /// too slow to notice the failure within their window). It cannot join
+    /// that epoch; its old group stays aborted.
+    #[error(
+        "rank {rank} of group '{group}' was voted out of epoch {epoch}: the survivors (old ranks \
+         {members:?}) closed the roster without it, because it announced itself too late (was it \
+         stopped, or slower than the window to notice the failure?); it cannot rejoin that epoch: \
+         exit, or come back as a replacement rank"
+    )]
+    VotedOut {
+        /// The group this rank was in.
+        group: String,
+        /// This rank's rank in that group.
+        rank: usize,
+        /// The epoch it was voted out of.
+        epoch: u64,
+        /// The old ranks that form that epoch.
+        members: Vec<usize>,
+    },
+    /// The store failed during the quorum (its host died, or it timed
+    /// out): this rank cannot know the roster.
+    #[error("rank {rank} of group '{group}': the store failed while forming epoch {epoch}: {source}; the store must outlive the ranks (let the launcher host it)")]
+    Store {
+        /// The group being re-formed.
+        group: String,
+        /// This rank's rank in it.
+        rank: usize,
+        /// The epoch being formed.
+        epoch: u64,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// The store holds a roster for this epoch that chorus cannot read
+    /// (another program wrote the key, or a different chorus version).
+    #[error(
+        "group '{group}' epoch {epoch}: the store's roster is not one chorus wrote: {value:?}"
+    )]
+    Corrupt {
+        /// The group being re-formed.
+        group: String,
+        /// The epoch being formed.
+        epoch: u64,
+        /// The stored value, as text where it is UTF-8.
+        value: String,
+    },
+    /// The quorum agreed, but connecting the new group failed (typically a
+    /// member that announced itself and died before connecting). Every
+    /// member fails alike; call `reform` on the old group again to form
+    /// the next epoch without it.
+    #[error("rank {rank} of group '{group}': epoch {epoch} (old ranks {members:?}) agreed but its group could not be connected: {source}; call reform again to form the next epoch")]
+    Connect {
+        /// The group being re-formed.
+        group: String,
+        /// This rank's rank in it.
+        rank: usize,
+        /// The epoch that could not be connected.
+        epoch: u64,
+        /// Its members (old ranks).
+        members: Vec<usize>,
+        /// What failed.
+        #[source]
+        source: Box<Error>,
+    },
 }

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use chorus_core::{OpContext, WorkError};
+use chorus_core::{Failed, OpContext, WorkError};
 
 /// Where a staged op's work lands at launch: the work, or why the op did
 /// not run.
@@ -103,9 +103,11 @@ fn not_launched(ctx: &OpContext) -> WorkError {
 
 impl<W, R> Future for Grouped<W>
 where
-    W: Future<Output = Result<R, WorkError>> + Unpin,
+    W: Future<Output = Result<R, Failed<R>>> + Unpin,
 {
-    type Output = Result<R, WorkError>;
+    /// As `W`'s; an op whose group failed to launch (or was never
+    /// launched) fails without buffers: they were released with the group.
+    type Output = Result<R, Failed<R>>;
 
     /// Resolves with the op's work once the group completed. Polled before
     /// its group was launched it fails at once (a group is launched on the
@@ -116,8 +118,8 @@ where
         }
         match self.fetch() {
             Some(Ok(w)) => Pin::new(w).poll(cx),
-            Some(Err(e)) => Poll::Ready(Err(e)),
-            None => Poll::Ready(Err(not_launched(&self.ctx))),
+            Some(Err(e)) => Poll::Ready(Err(Failed::without_buffers(e))),
+            None => Poll::Ready(Err(Failed::without_buffers(not_launched(&self.ctx)))),
         }
     }
 }

@@ -19,11 +19,13 @@
 //!   memory of other crates.
 //! * Element types and reductions: [`DType`], [`Element`], [`ReduceOp`];
 //!   [`reduce`]: the host arithmetic and the serial reference.
-//! * [`Error`] and [`Rejected`] (a refused op, with its buffers);
+//! * [`Error`], [`Rejected`] (a refused op, with its buffers) and
+//!   [`Failed`] (a failed op, with its buffers once nothing touches them);
 //!   [`WorkError`], the error of an op, with its [`OpContext`].
 //! * [`watchdog`]: timeouts, error policies, flight-recorder dumps, the
 //!   heartbeat monitor; [`propagation`]: errors published to the peers;
-//!   [`flight_recorder`]: what a dump holds.
+//!   [`flight_recorder`]: what a dump holds; [`recovery`]: re-forming a
+//!   group from the survivors of a failure ([`ProcessGroup::reform`]).
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
 //!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
 //!   chorus's own background I/O threads.
@@ -50,6 +52,7 @@ mod grouped;
 mod liveness;
 pub mod process_group;
 pub mod propagation;
+pub mod recovery;
 pub mod reduce;
 mod sequence;
 pub mod watchdog;
@@ -60,7 +63,7 @@ pub use backend::tcp::TcpOptions;
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;
 pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};
-pub use chorus_core::{WorkError, WorkStatus};
+pub use chorus_core::{Failed, WorkError, WorkStatus};
 pub use chorus_gpu::cuda::{self, Device, Event, Stream, StreamPriority};
 pub use chorus_gpu::nccl::{
     DeviceBuffer, DeviceBuffers, DeviceElement, DeviceMem, EndEvent, Graph, NcclCommError,
@@ -70,7 +73,7 @@ pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 pub use chorus_gpu::reactor;
 pub use chorus_store::{rendezvous, rt};
 pub use device_work::DeviceWork;
-pub use error::{Error, Rejected};
+pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;
 pub use process_group::capture::{Capture, CaptureGroup};
 pub use process_group::group::Group;

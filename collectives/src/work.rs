@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use chorus_core::{HostBuffer, HostBuffers, OpContext, OpFuture, WorkError, WorkStatus};
+use chorus_core::{Failed, HostBuffer, HostBuffers, OpContext, OpFuture, WorkError, WorkStatus};
 
 /// The future of one collective or point-to-point op on host buffers.
 ///
@@ -15,6 +15,19 @@ use chorus_core::{HostBuffer, HostBuffers, OpContext, OpFuture, WorkError, WorkS
 /// once the op has finished on this rank. For the TCP backend "finished"
 /// is the only completion level: the data is in the buffers and nothing
 /// touches them any more.
+///
+/// # Failure
+///
+/// A failed op resolves to [`Failed`]: its [`WorkError`] and the op's
+/// buffers, the very ones passed in, with their lengths and capacities and
+/// unspecified contents. They come back as soon as the group's worker has
+/// stopped the op, which it does at once when the op fails there, and at
+/// the group's abort or the op's own timeout when the op is failed from
+/// outside (a blocking wait that timed out, the watchdog, a peer's
+/// reported error): until then the work stays pending, so a failed work
+/// always carries its buffers, except a work polled again after it
+/// returned, or one whose group shut down under it. `?` turns a `Failed`
+/// into [`WorkError`] or [`Error`](crate::Error), dropping the buffers.
 ///
 /// # Cancel safety
 ///
@@ -63,12 +76,15 @@ impl<R: HostBuffers> Work<R> {
     }
 
     /// Blocks the calling thread until the op is done; on timeout aborts the
-    /// group (every pending op fails) and returns [`WorkError::OpTimeout`].
+    /// group (every pending op fails) and returns [`WorkError::OpTimeout`]
+    /// with the buffers, which the stopped worker hands back within moments
+    /// (at most 2 s is waited for them; past that the work fails without
+    /// them, and they are released when the worker lets go).
     ///
     /// # Errors
     ///
-    /// The op's error, or the timeout.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<R, WorkError> {
+    /// The op's error, or the timeout, with the buffers.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<R, Failed<R>> {
         let ctx = self.inner.context().clone();
         let r = self.inner.wait_timeout(timeout);
         convert(&ctx, &self.split, r)
@@ -79,25 +95,32 @@ impl<R: HostBuffers> Work<R> {
 fn convert<R: HostBuffers>(
     ctx: &OpContext,
     split: &[usize],
-    r: Result<Vec<HostBuffer>, WorkError>,
-) -> Result<R, WorkError> {
+    r: Result<Vec<HostBuffer>, Failed<Vec<HostBuffer>>>,
+) -> Result<R, Failed<R>> {
     let bug = || WorkError::Backend {
         ctx: ctx.clone(),
         msg: "the backend returned buffers of another type or number (a chorus bug)".into(),
     };
-    let mut out = r?;
+    match r {
+        Ok(out) => typed(split, out).ok_or_else(|| Failed::without_buffers(bug())),
+        Err(f) => Err(f.map_buffers(|out| typed(split, out))),
+    }
+}
+
+/// The typed buffers; `None` if the backend gave back others.
+fn typed<R: HostBuffers>(split: &[usize], mut out: Vec<HostBuffer>) -> Option<R> {
     if !split.is_empty() {
         // A coalesced op ran as one op on the buffers' concatenation.
         out = match <[HostBuffer; 1]>::try_from(out) {
             Ok([fused]) => fused.split(split),
-            Err(_) => return Err(bug()),
+            Err(_) => return None,
         };
     }
-    R::from_host(out).ok_or_else(bug)
+    R::from_host(out)
 }
 
 impl<R: HostBuffers> Future for Work<R> {
-    type Output = Result<R, WorkError>;
+    type Output = Result<R, Failed<R>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = std::task::ready!(Pin::new(&mut self.inner).poll(cx));

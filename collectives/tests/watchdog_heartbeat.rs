@@ -159,9 +159,9 @@ fn a_watchdog_stuck_in_a_check_is_noticed_by_the_heartbeat_monitor() {
         check: None,
     });
 
-    let err = w_world.wait_timeout(BOUND).expect_err("must fail");
+    let err = w_world.wait_timeout(BOUND).expect_err("must fail").error;
     assert_heartbeat_error(&err, "world");
-    let err = w_side.wait_timeout(BOUND).expect_err("must fail");
+    let err = w_side.wait_timeout(BOUND).expect_err("must fail").error;
     assert_heartbeat_error(&err, "side");
     assert!(gate.entered.load(Ordering::SeqCst));
 

@@ -154,7 +154,9 @@ pub async fn check_all_ops<T: TestElem>(
     sizes: &[usize],
 ) -> Result<usize, String> {
     let (rank, size) = (pg.rank(), pg.size());
-    let e = |e: chorus::WorkError| e.to_string();
+    fn e<B>(f: chorus::Failed<B>) -> String {
+        f.error.to_string()
+    }
     let r = |e: chorus::Rejected<_>| e.error.to_string();
     let dt = T::DTYPE;
     let mut checks = 0;

@@ -177,18 +177,21 @@ async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
                 ))
             });
             match staged {
-                Ok((a, b)) => first_error(a.await.err(), b.await.err()),
+                Ok((a, b)) => first_error(
+                    a.await.err().map(|f| f.error),
+                    b.await.err().map(|f| f.error),
+                ),
                 Err(e) => Some(e),
             }
         } else {
             let a = pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum);
             let b = pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum);
             let a = match a {
-                Ok(w) => w.await.err(),
+                Ok(w) => w.await.err().map(|f| f.error),
                 Err(r) => Some(r.error),
             };
             let b = match b {
-                Ok(w) => w.await.err(),
+                Ok(w) => w.await.err().map(|f| f.error),
                 Err(r) => Some(r.error),
             };
             first_error(a, b)

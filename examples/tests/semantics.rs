@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use chorus::{ProcessGroup, ReduceOp, WorkError, WorkStatus};
+use chorus::{Failed, ProcessGroup, ReduceOp, WorkError, WorkStatus};
 use chorus_examples::testkit::{data, local_groups, on_all, reference};
 
 const T: Duration = Duration::from_secs(20);
@@ -159,7 +159,14 @@ async fn mismatched_collectives_name_both_sides() {
     let w0 = g0.all_reduce(vec![1.0f32; 12], ReduceOp::Sum).unwrap();
     let w1 = g1.all_gather(vec![1.0f32; 10], vec![0.0; 20]).unwrap();
     let (e0, e1) = tokio::join!(w0, w1);
-    for e in [e0.unwrap_err(), e1.unwrap_err()] {
+    // Each failed work gives its own buffers back, as they were passed in.
+    let (f0, f1) = (e0.unwrap_err(), e1.unwrap_err());
+    assert_eq!(f0.buffers.as_ref().map(Vec::len), Some(12));
+    assert_eq!(
+        f1.buffers.as_ref().map(|(i, o)| (i.len(), o.len())),
+        Some((10, 20))
+    );
+    for e in [f0.error, f1.error] {
         let msg = e.to_string();
         assert!(matches!(e, WorkError::Mismatch { .. }), "{msg}");
         assert!(
@@ -175,7 +182,7 @@ async fn mismatched_collectives_name_both_sides() {
     let later = g0.barrier();
     let failed = match later {
         Err(r) => r.error,
-        Ok(w) => w.await.unwrap_err(),
+        Ok(w) => w.await.unwrap_err().error,
     };
     assert!(!matches!(failed, WorkError::OpTimeout { .. }), "{failed}");
 }
@@ -188,7 +195,7 @@ async fn op_times_out_when_a_peer_never_calls() {
         .with_timeout(Duration::from_millis(300))
         .all_reduce(vec![1u8; 5], ReduceOp::Sum)
         .unwrap();
-    let err = w.await.unwrap_err();
+    let err = w.await.unwrap_err().into_error();
     assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
     assert!(start.elapsed() < Duration::from_secs(10));
     assert_eq!(err.context().seq, 1);
@@ -230,7 +237,7 @@ async fn abort_fails_pending_work_and_later_calls() {
     let pg = groups[0].clone();
     let w = pg.all_reduce(vec![1.0f32; 8], ReduceOp::Sum).unwrap();
     pg.abort("test abort");
-    let err = w.await.unwrap_err();
+    let err = w.await.unwrap_err().into_error();
     assert!(matches!(err, WorkError::Aborted { .. }), "{err}");
     assert!(err.to_string().contains("test abort"));
     let r = pg.barrier().unwrap_err();
@@ -249,7 +256,7 @@ async fn abort_fails_pending_work_and_later_calls() {
         .await;
     let start = std::time::Instant::now();
     let next = match peer.all_reduce(vec![1.0f32; 8], ReduceOp::Sum) {
-        Ok(w) => w.await.map(|_| ()),
+        Ok(w) => w.await.map(|_| ()).map_err(Failed::into_error),
         Err(r) => Err(r.error),
     };
     let err = next.unwrap_err();

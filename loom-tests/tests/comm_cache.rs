@@ -312,7 +312,7 @@ fn group_abort_races_init_and_submission() {
                     // The backend runs the op on `comm`, then completes it.
                     let _uses = &comm;
                     done.complete(Ok(7));
-                    match block_on(work) {
+                    match block_on(work).map_err(chorus_core::Failed::into_error) {
                         Ok(v) => assert_eq!(v, 7),
                         Err(e) => assert!(matches!(e, WorkError::Aborted { .. }), "{e}"),
                     }

@@ -67,7 +67,7 @@ fn complete_vs_caller(caller: Caller, with_abort: bool) {
         });
 
         match caller {
-            Caller::Await => match block_on(work) {
+            Caller::Await => match block_on(work).map_err(chorus_core::Failed::into_error) {
                 Ok(b) => drop(b),
                 Err(e) => {
                     assert!(with_abort, "only an abort fails it: {e}");
@@ -134,7 +134,7 @@ fn abort_races_submission() {
             thread::spawn(move || match OpFuture::<u32>::new(ctx(2), &reg, None) {
                 Ok((w2, c2)) => {
                     c2.complete(Ok(2));
-                    match block_on(w2) {
+                    match block_on(w2).map_err(chorus_core::Failed::into_error) {
                         Ok(v) => assert_eq!(v, 2),
                         Err(e) => assert!(matches!(e, WorkError::Aborted { .. }), "{e}"),
                     }
@@ -149,7 +149,7 @@ fn abort_races_submission() {
             })
         };
         c1.complete(Ok(1));
-        match block_on(w1) {
+        match block_on(w1).map_err(chorus_core::Failed::into_error) {
             Ok(v) => assert_eq!(v, 1),
             Err(e) => assert!(matches!(e, WorkError::Aborted { .. }), "{e}"),
         }
@@ -188,7 +188,10 @@ fn concurrent_aborts_run_the_hook_once() {
                 thread::spawn(move || reg.abort(&abort_cause()))
             })
             .collect();
-        assert!(matches!(block_on(w), Err(WorkError::Aborted { .. })));
+        assert!(matches!(
+            block_on(w).map_err(chorus_core::Failed::into_error),
+            Err(WorkError::Aborted { .. })
+        ));
         let failed: usize = aborters
             .into_iter()
             .map(|a| a.join().expect("aborter"))
@@ -223,7 +226,10 @@ fn the_error_hook_finishes_before_any_work_fails() {
             let reg = reg.clone();
             thread::spawn(move || reg.fail_all(&abort_cause()))
         };
-        assert!(matches!(block_on(w), Err(WorkError::Aborted { .. })));
+        assert!(matches!(
+            block_on(w).map_err(chorus_core::Failed::into_error),
+            Err(WorkError::Aborted { .. })
+        ));
         assert_eq!(
             hooks.load(Ordering::SeqCst),
             1,
@@ -234,4 +240,62 @@ fn the_error_hook_finishes_before_any_work_fails() {
         drop(c);
         assert_eq!(reg.pending(), 0);
     });
+}
+
+/// A holding work (the TCP backend's): an abort races the backend giving
+/// the buffer back with its own failure, while the caller awaits or drops
+/// the work. The buffer is released exactly once, never while in flight;
+/// an awaiting caller is woken and gets the buffer back whichever came
+/// first.
+fn holding_fail_vs_abort(caller: Caller) {
+    model(move || {
+        let reg = Arc::new(Registry::new());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let in_flight = Arc::new(AtomicBool::new(true));
+        let buf = Tracked::new(&drops, &in_flight);
+        let (mut work, done) =
+            OpFuture::<Tracked>::new_holding(ctx(1), &reg, None, true, Default::default())
+                .expect("registered");
+        let backend = {
+            let in_flight = in_flight.clone();
+            thread::spawn(move || {
+                in_flight.store(false, Ordering::SeqCst);
+                done.fail(abort_cause(), buf);
+            })
+        };
+        let aborter = {
+            let reg = reg.clone();
+            thread::spawn(move || {
+                reg.abort(&abort_cause());
+            })
+        };
+        match caller {
+            Caller::Await => match block_on(work) {
+                Ok(_) => panic!("the op failed"),
+                Err(f) => {
+                    assert!(f.buffers.is_some(), "the buffer comes back: {f}");
+                    drop(f);
+                }
+            },
+            Caller::Drop => drop(work),
+            Caller::PollThenDrop => {
+                let _ = poll_once(&mut work);
+                drop(work);
+            }
+        }
+        backend.join().expect("backend thread");
+        aborter.join().expect("abort thread");
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "released exactly once");
+        assert_eq!(reg.pending(), 0, "no registry entry leaks");
+    });
+}
+
+#[test]
+fn holding_fail_vs_abort_vs_await() {
+    holding_fail_vs_abort(Caller::Await);
+}
+
+#[test]
+fn holding_fail_vs_abort_vs_poll_then_drop() {
+    holding_fail_vs_abort(Caller::PollThenDrop);
 }

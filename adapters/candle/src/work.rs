@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use candle_core::Tensor;
-use chorus::{DeviceWork, WorkError, WorkStatus};
+use chorus::{DeviceWork, Failed, WorkError, WorkStatus};
 
 use crate::buffer::TensorBuffer;
 
@@ -84,8 +84,14 @@ impl TensorWork {
     /// The op's error if it has already failed.
     pub fn stream_ordered(self) -> Result<Tensor, WorkError> {
         match self.inner {
-            Inner::One(w) => w.stream_ordered().map(TensorBuffer::into_tensor),
-            Inner::Two(w) => w.stream_ordered().map(|(_, o)| o.into_tensor()),
+            Inner::One(w) => w
+                .stream_ordered()
+                .map(TensorBuffer::into_tensor)
+                .map_err(Failed::into_error),
+            Inner::Two(w) => w
+                .stream_ordered()
+                .map(|(_, o)| o.into_tensor())
+                .map_err(Failed::into_error),
         }
     }
 
@@ -98,8 +104,14 @@ impl TensorWork {
     /// The op's error, or [`WorkError::OpTimeout`] naming the op.
     pub fn wait_timeout(self, timeout: Duration) -> Result<Tensor, WorkError> {
         match self.inner {
-            Inner::One(w) => w.wait_timeout(timeout).map(TensorBuffer::into_tensor),
-            Inner::Two(w) => w.wait_timeout(timeout).map(|(_, o)| o.into_tensor()),
+            Inner::One(w) => w
+                .wait_timeout(timeout)
+                .map(TensorBuffer::into_tensor)
+                .map_err(Failed::into_error),
+            Inner::Two(w) => w
+                .wait_timeout(timeout)
+                .map(|(_, o)| o.into_tensor())
+                .map_err(Failed::into_error),
         }
     }
 }
@@ -112,10 +124,13 @@ impl Future for TensorWork {
         match &mut self.get_mut().inner {
             Inner::One(w) => Pin::new(w)
                 .poll(cx)
-                .map(|r| r.map(TensorBuffer::into_tensor)),
+                .map(|r| r.map(TensorBuffer::into_tensor).map_err(Failed::into_error)),
             Inner::Two(w) => Pin::new(w)
                 .poll(cx)
-                .map(|r| r.map(|(_, o)| o.into_tensor())),
+                .map(|r| {
+                    r.map(|(_, o)| o.into_tensor())
+                        .map_err(Failed::into_error)
+                }),
         }
     }
 }

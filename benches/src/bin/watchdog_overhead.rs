@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::watchdog;
-use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus::{DeviceBuffer, Failed, ProcessGroup, ReduceOp, WorkError};
 use chorus_gpu::cuda::kernels::Kernels;
 use chorus_gpu::cuda::{Device, StreamPriority};
 use chorus_store::{InMemoryStore, Store};
@@ -188,7 +188,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             producer.synchronize()?;
             kernels.spin(&producer, timeout * 3)?;
             let t0 = Instant::now();
-            let r = block_on(g.all_reduce(b, ReduceOp::Sum)?);
+            let r = block_on(g.all_reduce(b, ReduceOp::Sum)?).map_err(Failed::into_error);
             let took = t0.elapsed();
             match r {
                 Err(WorkError::OpTimeout { .. }) => {

@@ -182,8 +182,11 @@ impl GroupBuilder {
             ));
         }
         let members = (0..self.size).collect();
+        let name: Arc<str> = self.name.into();
         let pg = connect(Setup {
-            name: self.name.into(),
+            base: name.clone(),
+            epoch: 0,
+            name,
             rank: self.rank,
             members,
             root_store: store,
@@ -258,24 +261,31 @@ impl ProcessGroup {
 }
 
 /// What [`connect`] makes a group from.
-pub(super) struct Setup {
-    pub(super) name: Arc<str>,
-    pub(super) rank: usize,
-    pub(super) members: Vec<usize>,
-    pub(super) root_store: Arc<dyn Store>,
-    pub(super) timeout: Duration,
-    pub(super) tcp: TcpOptions,
-    pub(super) policy: ErrorPolicy,
-    pub(super) nccl: NcclOptions,
-    pub(super) propagate: bool,
-    pub(super) liveness: Duration,
+pub(crate) struct Setup {
+    /// The group's name at epoch 0; re-formed groups are named
+    /// `{base}@{epoch}`.
+    pub(crate) base: Arc<str>,
+    /// 0 for a new group, `e + 1` for one re-formed from epoch `e`.
+    pub(crate) epoch: u64,
+    pub(crate) name: Arc<str>,
+    pub(crate) rank: usize,
+    pub(crate) members: Vec<usize>,
+    pub(crate) root_store: Arc<dyn Store>,
+    pub(crate) timeout: Duration,
+    pub(crate) tcp: TcpOptions,
+    pub(crate) policy: ErrorPolicy,
+    pub(crate) nccl: NcclOptions,
+    pub(crate) propagate: bool,
+    pub(crate) liveness: Duration,
 }
 
 /// Connects this rank's part of a group: counts it in through the store,
 /// connects the TCP backend, prepares the NCCL one (lazy), and registers
 /// the group with the watchdog (and error propagation, if on).
-pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
+pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
     let Setup {
+        base,
+        epoch: group_epoch,
         name,
         rank,
         members,
@@ -390,6 +400,10 @@ pub(super) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             liveness,
             liveness_task,
             rendezvous: Mutex::new(None),
+            base,
+            epoch: group_epoch,
+            reforms: AtomicU64::new(0),
+            children: Mutex::new(Vec::new()),
         }),
         timeout,
     })

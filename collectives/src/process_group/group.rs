@@ -49,7 +49,9 @@ use crate::grouped::Grouped;
 /// let a = g.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?;
 /// let b = g.all_reduce(vec![2i64; 3], ReduceOp::Max)?;
 /// g.launch()?;
-/// let (a, b) = futures::try_join!(a, b)?;
+/// // Each fails with its own buffers; joined, the errors are one type.
+/// use futures::TryFutureExt;
+/// let (a, b) = futures::try_join!(a.err_into::<chorus::Error>(), b.err_into())?;
 /// # let _ = (a, b);
 /// # Ok(())
 /// # }

@@ -6,7 +6,7 @@
 //! creation shares), `subgroup` (`new_group`), `staging` and `group`
 //! (grouped ops), `capture` (CUDA graph capture).
 
-mod builder;
+pub(crate) mod builder;
 pub mod capture;
 pub mod group;
 mod handle;

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chorus_store::rendezvous::Rendezvous;
@@ -54,6 +54,14 @@ pub struct GroupState {
     /// The job's rendezvous (world group made by `init_from_env`), kept
     /// until [`ProcessGroup::shutdown`](crate::ProcessGroup::shutdown).
     pub(crate) rendezvous: Mutex<Option<Rendezvous>>,
+    /// The group's name at epoch 0 (re-formed groups are `{base}@{epoch}`).
+    pub(crate) base: Arc<str>,
+    /// 0 when created; `e + 1` when re-formed from a group at epoch `e`.
+    pub(crate) epoch: u64,
+    /// Re-forms attempted from this group (each forms the next epoch).
+    pub(crate) reforms: AtomicU64,
+    /// Its subgroups, which a re-form aborts.
+    pub(crate) children: Mutex<Vec<Weak<GroupState>>>,
 }
 
 impl fmt::Debug for GroupState {

@@ -68,8 +68,11 @@ impl ProcessGroup {
         let Some(sub_rank) = sub_rank else {
             return Ok(None);
         };
+        let sub_name: std::sync::Arc<str> = format!("{name}/{k}").into();
         let group = connect(Setup {
-            name: format!("{name}/{k}").into(),
+            base: sub_name.clone(),
+            epoch: 0,
+            name: sub_name,
             rank: sub_rank,
             members: ranks.to_vec(),
             root_store: g.root_store.clone(),
@@ -81,6 +84,10 @@ impl ProcessGroup {
             liveness: g.liveness,
         })
         .await?;
+        g.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(std::sync::Arc::downgrade(&group.inner));
         if let Some((dev, comm)) = split {
             group.inner.nccl.preset(dev, comm);
             group.init_device(dev as usize).await?;

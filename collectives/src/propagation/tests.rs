@@ -58,7 +58,7 @@ fn a_peer_failure_fails_pending_works_with_remote_naming_the_origin() {
     assert!(p0.flush(BOUND));
 
     for (r, w) in [(1, w1), (2, w2)] {
-        let err = w.wait_timeout(BOUND).expect_err("the work must fail");
+        let err = w.wait_timeout(BOUND).expect_err("the work must fail").error;
         let WorkError::Remote {
             ctx: c,
             origin,
@@ -138,7 +138,7 @@ fn a_group_of_a_later_epoch_ignores_its_predecessors_failure() {
         reason: "user abort".into(),
     });
     assert!(p2.flush(BOUND));
-    match w1.wait_timeout(BOUND) {
+    match w1.wait_timeout(BOUND).map_err(|f| f.error) {
         Err(WorkError::Remote { origin, cause, .. }) => {
             assert_eq!(origin, 2);
             assert!(cause.contains("user abort"), "{cause}");

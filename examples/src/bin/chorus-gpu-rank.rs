@@ -33,7 +33,7 @@ use chorus::reduce::Reducible;
 use chorus::test_util::in_progress_returns;
 use chorus::DeviceElement;
 use chorus::{Device, Stream, StreamPriority};
-use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus::{DeviceBuffer, ProcessGroup, ReduceOp};
 use chorus_examples::testkit::{data, poison, reference, TestElem, OPS};
 use half::{bf16, f16};
 
@@ -87,7 +87,7 @@ impl Checker {
     }
 }
 
-fn werr(what: &str) -> impl Fn(WorkError) -> String + '_ {
+fn werr<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> String + '_ {
     move |e| format!("{what}: work failed: {e}")
 }
 
@@ -597,7 +597,7 @@ async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
             Err(e) => {
                 println!(
                     "RESULT rank={rank} kind={} elapsed_ms={} submitted_us={} ops_done_before={done} timeout_ms={} msg={}",
-                    e.kind(),
+                    e.error.kind(),
                     start.elapsed().as_millis(),
                     submitted.as_micros(),
                     timeout.as_millis(),

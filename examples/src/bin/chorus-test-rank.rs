@@ -31,6 +31,14 @@
 //!   failure is reported with `at_ms` (milliseconds since the Unix epoch)
 //!   and the rank exits 1 (for partition and launcher-loss tests).
 //!
+//! * `reform-kill` / `reform-stop`: rank `FAULT_RANK` SIGKILLs itself
+//!   mid all_reduce, or SIGSTOPs itself before one; the survivors see the
+//!   op fail, re-form the group (`FAULT_WINDOW_MS`, default 1000) and check
+//!   an all_reduce on it against the serial reference, reporting
+//!   `kind=Reformed` with `msg=epoch=E size=N rank=R` (`elapsed_ms` from
+//!   the failure to the checked op). A stopped rank, continued, finds its
+//!   old group gone, re-forms and reports `kind=VotedOut`.
+//!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
@@ -38,8 +46,8 @@
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
-use chorus::{ProcessGroup, ReduceOp};
-use chorus_examples::testkit::{check_all_dtypes, check_all_ops, SIZES};
+use chorus::{Failed, ProcessGroup, ReduceOp};
+use chorus_examples::testkit::{check_all_dtypes, check_all_ops, data, reference, SIZES};
 use half::bf16;
 
 fn env_num(key: &str, default: u64) -> u64 {
@@ -94,8 +102,81 @@ async fn stop_scenario(
         signal_self(Signal::SIGSTOP);
     }
     let start = Instant::now();
-    let r = op_pg.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?.await;
+    let r = op_pg
+        .all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?
+        .await
+        .map_err(Failed::into_error);
     Ok(outcome(rank, start, r))
+}
+
+/// `reform-kill` and `reform-stop` (see the module docs).
+async fn reform_scenario(
+    pg: &ProcessGroup,
+    rank: usize,
+    victim: usize,
+    kill: bool,
+) -> Result<i32, chorus::Error> {
+    let window = Duration::from_millis(env_num("FAULT_WINDOW_MS", 1000));
+    pg.all_reduce(vec![1.0f32; 1000], ReduceOp::Sum)?.await?;
+    if rank == victim && !kill {
+        println!(
+            "VICTIM rank={rank} pid={} stopping itself",
+            std::process::id()
+        );
+        signal_self(Signal::SIGSTOP);
+    }
+    let w = pg.all_reduce(vec![1.0f32; 4 << 20], ReduceOp::Sum)?;
+    if rank == victim && kill {
+        std::thread::sleep(Duration::from_millis(2));
+        println!(
+            "VICTIM rank={rank} pid={} killing itself",
+            std::process::id()
+        );
+        signal_self(Signal::SIGKILL);
+    }
+    let failed = match w.await {
+        Ok(_) if rank != victim => {
+            report(rank, Instant::now(), "none", "the op succeeded");
+            return Ok(3);
+        }
+        Ok(_) => None,
+        Err(f) => Some(f),
+    };
+    let start = Instant::now();
+    if let Some(f) = &failed {
+        println!("FAILED rank={rank} kind={}", f.error().kind());
+    }
+    let new = match pg.reform(window).await {
+        Ok(g) => g,
+        Err(chorus::ReformError::VotedOut { epoch, members, .. }) => {
+            let msg = format!("epoch={epoch} members={members:?}");
+            report(rank, start, "VotedOut", &msg);
+            return Ok(0);
+        }
+        Err(e) => {
+            report(rank, start, "ReformFailed", &e.to_string());
+            return Ok(1);
+        }
+    };
+    let (r, n) = (new.rank(), new.size());
+    let case = 7 + new.epoch();
+    let got = new
+        .all_reduce(data::<f32>(case, r, 4099, ReduceOp::Sum), ReduceOp::Sum)?
+        .await?;
+    if got != reference::<f32>(case, n, 4099, ReduceOp::Sum) {
+        report(
+            rank,
+            start,
+            "Wrong",
+            "the re-formed group's all_reduce differs from the reference",
+        );
+        return Ok(1);
+    }
+    let msg = format!("epoch={} size={n} rank={r}", new.epoch());
+    report(rank, start, "Reformed", &msg);
+    new.barrier()?.await?;
+    new.shutdown().await?;
+    Ok(0)
 }
 
 async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
@@ -143,9 +224,11 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 );
                 signal_self(Signal::SIGKILL);
             }
-            Ok(outcome(rank, start, w.await))
+            Ok(outcome(rank, start, w.await.map_err(Failed::into_error)))
         }
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
+        "reform-kill" => reform_scenario(&pg, rank, victim, true).await,
+        "reform-stop" => reform_scenario(&pg, rank, victim, false).await,
         "propagate" => {
             // Rank 0 alone gives up soon; the others would wait the long
             // group timeout but for rank 0's published failure.
@@ -162,10 +245,12 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                 pg.all_gather(vec![1.0f32; 10], vec![0.0; 10 * pg.size()])?
                     .await
                     .map(|_| ())
+                    .map_err(Failed::into_error)
             } else {
                 pg.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?
                     .await
                     .map(|_| ())
+                    .map_err(Failed::into_error)
             };
             Ok(outcome(rank, start, r))
         }
@@ -240,7 +325,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             let mut iter = 0u64;
             loop {
                 let r = match pg.all_reduce(buf, ReduceOp::Avg) {
-                    Ok(w) => w.await,
+                    Ok(w) => w.await.map_err(Failed::into_error),
                     Err(rej) => Err(rej.error),
                 };
                 match r {
@@ -286,7 +371,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart)"
+                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop)"
             );
             Ok(2)
         }

@@ -202,3 +202,90 @@ impl WorkError {
         e
     }
 }
+
+/// An op that failed, with its buffers once nothing can touch them any
+/// more.
+///
+/// What a work future resolves to when its op fails: the op's
+/// [`WorkError`] and, where the backend could give them back, the buffers
+/// the op took. The buffers' contents are unspecified (partly reduced,
+/// partly received, or as they were). Their lengths and capacities are
+/// the ones they had, and they are the very buffers passed in: nothing is
+/// copied or reallocated.
+///
+/// `buffers` is `None` where the buffers could not be handed back (see
+/// the work type's docs for when): they are then released by the backend
+/// once nothing touches them.
+///
+/// Displays as its error does (like [`WorkError`] it has no source), so
+/// a log line or `?` into an error type reads the same as before.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failed<B> {
+    /// Why the op failed.
+    pub error: WorkError,
+    /// The op's buffers, contents unspecified, when they came back.
+    pub buffers: Option<B>,
+}
+
+impl<B> Failed<B> {
+    /// A failure that carries `buffers` back.
+    pub fn new(error: WorkError, buffers: B) -> Self {
+        Failed {
+            error,
+            buffers: Some(buffers),
+        }
+    }
+
+    /// A failure without buffers (the backend keeps them until nothing
+    /// touches them, then releases them).
+    pub fn without_buffers(error: WorkError) -> Self {
+        Failed {
+            error,
+            buffers: None,
+        }
+    }
+
+    /// Why the op failed.
+    pub fn error(&self) -> &WorkError {
+        &self.error
+    }
+
+    /// The error, dropping the buffers.
+    pub fn into_error(self) -> WorkError {
+        self.error
+    }
+
+    /// The buffers (contents unspecified), if they came back.
+    pub fn into_buffers(self) -> Option<B> {
+        self.buffers
+    }
+
+    /// The error and the buffers.
+    pub fn into_parts(self) -> (WorkError, Option<B>) {
+        (self.error, self.buffers)
+    }
+
+    /// The same failure with its buffers converted by `f` (`f` returning
+    /// `None` drops them).
+    pub fn map_buffers<C>(self, f: impl FnOnce(B) -> Option<C>) -> Failed<C> {
+        Failed {
+            error: self.error,
+            buffers: self.buffers.and_then(f),
+        }
+    }
+}
+
+impl<B> From<WorkError> for Failed<B> {
+    fn from(error: WorkError) -> Self {
+        Failed::without_buffers(error)
+    }
+}
+
+/// The failure's error, without the buffers (for `?` in code that returns
+/// [`WorkError`]).
+impl<B> From<Failed<B>> for WorkError {
+    fn from(f: Failed<B>) -> Self {
+        f.error
+    }
+}

@@ -21,7 +21,8 @@
 //! * [`flight_recorder`]: the bounded ring of a group's last ops, the shape
 //!   of a dump, and the divergence analysis behind `chorus-trace`.
 //! * [`error`]: [`WorkError`], the typed error of an op, with the rank,
-//!   group, sequence number and op ([`OpContext`]).
+//!   group, sequence number and op ([`OpContext`]); [`Failed`], a failed
+//!   op's error with its buffers.
 //! * `profile`: per-phase timing of the enqueue path (feature `profile`).
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![forbid(unsafe_code)]
@@ -37,6 +38,6 @@ pub(crate) mod sync;
 pub mod work;
 
 pub use element::{Element, HostBuffer, HostBuffers};
-pub use error::{OpContext, WorkError};
+pub use error::{Failed, OpContext, WorkError};
 pub use op::{DType, Op, ReduceOp};
 pub use work::{Completer, EarlyWake, FinishedProbe, OpFuture, Registry, WorkStatus};

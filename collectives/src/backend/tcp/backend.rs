@@ -210,7 +210,7 @@ impl TcpBackend {
     pub(super) fn enqueue(&self, req: OpRequest) {
         if let Some(cause) = self.inner.failure() {
             let err = cause.for_op(req.ctx.clone());
-            req.completer.complete(Err(err));
+            req.completer.fail(err, req.bufs);
             return;
         }
         if let Err(mpsc::error::SendError(req)) = self.tx.send(req) {
@@ -221,7 +221,7 @@ impl TcpBackend {
                     msg: "the TCP backend's worker has stopped".into(),
                 },
             };
-            req.completer.complete(Err(err));
+            req.completer.fail(err, req.bufs);
         }
     }
 
@@ -240,7 +240,10 @@ impl TcpBackend {
         let n = counters.next(op);
         let ctx = seq.ctx(n, name);
         let deadline = Instant::now().checked_add(timeout);
-        let registered = OpFuture::new_recorded(
+        // Holding: a work failed from outside (abort, timeout) waits for
+        // the worker to hand its buffers back (`Completer::fail`), which
+        // it does as soon as it has stopped the op.
+        let registered = OpFuture::new_holding(
             ctx.clone(),
             seq.registry(),
             deadline,
@@ -353,7 +356,7 @@ impl Backend for TcpBackend {
             drop(counters);
             for r in reqs {
                 let e = err.for_op(r.ctx.clone());
-                r.completer.complete(Err(e));
+                r.completer.fail(e, r.bufs);
             }
             return Err(err);
         }

@@ -10,7 +10,7 @@
 //!   per op, as Gloo's coalesced all_reduce does); every other op runs as it
 //!   is, in order.
 
-use chorus_core::{Completer, HostBuffer, Op, OpContext, OpFuture, Registry, WorkError};
+use chorus_core::{Completer, Failed, HostBuffer, Op, OpContext, OpFuture, Registry, WorkError};
 
 use super::request::OpRequest;
 
@@ -106,7 +106,7 @@ fn flush(
         Ok(pair) => pair,
         Err(e) => {
             for m in members {
-                m.completer.complete(Err(e.for_op(m.ctx)));
+                m.completer.fail(e.for_op(m.ctx), vec![m.buf]);
             }
             return;
         }
@@ -138,8 +138,9 @@ fn op_len(r: &OpRequest) -> usize {
 }
 
 /// Copies each member's part of the fused result back into its own buffer
-/// and completes it; a failure fails every member.
-fn scatter(res: Result<Vec<HostBuffer>, WorkError>, members: Vec<Member>) {
+/// and completes it; a failure fails every member, each with its own
+/// buffer back (contents as they were).
+fn scatter(res: Result<Vec<HostBuffer>, Failed<Vec<HostBuffer>>>, members: Vec<Member>) {
     let fused = match res.map(|mut v| v.pop()) {
         Ok(Some(b)) => b,
         Ok(None) => {
@@ -148,13 +149,13 @@ fn scatter(res: Result<Vec<HostBuffer>, WorkError>, members: Vec<Member>) {
                     ctx: m.ctx.clone(),
                     msg: "a fused all_reduce returned no buffer (a chorus bug)".into(),
                 };
-                m.completer.complete(Err(err));
+                m.completer.fail(err, vec![m.buf]);
             }
             return;
         }
-        Err(e) => {
+        Err(f) => {
             for m in members {
-                m.completer.complete(Err(e.for_op(m.ctx)));
+                m.completer.fail(f.error.for_op(m.ctx), vec![m.buf]);
             }
             return;
         }

@@ -723,7 +723,7 @@ fn float_results_are_bit_identical_on_every_rank() {
 fn expect_err(w: OpFuture<OpOutput>) -> WorkError {
     match block_on(w) {
         Ok(_) => panic!("op succeeded but should have failed"),
-        Err(e) => e,
+        Err(f) => f.error,
     }
 }
 

@@ -149,7 +149,7 @@ impl Worker {
                 completer,
             } = req;
             if let Some(cause) = inner.failure() {
-                completer.complete(Err(cause.for_op(ctx)));
+                completer.fail(cause.for_op(ctx), bufs);
                 break false;
             }
             completer.started();
@@ -185,8 +185,8 @@ impl Worker {
                     tracing::debug!(op = %ctx, error = %e, "op failed");
                     inner.fail(&e);
                     // The op's future is gone: no socket touches the buffers
-                    // any more, and they are released with the error.
-                    completer.complete(Err(e));
+                    // any more, and they go back with the error.
+                    completer.fail(e, bufs);
                     break false;
                 }
             }
@@ -203,7 +203,7 @@ impl Worker {
                     msg: "the TCP backend shut down".into(),
                 },
             };
-            req.completer.complete(Err(err));
+            req.completer.fail(err, req.bufs);
         }
         if graceful {
             self.say_goodbye().await;

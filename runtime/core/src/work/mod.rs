@@ -60,11 +60,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use std::time::Instant;
 
-use crate::error::{OpContext, WorkError};
+use crate::error::{Failed, OpContext, WorkError};
 use crate::flight_recorder::{FlightRecorder, OpMeta};
 use crate::sync::{Arc, DynArc};
 use registry::Fail;
-use slot::Slot;
+use slot::{Outcome, Slot};
 
 /// What a work, its completer and its registry entry share: the op, its
 /// ids and its completion slot, in one allocation per op.
@@ -75,6 +75,9 @@ struct Shared<T> {
     /// Flight-recorder id, if the registry records.
     rec: Option<u64>,
     slot: Slot<T>,
+    /// An early failure waits for the backend's buffers
+    /// ([`OpFuture::new_holding`]).
+    hold: bool,
     /// The registry holds this state while the op is pending (its entry is
     /// removed when the completer completes or drops), so the cycle through
     /// `registry` ends with the op.
@@ -84,7 +87,11 @@ struct Shared<T> {
 impl<T: Send + 'static> Fail for Shared<T> {
     fn fail(&self, err: WorkError) {
         // If the backend completed first, the work keeps that outcome.
-        drop(self.slot.resolve(Err(err)));
+        if self.hold {
+            self.slot.fail_holding(err);
+        } else {
+            drop(self.slot.resolve(Err(Failed::without_buffers(err))));
+        }
     }
 
     fn context(&self) -> &OpContext {
@@ -93,7 +100,12 @@ impl<T: Send + 'static> Fail for Shared<T> {
 }
 
 /// The future of one submitted op. Resolves to the op's buffers, or the error
-/// that stopped it.
+/// that stopped it with the buffers where they came back ([`Failed`]).
+///
+/// A work made by [`new_holding`](Self::new_holding) that fails early
+/// (abort, timeout) stays pending until its backend hands the buffers back
+/// (or drops its completer), and then fails with the first error and the
+/// buffers; any other work fails at once, without them.
 ///
 /// # Cancel safety
 ///
@@ -159,9 +171,45 @@ impl<T: Send + 'static> OpFuture<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
-        Self::register(ctx, registry, Instant::now(), deadline, None, |r, ctx| {
-            r.scheduled(ctx.seq, ctx.op, collective, meta)
-        })
+        Self::register(
+            ctx,
+            registry,
+            Instant::now(),
+            deadline,
+            None,
+            false,
+            |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
+        )
+    }
+
+    /// Like [`new_recorded`](Self::new_recorded), for a backend that hands
+    /// a failed op's buffers back ([`Completer::fail`]) as soon as it has
+    /// stopped touching them: an early failure (abort, timeout, the
+    /// watchdog) does not resolve the work at once but leaves it pending
+    /// until the completer completes (or drops), so that the work's
+    /// [`Failed`] carries the buffers. The backend must bound that time
+    /// (the TCP backend's worker stops an op at the group's abort and at
+    /// the op's own timeout).
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Self::new).
+    pub fn new_holding(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        Self::register(
+            ctx,
+            registry,
+            Instant::now(),
+            deadline,
+            None,
+            true,
+            |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
+        )
     }
 
     /// Like [`new_recorded`](Self::new_recorded), for a backend that starts
@@ -186,7 +234,7 @@ impl<T: Send + 'static> OpFuture<T> {
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        Self::register(ctx, registry, now, deadline, probe, |r, ctx| {
+        Self::register(ctx, registry, now, deadline, probe, false, |r, ctx| {
             r.started_at(ctx.seq, ctx.op, collective, meta, now)
         })
     }
@@ -199,6 +247,7 @@ impl<T: Send + 'static> OpFuture<T> {
         now: Instant,
         deadline: Option<Instant>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+        hold: bool,
         record: impl FnOnce(&FlightRecorder, &OpContext) -> u64,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
         let shared = registry.insert(ctx, now, deadline, probe, record, |ctx, id, rec| {
@@ -207,6 +256,7 @@ impl<T: Send + 'static> OpFuture<T> {
                 id,
                 rec,
                 slot: Slot::new(),
+                hold,
                 registry: registry.clone(),
             })
         })?;
@@ -231,9 +281,10 @@ impl<T: Send + 'static> OpFuture<T> {
             id: 0,
             rec: None,
             slot: Slot::new(),
+            hold: false,
             registry: Arc::new(Registry::new()),
         });
-        drop(shared.slot.resolve(Err(err)));
+        drop(shared.slot.resolve(Err(Failed::without_buffers(err))));
         OpFuture { shared }
     }
 }
@@ -261,20 +312,20 @@ impl<T> OpFuture<T> {
     }
 
     /// Takes the outcome if the op is done, without waiting.
-    pub fn try_take(&mut self) -> Option<Result<T, WorkError>> {
+    pub fn try_take(&mut self) -> Option<Result<T, Failed<T>>> {
         self.shared.slot.try_take()
     }
 
-    fn consumed_error(&self) -> WorkError {
-        WorkError::InvalidArgument {
+    fn consumed_error(&self) -> Failed<T> {
+        Failed::without_buffers(WorkError::InvalidArgument {
             ctx: self.shared.ctx.clone(),
             msg: "the work was polled again after it returned its result".into(),
-        }
+        })
     }
 }
 
 impl<T> Future for OpFuture<T> {
-    type Output = Result<T, WorkError>;
+    type Output = Result<T, Failed<T>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.shared.slot.poll(cx.waker()) {
@@ -284,6 +335,13 @@ impl<T> Future for OpFuture<T> {
         }
     }
 }
+
+/// How long [`OpFuture::wait_timeout`] waits, after its timeout aborted
+/// the group, for the backend of a holding work to hand the buffers back.
+/// Past it the work fails without them (the backend releases them once it
+/// is done).
+#[cfg(not(loom))]
+pub const HOLD_GRACE: Duration = Duration::from_secs(2);
 
 #[cfg(not(loom))]
 fn unpark_waker() -> std::task::Waker {
@@ -307,7 +365,7 @@ impl<T> OpFuture<T> {
     /// The outcome if the op is done; `None` otherwise, with no other
     /// effect (unlike [`wait_timeout`](Self::wait_timeout), nothing is
     /// aborted).
-    pub fn wait_until(&mut self, deadline: Instant) -> Option<Result<T, WorkError>> {
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<Result<T, Failed<T>>> {
         let waker = unpark_waker();
         match self.shared.slot.poll(&waker) {
             Poll::Ready(Some(r)) => Some(r),
@@ -326,12 +384,15 @@ impl<T> OpFuture<T> {
     ///
     /// On timeout the group is aborted (its backend is torn down and every
     /// pending work fails), because a collective that one rank gave up on
-    /// cannot be finished by the others.
+    /// cannot be finished by the others. A work made by
+    /// [`new_holding`](Self::new_holding) then waits up to
+    /// [`HOLD_GRACE`] more for its backend to hand the buffers back.
     ///
     /// # Errors
     ///
-    /// The op's own error, or [`WorkError::OpTimeout`] after `timeout`.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<T, WorkError> {
+    /// The op's own error, or [`WorkError::OpTimeout`] after `timeout`,
+    /// with the buffers where they came back.
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T, Failed<T>> {
         let waker = unpark_waker();
         let deadline = Instant::now() + timeout;
         loop {
@@ -348,9 +409,22 @@ impl<T> OpFuture<T> {
                 };
                 tracing::error!(op = %self.shared.ctx, ?timeout, "blocking wait timed out; aborting the group");
                 self.shared.registry.abort(&err);
+                if self.shared.hold {
+                    // The abort stopped the backend: it hands the buffers
+                    // back within moments.
+                    let grace = Instant::now() + HOLD_GRACE;
+                    while Instant::now() < grace {
+                        match self.shared.slot.poll(&waker) {
+                            Poll::Ready(Some(r)) => return r,
+                            Poll::Ready(None) => return Err(self.consumed_error()),
+                            Poll::Pending => {}
+                        }
+                        std::thread::park_timeout(grace.saturating_duration_since(Instant::now()));
+                    }
+                }
                 return match self.shared.slot.try_take() {
                     Some(r) => r,
-                    None => Err(err),
+                    None => Err(Failed::without_buffers(err)),
                 };
             }
             std::thread::park_timeout(deadline - now);
@@ -387,13 +461,20 @@ impl<T> Completer<T> {
     /// True if the work was failed early (abort, timeout) and the backend may
     /// skip the op's remaining steps.
     pub fn is_failed(&self) -> bool {
-        self.shared
-            .as_ref()
-            .is_some_and(|s| s.slot.status() != WorkStatus::Pending)
+        self.shared.as_ref().is_some_and(|s| s.slot.has_failed())
+    }
+
+    /// Fails the op and hands its buffers back with the error, for a
+    /// backend that has stopped touching them (contents unspecified).
+    /// Otherwise as [`complete`](Self::complete) with an error.
+    pub fn fail(self, err: WorkError, buffers: T) {
+        self.finish(Err(Failed::new(err, buffers)));
     }
 
     /// Completes the op: hands `outcome` (the buffers, or the error) to the
-    /// work and wakes it.
+    /// work and wakes it. An error here carries no buffers (they are
+    /// dropped with the completer's caller); [`fail`](Self::fail) gives
+    /// them back.
     ///
     /// If the work was already failed (abort, timeout), `outcome` is dropped
     /// here, which is when the buffers are released: after the backend is done
@@ -403,14 +484,20 @@ impl<T> Completer<T> {
     /// that failed on one rank leaves the group in an unknown state, so every
     /// pending and later op fails with this first cause. Invalid-argument
     /// errors are the exception: nothing ran.
-    pub fn complete(mut self, outcome: Result<T, WorkError>) {
+    pub fn complete(self, outcome: Result<T, WorkError>) {
+        self.finish(outcome.map_err(Failed::without_buffers));
+    }
+
+    fn finish(mut self, outcome: Outcome<T>) {
         if let Some(shared) = self.shared.take() {
             shared.registry.remove(shared.id);
             if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
-                rec.finished(id, outcome.as_ref().err().map(|e| e.to_string()));
+                rec.finished(id, outcome.as_ref().err().map(|e| e.error.to_string()));
             }
             let abort = match &outcome {
-                Err(e) if !matches!(e, WorkError::InvalidArgument { .. }) => Some(e.clone()),
+                Err(Failed { error: e, .. }) if !matches!(e, WorkError::InvalidArgument { .. }) => {
+                    Some(e.clone())
+                }
                 _ => None,
             };
             // Abort (fail the others, dump the flight recorder) before this
@@ -440,7 +527,7 @@ impl<T> Drop for Completer<T> {
                 msg: "the backend dropped the op without completing it (it was shutting down)"
                     .into(),
             };
-            drop(shared.slot.resolve(Err(err)));
+            drop(shared.slot.resolve(Err(Failed::without_buffers(err))));
         }
     }
 }

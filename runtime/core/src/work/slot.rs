@@ -4,7 +4,7 @@
 
 use std::task::{Poll, Waker};
 
-use crate::error::WorkError;
+use crate::error::{Failed, WorkError};
 use crate::sync::{lock, Mutex};
 
 /// What a caller can learn about a work without waiting for it.
@@ -20,9 +20,22 @@ pub enum WorkStatus {
     Consumed,
 }
 
+/// A work's outcome: the buffers, or the failure with the buffers where
+/// they came back.
+pub(crate) type Outcome<T> = Result<T, Failed<T>>;
+
 enum State<T> {
-    Pending { waker: Option<Waker> },
-    Ready(Result<T, WorkError>),
+    Pending {
+        waker: Option<Waker>,
+    },
+    /// Failed early (abort, timeout) while the backend still holds the
+    /// buffers: the outcome is the first error with the buffers the
+    /// backend hands back (see [`Slot::fail_holding`]).
+    Failing {
+        waker: Option<Waker>,
+        error: WorkError,
+    },
+    Ready(Outcome<T>),
     Consumed,
 }
 
@@ -43,16 +56,27 @@ impl<T> Slot<T> {
     /// Returns the outcome back if the slot was already resolved (the work
     /// failed early through abort or timeout): the caller then drops it, which
     /// is the moment its buffers are released, after the backend is done.
-    pub(crate) fn resolve(
-        &self,
-        outcome: Result<T, WorkError>,
-    ) -> Result<(), Result<T, WorkError>> {
+    ///
+    /// A slot that failed early while holding ([`fail_holding`](Self::fail_holding))
+    /// resolves here to that first error, with the buffers of `outcome`
+    /// (whether it succeeded or failed after all).
+    pub(crate) fn resolve(&self, outcome: Outcome<T>) -> Result<(), Outcome<T>> {
         let waker = {
             let mut st = lock(&self.state);
             match &mut *st {
                 State::Pending { waker } => {
                     let w = waker.take();
                     *st = State::Ready(outcome);
+                    w
+                }
+                State::Failing { waker, error } => {
+                    let w = waker.take();
+                    let buffers = match outcome {
+                        Ok(b) => Some(b),
+                        Err(f) => f.buffers,
+                    };
+                    let error = error.clone();
+                    *st = State::Ready(Err(Failed { error, buffers }));
                     w
                 }
                 _ => return Err(outcome),
@@ -65,12 +89,35 @@ impl<T> Slot<T> {
         Ok(())
     }
 
+    /// Fails a pending slot with `error` without resolving it: the work
+    /// stays pending until the backend hands its buffers back through
+    /// [`resolve`](Self::resolve), and then fails with `error` and those
+    /// buffers. For backends that give a failed op's buffers back
+    /// promptly once they stopped touching them. A slot already failing or
+    /// resolved keeps what it has.
+    pub(crate) fn fail_holding(&self, error: WorkError) {
+        let mut st = lock(&self.state);
+        if let State::Pending { waker } = &mut *st {
+            let waker = waker.take();
+            *st = State::Failing { waker, error };
+        }
+    }
+
+    /// True once the slot failed (early, or resolved with an error), even
+    /// if it still waits for the buffers.
+    pub(crate) fn has_failed(&self) -> bool {
+        matches!(
+            &*lock(&self.state),
+            State::Failing { .. } | State::Ready(Err(_))
+        )
+    }
+
     /// Polls for the outcome, registering `waker` if it is not there yet.
     /// `Ready(None)` means the outcome was already taken.
-    pub(crate) fn poll(&self, waker: &Waker) -> Poll<Option<Result<T, WorkError>>> {
+    pub(crate) fn poll(&self, waker: &Waker) -> Poll<Option<Outcome<T>>> {
         let mut st = lock(&self.state);
         match &mut *st {
-            State::Pending { waker: slot } => {
+            State::Pending { waker: slot } | State::Failing { waker: slot, .. } => {
                 match slot {
                     Some(w) if w.will_wake(waker) => {}
                     _ => *slot = Some(waker.clone()),
@@ -89,14 +136,14 @@ impl<T> Slot<T> {
     /// resolving the slot: it polls again and finds it still pending.
     pub(crate) fn wake_early(&self) {
         let waker = match &*lock(&self.state) {
-            State::Pending { waker: Some(w) } => w.clone(),
+            State::Pending { waker: Some(w) } | State::Failing { waker: Some(w), .. } => w.clone(),
             _ => return,
         };
         waker.wake();
     }
 
     /// Takes the outcome if it is there, without registering a waker.
-    pub(crate) fn try_take(&self) -> Option<Result<T, WorkError>> {
+    pub(crate) fn try_take(&self) -> Option<Outcome<T>> {
         let mut st = lock(&self.state);
         match &*st {
             State::Ready(_) => match std::mem::replace(&mut *st, State::Consumed) {
@@ -109,7 +156,8 @@ impl<T> Slot<T> {
 
     pub(crate) fn status(&self) -> WorkStatus {
         match &*lock(&self.state) {
-            State::Pending { .. } => WorkStatus::Pending,
+            // Failing: the outcome (with the buffers) is not there yet.
+            State::Pending { .. } | State::Failing { .. } => WorkStatus::Pending,
             State::Ready(Ok(_)) => WorkStatus::Finished,
             State::Ready(Err(_)) => WorkStatus::Failed,
             State::Consumed => WorkStatus::Consumed,

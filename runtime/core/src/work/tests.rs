@@ -88,8 +88,8 @@ fn abort_fails_pending_and_later_submissions() {
     assert_eq!(reg.abort(&cause), 2);
     assert_eq!(reg.abort(&cause), 0);
     assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "abort hook runs once");
-    let e1 = futures::executor::block_on(w1).unwrap_err();
-    let e2 = futures::executor::block_on(w2).unwrap_err();
+    let e1 = futures::executor::block_on(w1).unwrap_err().into_error();
+    let e2 = futures::executor::block_on(w2).unwrap_err().into_error();
     assert_eq!(e1.context().seq, 1);
     assert_eq!(
         e2.context().seq,
@@ -113,7 +113,7 @@ fn dropped_completer_fails_work_instead_of_hanging() {
     let (work, done) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
     drop(done);
     assert!(matches!(
-        futures::executor::block_on(work),
+        futures::executor::block_on(work).map_err(Failed::into_error),
         Err(WorkError::Backend { .. })
     ));
 }
@@ -123,10 +123,14 @@ fn blocking_wait_times_out_and_aborts() {
     let reg = Arc::new(Registry::new());
     let (w1, _c1) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
     let (w2, _c2) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
-    let err = w1.wait_timeout(Duration::from_millis(30)).unwrap_err();
+    let err = w1
+        .wait_timeout(Duration::from_millis(30))
+        .unwrap_err()
+        .into_error();
     assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
     assert!(matches!(
-        w2.wait_timeout(Duration::from_secs(5)),
+        w2.wait_timeout(Duration::from_secs(5))
+            .map_err(Failed::into_error),
         Err(WorkError::OpTimeout { .. })
     ));
     assert!(reg.errored().is_some());
@@ -245,7 +249,7 @@ fn a_failed_op_aborts_the_group_once() {
     };
     c1.complete(Err(cause));
     assert_eq!(hook_calls.load(Ordering::SeqCst), 1);
-    let e2 = futures::executor::block_on(w2).unwrap_err();
+    let e2 = futures::executor::block_on(w2).unwrap_err().into_error();
     assert!(matches!(e2, WorkError::PeerLost { peer: 3, .. }), "{e2}");
     assert_eq!(e2.context().seq, 2);
     c2.complete(Err(WorkError::Aborted {
@@ -254,7 +258,7 @@ fn a_failed_op_aborts_the_group_once() {
     }));
     assert_eq!(hook_calls.load(Ordering::SeqCst), 1, "hook runs once");
     assert!(matches!(
-        futures::executor::block_on(w1),
+        futures::executor::block_on(w1).map_err(Failed::into_error),
         Err(WorkError::PeerLost { .. })
     ));
     // An invalid argument does not abort.
@@ -316,4 +320,145 @@ fn ops_left_pending_among_many_finished_stay_found_and_the_ring_stays_bounded() 
         assert!(futures::executor::block_on(w).is_err());
     }
     drop(kept);
+}
+
+#[test]
+fn failed_op_gives_its_buffers_back() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) = OpFuture::<Vec<u32>>::new(ctx(1), &reg, None).unwrap();
+    let buf = vec![1, 2, 3];
+    let ptr = buf.as_ptr();
+    done.fail(
+        WorkError::PeerLost {
+            ctx: ctx(1),
+            peer: 1,
+            cause: "reset".into(),
+        },
+        buf,
+    );
+    let f = futures::executor::block_on(work).unwrap_err();
+    assert!(
+        matches!(f.error(), WorkError::PeerLost { peer: 1, .. }),
+        "{f}"
+    );
+    let back = f.into_buffers().expect("the buffers come back");
+    assert_eq!(back.as_ptr(), ptr, "the very buffer passed in");
+    assert!(reg.errored().is_some(), "a failure still aborts the group");
+}
+
+#[test]
+fn holding_work_failed_early_waits_for_its_buffers() {
+    let reg = Arc::new(Registry::new());
+    let (mut work, done) =
+        OpFuture::<Vec<u32>>::new_holding(ctx(1), &reg, None, true, Default::default()).unwrap();
+    let cause = WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "user abort".into(),
+    };
+    assert_eq!(reg.abort(&cause), 1);
+    assert_eq!(
+        work.status(),
+        WorkStatus::Pending,
+        "no outcome without the buffers yet"
+    );
+    assert!(work.try_take().is_none());
+    assert!(done.is_failed(), "the backend may skip the rest of the op");
+    // The backend stops, and gives the buffers back with its own error.
+    done.fail(
+        WorkError::Backend {
+            ctx: ctx(1),
+            msg: "stopped".into(),
+        },
+        vec![7; 5],
+    );
+    assert_eq!(work.status(), WorkStatus::Failed);
+    let f = futures::executor::block_on(work).unwrap_err();
+    assert!(
+        matches!(f.error(), WorkError::Aborted { .. }),
+        "first cause wins: {f}"
+    );
+    assert_eq!(f.into_buffers(), Some(vec![7; 5]));
+}
+
+#[test]
+fn holding_work_that_finished_after_the_abort_fails_with_its_buffers() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) =
+        OpFuture::<u8>::new_holding(ctx(1), &reg, None, true, Default::default()).unwrap();
+    reg.fail_all(&WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "x".into(),
+    });
+    done.complete(Ok(9));
+    let f = futures::executor::block_on(work).unwrap_err();
+    assert_eq!(f.into_buffers(), Some(9));
+}
+
+#[test]
+fn holding_work_whose_backend_drops_it_fails_without_buffers() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) =
+        OpFuture::<u8>::new_holding(ctx(1), &reg, None, true, Default::default()).unwrap();
+    reg.fail_all(&WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "x".into(),
+    });
+    drop(done);
+    let f = futures::executor::block_on(work).unwrap_err();
+    assert!(matches!(f.error(), WorkError::Aborted { .. }));
+    assert!(f.buffers.is_none());
+}
+
+#[test]
+fn dropped_holding_work_releases_its_buffer_once_at_the_backends_failure() {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let reg = Arc::new(Registry::new());
+    let (work, done) =
+        OpFuture::<Tracked>::new_holding(ctx(1), &reg, None, true, Default::default()).unwrap();
+    drop(work);
+    reg.fail_all(&WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "x".into(),
+    });
+    assert_eq!(drops.load(Ordering::SeqCst), 0);
+    done.fail(
+        WorkError::Aborted {
+            ctx: ctx(1),
+            reason: "x".into(),
+        },
+        Tracked(drops.clone()),
+    );
+    assert_eq!(drops.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn holding_blocking_wait_that_times_out_gets_the_buffers_after_the_abort() {
+    let reg = Arc::new(Registry::new());
+    let (work, done) =
+        OpFuture::<Vec<u8>>::new_holding(ctx(1), &reg, None, true, Default::default()).unwrap();
+    // The backend's abort hook stops the op; the backend then gives the
+    // buffers back from its own thread.
+    let done = std::sync::Mutex::new(Some(done));
+    let (tx, rx) = std::sync::mpsc::channel::<Completer<Vec<u8>>>();
+    let t = std::thread::spawn(move || {
+        if let Ok(c) = rx.recv() {
+            std::thread::sleep(Duration::from_millis(20));
+            c.fail(
+                WorkError::Aborted {
+                    ctx: ctx(1),
+                    reason: "stopped".into(),
+                },
+                vec![3; 4],
+            );
+        }
+    });
+    reg.set_abort_hook(move |_| {
+        if let Some(c) = done.lock().unwrap().take() {
+            let _ = tx.send(c);
+        }
+    });
+    let f = work.wait_timeout(Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(f.error(), WorkError::OpTimeout { .. }), "{f}");
+    assert_eq!(f.into_buffers(), Some(vec![3; 4]));
+    t.join().unwrap();
 }

@@ -1,0 +1,246 @@
+//! The quorum state machine against a simulated store: many ranks, random
+//! interleavings and start times, crashes at any step. Whoever finishes
+//! agrees on one roster; the dead and the late are not in it.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::quorum::{Action, Outcome, Quorum, Roster, POLL};
+
+/// The store's keys of one epoch.
+#[derive(Default)]
+struct Sim {
+    alive: Vec<bool>,
+    announced: u64,
+    roster: Option<Vec<u8>>,
+}
+
+/// One rank in the simulation.
+struct Rank {
+    q: Option<Quorum>,
+    /// Simulated time at which it runs next.
+    at: Instant,
+    /// It stops (dies) after this many actions, if set.
+    dies_after: Option<usize>,
+    steps: usize,
+    outcome: Option<Outcome>,
+}
+
+const WINDOW: Duration = Duration::from_millis(200);
+const GRACE: Duration = Duration::from_millis(300);
+
+/// Runs `size` ranks; `start[r]` is when rank `r` calls reform (None: it
+/// is dead), `dies_after[r]` when it dies. Returns each rank's outcome.
+fn simulate(
+    seed: u64,
+    size: usize,
+    start: &[Option<Duration>],
+    dies_after: &[Option<usize>],
+) -> Vec<Option<Outcome>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let t0 = Instant::now();
+    let mut sim = Sim {
+        alive: vec![false; size],
+        ..Sim::default()
+    };
+    let mut ranks: Vec<Rank> = (0..size)
+        .map(|r| Rank {
+            q: None,
+            at: t0 + start[r].unwrap_or(Duration::MAX / 4),
+            dies_after: dies_after[r],
+            steps: 0,
+            outcome: None,
+        })
+        .collect();
+    for _ in 0..200_000 {
+        // The rank due first runs one action; ties broken at random.
+        let live: Vec<usize> = (0..size)
+            .filter(|&r| start[r].is_some() && ranks[r].outcome.is_none())
+            .filter(|&r| ranks[r].dies_after.is_none_or(|d| ranks[r].steps < d))
+            .collect();
+        let Some(&first) = live.iter().min_by_key(|&&r| ranks[r].at) else {
+            break;
+        };
+        let due = ranks[first].at;
+        let ties: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&r| ranks[r].at <= due + Duration::from_micros(rng.gen_range(0..2000)))
+            .collect();
+        let r = ties[rng.gen_range(0..ties.len())];
+        let now = ranks[r].at.max(due);
+        let rank = &mut ranks[r];
+        let q = rank
+            .q
+            .get_or_insert_with(|| Quorum::new(r, size, 1, now, WINDOW, GRACE));
+        rank.steps += 1;
+        // Each store operation takes a little simulated time.
+        let cost = Duration::from_micros(rng.gen_range(50..500));
+        match q.poll(now) {
+            Action::Announce => {
+                sim.alive[r] = true;
+                sim.announced += 1;
+                q.announced(sim.announced);
+            }
+            Action::Observe => q.observed(sim.roster.as_deref(), sim.announced),
+            Action::Wait(d) => {
+                assert!(d <= POLL, "waits are short: {d:?}");
+                rank.at = now + d;
+                continue;
+            }
+            Action::Collect => q.collected(&sim.alive),
+            Action::Close(roster) => {
+                assert!(roster.members.contains(&r), "a closer includes itself");
+                if sim.roster.is_none() {
+                    sim.roster = Some(roster.encode());
+                }
+                q.closed(sim.roster.as_deref().expect("set"));
+            }
+            Action::Done(o) => {
+                rank.outcome = Some(o);
+                continue;
+            }
+        }
+        rank.at = now + cost;
+    }
+    ranks.into_iter().map(|r| r.outcome).collect()
+}
+
+/// The roster every finished rank agrees on.
+fn agreed(outcomes: &[Option<Outcome>]) -> Roster {
+    let mut roster: Option<Roster> = None;
+    for o in outcomes.iter().flatten() {
+        let r = match o {
+            Outcome::Member { roster, .. } | Outcome::VotedOut { roster } => roster.clone(),
+            Outcome::Corrupt { value } => panic!("corrupt roster {value:?}"),
+        };
+        match &roster {
+            None => roster = Some(r),
+            Some(first) => assert_eq!(first, &r, "two ranks saw different rosters"),
+        }
+    }
+    roster.expect("some rank finished")
+}
+
+fn ms(v: u64) -> Option<Duration> {
+    Some(Duration::from_millis(v))
+}
+
+#[test]
+fn every_survivor_gets_the_same_roster_and_a_dense_rank() {
+    for seed in 0..300 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let size = rng.gen_range(2..9);
+        // Each rank is dead or starts within half the window.
+        let start: Vec<Option<Duration>> = (0..size)
+            .map(|_| {
+                (rng.gen_range(0..4) != 0).then(|| Duration::from_millis(rng.gen_range(0..100)))
+            })
+            .collect();
+        if start.iter().all(Option::is_none) {
+            continue;
+        }
+        let outs = simulate(seed, size, &start, &vec![None; size]);
+        let roster = agreed(&outs);
+        let want: Vec<usize> = (0..size).filter(|&r| start[r].is_some()).collect();
+        assert_eq!(
+            roster.members, want,
+            "seed {seed}: everyone alive within the window"
+        );
+        for (r, o) in outs.iter().enumerate() {
+            match (start[r], o) {
+                (None, None) => {}
+                (Some(_), Some(Outcome::Member { rank, .. })) => {
+                    assert_eq!(roster.members[*rank], r, "dense, in old-rank order")
+                }
+                other => panic!("seed {seed} rank {r}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn all_alive_closes_early_without_waiting_out_the_window() {
+    let outs = simulate(1, 4, &[ms(0), ms(1), ms(2), ms(3)], &[None; 4]);
+    assert_eq!(agreed(&outs).members, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn a_straggler_after_the_close_is_voted_out() {
+    for seed in 0..100 {
+        // Rank 1 calls long after the window and the grace.
+        let outs = simulate(seed, 3, &[ms(0), ms(2_000), ms(5)], &[None; 3]);
+        assert_eq!(agreed(&outs).members, vec![0, 2]);
+        assert!(
+            matches!(&outs[1], Some(Outcome::VotedOut { roster }) if roster.members == vec![0, 2]),
+            "{:?}",
+            outs[1]
+        );
+    }
+}
+
+#[test]
+fn a_leader_that_dies_mid_close_is_replaced_by_the_fallback() {
+    for seed in 0..200 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        // Rank 0 starts first (and leads), then dies after 1..6 actions:
+        // before, during or after collecting, or after closing.
+        let d = rng.gen_range(1..7);
+        let outs = simulate(
+            seed,
+            4,
+            &[ms(0), ms(10), ms(20), ms(30)],
+            &[Some(d), None, None, None],
+        );
+        let roster = agreed(&outs);
+        for (r, o) in outs.iter().enumerate().skip(1) {
+            let o = o.as_ref().expect("the others finish");
+            // Rank 0 may be in the roster (it announced) and that is fine:
+            // the new group's connection then fails for everyone alike.
+            assert!(
+                matches!(o, Outcome::Member { .. }),
+                "seed {seed} rank {r}: {o:?} (roster {roster})"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_dead_at_once_and_rank_0_dead() {
+    let outs = simulate(7, 5, &[None, ms(3), None, ms(0), ms(9)], &[None; 5]);
+    assert_eq!(agreed(&outs).members, vec![1, 3, 4]);
+    assert!(matches!(outs[1], Some(Outcome::Member { rank: 0, .. })));
+    assert!(matches!(outs[4], Some(Outcome::Member { rank: 2, .. })));
+}
+
+#[test]
+fn rosters_round_trip_and_garbage_is_refused() {
+    let r = Roster {
+        epoch: 3,
+        members: vec![0, 2, 5],
+    };
+    assert_eq!(Roster::decode(&r.encode()), Some(r.clone()));
+    assert_eq!(r.new_rank(2), Some(1));
+    assert_eq!(r.new_rank(1), None);
+    for bad in [
+        &b""[..],
+        b"x",
+        b"chorus-roster/1 epoch=1 members=",
+        b"chorus-roster/1 epoch=1 members=2,1",
+    ] {
+        assert_eq!(Roster::decode(bad), None, "{bad:?}");
+    }
+    let mut q = Quorum::new(0, 2, 4, Instant::now(), WINDOW, GRACE);
+    q.announced(1);
+    assert_eq!(q.poll(Instant::now()), Action::Observe);
+    q.observed(Some(&r.encode()), 1);
+    assert!(
+        matches!(
+            q.poll(Instant::now()),
+            Action::Done(Outcome::Corrupt { .. })
+        ),
+        "a roster of another epoch is not this one's"
+    );
+}
