@@ -250,3 +250,65 @@ fn gpu_a_finished_group_nobody_polled_is_not_timed_out() {
         assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_after_a_timeout_reform_runs_on_new_communicators_and_buffers_come_back_only_when_safe() {
+    let (s, pg, short, timeout) = unpolled_setup("wd-reform");
+    let dev = Device::get(0).unwrap();
+    let kernels = Kernels::load(&dev).unwrap();
+    let data: Vec<f32> = (0..4099).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let r = block_on(pg.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(s.clone_dtoh(r.slice()).unwrap(), data);
+    assert_eq!(pg.nccl_comms_created(), 1);
+
+    // An op behind an 800 ms kernel times out after 200 ms: the GPU may
+    // still run it, so its buffer does not come back with the error.
+    let buf = upload(&s, &data);
+    s.synchronize().unwrap();
+    kernels.spin(&s, Duration::from_millis(800)).unwrap();
+    let t0 = Instant::now();
+    let work = short.all_reduce(buf, ReduceOp::Sum).unwrap();
+    let ev = work.end_event_handle();
+    let failed = block_on(work).expect_err("the op must time out behind an 800 ms kernel");
+    assert!(
+        matches!(failed.error, WorkError::OpTimeout { .. }),
+        "{:?}",
+        failed.error
+    );
+    assert!(t0.elapsed() >= timeout);
+    let end_done = ev.event().query().unwrap();
+    assert!(
+        failed.buffers.is_none() || end_done,
+        "a buffer came back while the GPU could still write it"
+    );
+    println!(
+        "timed out after {:?}; end event complete at the failure: {end_done}; buffer back: {}",
+        t0.elapsed(),
+        failed.buffers.is_some()
+    );
+
+    // The survivor (this one rank) re-forms: a new group with its own
+    // communicator, made while the old stream still spins.
+    let t1 = Instant::now();
+    let pg2 = block_on(pg.reform(Duration::from_millis(200))).unwrap();
+    assert_eq!((pg2.epoch(), pg2.rank(), pg2.size()), (1, 0, 1));
+    let s2 = dev.new_stream(StreamPriority::Normal).unwrap();
+    let r = block_on(pg2.all_reduce(upload(&s2, &data), ReduceOp::Max).unwrap()).unwrap();
+    assert_eq!(s2.clone_dtoh(r.slice()).unwrap(), data);
+    assert_eq!(
+        pg2.nccl_comms_created(),
+        1,
+        "the new group made its own communicator"
+    );
+    assert_eq!(pg.nccl_comms_created(), 1, "the aborted one was not remade");
+    println!(
+        "re-formed and ran on a new communicator {:?} after the failure (old spin still running: {})",
+        t1.elapsed(),
+        t0.elapsed() < Duration::from_millis(800)
+    );
+    // The old op's buffer is released by its retire queue once the GPU
+    // passed its end.
+    ev.event().synchronize().unwrap();
+    dev.synchronize().unwrap();
+}
