@@ -269,6 +269,65 @@ fn a_killed_launcher_ends_the_job_on_every_node() {
     println!("killed launcher: launchers exited {took:?} after the kill\n{log}");
 }
 
+#[test]
+#[ignore = "needs root (network namespaces)"]
+fn after_a_partition_the_host_that_reaches_the_store_re_forms_and_goes_on() {
+    // Node 0 serves the store; node 1 is cut off mid 16 MiB all_reduce.
+    // Node 0's ranks fail on the silent link, re-form as a group of two
+    // and check ops on it; node 1's cannot reach the store and fail.
+    let mut h = hosts(2);
+    let live = LIVENESS_S.to_string();
+    let nodes = start_job(
+        &mut h,
+        2,
+        "node0",
+        "loop-reform",
+        &[
+            ("CHORUS_LIVENESS_TIMEOUT_S", &live),
+            ("REFORM_WINDOW_MS", "2000"),
+        ],
+    );
+    for r in 0..4 {
+        let (_, out) = &nodes[r / 2];
+        assert!(
+            out.wait_for(&format!("LOOP rank={r} iter="), Duration::from_secs(60)),
+            "rank {r} never got going:\n{}",
+            outputs(&nodes)
+        );
+    }
+    let t_cut = Instant::now();
+    h.cut(1).expect("cut host 1 off");
+    // Liveness, the re-form's window and its grace, and slack.
+    let bound = Duration::from_secs(LIVENESS_S + 2 + 1 + 5);
+    let st = h.wait(nodes[0].0, bound);
+    let log = outputs(&nodes);
+    let st = st.unwrap_or_else(|| panic!("node 0 still runs {bound:?} after the cut:\n{log}"));
+    let reformed = t_cut.elapsed();
+    assert!(st.success(), "node 0's launcher exited with {st:?}:\n{log}");
+    for r in 0..2 {
+        assert!(
+            log.contains(&format!(
+                "REFORMED rank={r} new_rank={r} size=2 epoch=1 members=[0, 1]"
+            )),
+            "rank {r} did not re-form with rank {}:\n{log}",
+            1 - r
+        );
+    }
+    let bound = Duration::from_secs(LIVENESS_S + 30);
+    let st = h.wait(nodes[1].0, bound.saturating_sub(t_cut.elapsed()));
+    let log = outputs(&nodes);
+    let st = st.unwrap_or_else(|| panic!("node 1 still runs {bound:?} after the cut:\n{log}"));
+    assert!(
+        !st.success(),
+        "node 1's launcher exited with {st:?}:\n{log}"
+    );
+    println!(
+        "partition then re-form: node 0 re-formed and exited {reformed:?} after the cut, node 1 failed after {:?}\n{log}",
+        t_cut.elapsed()
+    );
+    assert_nothing_left(h, &log);
+}
+
 /// The JSON lines a program printed (launcher prefixes stripped).
 fn json_rows(out: &Output) -> Vec<serde_json::Value> {
     out.lines()

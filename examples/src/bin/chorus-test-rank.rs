@@ -38,6 +38,11 @@
 //!   `kind=Reformed` with `msg=epoch=E size=N rank=R` (`elapsed_ms` from
 //!   the failure to the checked op). A stopped rank, continued, finds its
 //!   old group gone, re-forms and reports `kind=VotedOut`.
+//! * `loop-reform`: like `loop`, but the first failure is followed by
+//!   `reform` (window `REFORM_WINDOW_MS`, default 2000); the new group runs
+//!   three all_reduces against the serial reference and the rank prints
+//!   `REFORMED rank=R new_rank=N size=S epoch=E members=[..]` and exits 0,
+//!   or `RESULT rank=R kind=Reform msg=...` and exits 1 if it cannot.
 //!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
@@ -316,6 +321,60 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
                     Ok(1)
                 }
             }
+        }
+        "loop-reform" => {
+            let pg = pg.with_timeout(Duration::from_secs(300));
+            let mut buf = vec![1.0f32; 4 << 20];
+            let mut iter = 0u64;
+            let failure = loop {
+                match pg.all_reduce(buf, ReduceOp::Avg)?.await {
+                    Ok(b) => buf = b,
+                    Err(f) => break f.into_error(),
+                }
+                iter += 1;
+                if iter % 4 == 1 {
+                    println!("LOOP rank={rank} iter={iter}");
+                }
+            };
+            println!(
+                "RESULT rank={rank} kind={} iter={iter} msg={}",
+                failure.kind(),
+                failure.to_string().replace('\n', " ")
+            );
+            let window = Duration::from_millis(env_num("REFORM_WINDOW_MS", 2000));
+            let new = match pg.reform(window).await {
+                Ok(g) => g,
+                Err(e) => {
+                    println!(
+                        "RESULT rank={rank} kind=Reform msg={}",
+                        e.to_string().replace('\n', " ")
+                    );
+                    return Ok(1);
+                }
+            };
+            let members = new.members().to_vec();
+            for k in 0..3u32 {
+                let mine = vec![(rank + 1) as f32 * (k + 1) as f32; 4099];
+                let got = new
+                    .all_reduce(mine, ReduceOp::Sum)?
+                    .await
+                    .map_err(Failed::into_error)?;
+                let want: f32 = members
+                    .iter()
+                    .map(|&r| (r + 1) as f32 * (k + 1) as f32)
+                    .sum();
+                if got.iter().any(|&v| v != want) {
+                    println!("FAIL rank={rank} after reform: got {} want {want}", got[0]);
+                    return Ok(1);
+                }
+            }
+            println!(
+                "REFORMED rank={rank} new_rank={} size={} epoch={} members={members:?}",
+                new.rank(),
+                new.size(),
+                new.epoch()
+            );
+            Ok(0)
         }
         "loop" => {
             let pg = pg.with_timeout(Duration::from_secs(300));
