@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod client_conn;
 mod config;
 mod error;
 mod io;
