@@ -11,7 +11,9 @@ use chorus_core::calls::Calls;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::client_conn::{drive, Call, Shared, Wire, MIN_TIMER_LEAD, OWN_READ_BUDGET};
+use crate::client_conn::{
+    conn_err, drive, unexpected, Call, Shared, Wire, MIN_TIMER_LEAD, OWN_READ_BUDGET,
+};
 use crate::error::StoreError;
 use crate::lock::lock;
 use crate::store::{Store, DEFAULT_TIMEOUT};
@@ -87,13 +89,6 @@ impl Drop for TcpStore {
     fn drop(&mut self) {
         lock(&self.shared.wire).closed = true;
         self.shared.notify.notify_one();
-    }
-}
-
-pub(crate) fn conn_err(addr: &str, cause: impl std::fmt::Display) -> StoreError {
-    StoreError::Connection {
-        addr: addr.to_owned(),
-        cause: cause.to_string(),
     }
 }
 
@@ -205,10 +200,6 @@ impl TcpStore {
             r => r,
         }
     }
-}
-
-pub(crate) fn unexpected(r: Reply) -> StoreError {
-    StoreError::Protocol(format!("unexpected reply {r:?}"))
 }
 
 fn keys_len(keys: &[&str]) -> usize {

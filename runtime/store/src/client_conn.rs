@@ -24,7 +24,6 @@ use chorus_core::calls::Calls;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::client::{conn_err, unexpected};
 use crate::error::StoreError;
 use crate::io::{InBuf, OutBuf};
 use crate::lock::lock;
@@ -269,6 +268,19 @@ fn dispatch(inb: &mut InBuf, calls: &Calls<Reply, StoreError>) -> Result<(), Sto
     };
     inb.consume(pos);
     result
+}
+
+/// A connection error at `addr`.
+pub(crate) fn conn_err(addr: &str, cause: impl std::fmt::Display) -> StoreError {
+    StoreError::Connection {
+        addr: addr.to_owned(),
+        cause: cause.to_string(),
+    }
+}
+
+/// The error for a reply of the wrong kind.
+pub(crate) fn unexpected(r: Reply) -> StoreError {
+    StoreError::Protocol(format!("unexpected reply {r:?}"))
 }
 
 /// Errors of the driver's read path.
