@@ -11,9 +11,7 @@ use chorus_core::calls::Calls;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::client_conn::{
-    conn_err, drive, unexpected, Call, Shared, Wire, MIN_TIMER_LEAD, OWN_READ_BUDGET,
-};
+use crate::client_conn::{conn_err, drive, unexpected, Call, Shared, Wire, MIN_TIMER_LEAD};
 use crate::error::StoreError;
 use crate::lock::lock;
 use crate::store::{Store, DEFAULT_TIMEOUT};
@@ -188,13 +186,7 @@ impl TcpStore {
         }
         let deadline = deadline_after(op_timeout.saturating_add(self.request_timeout));
         let reads_own_reply = self.shared.submit(id, &frame, deadline)?;
-        let reply = Call {
-            shared: &self.shared,
-            id,
-            read_until: reads_own_reply.then(|| Instant::now() + OWN_READ_BUDGET),
-            done: false,
-        }
-        .await;
+        let reply = Call::new(&self.shared, id, reads_own_reply).await;
         match reply {
             Ok(Reply::Error(e)) => Err(e.into_store_error(op_timeout)),
             r => r,

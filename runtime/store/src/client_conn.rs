@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::io::{self, Write};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -36,6 +37,13 @@ use crate::wire::{self, FrameStatus, Reply};
 /// is read without a wake-up of chorus's I/O thread, and a `get` that
 /// waits for its key costs at most this much spinning.
 pub(crate) const OWN_READ_BUDGET: Duration = Duration::from_micros(100);
+
+/// Store requests of this process awaiting their replies, over every
+/// connection. A future reads its own reply only while it is the only one:
+/// with more in flight (many clients, or many tasks on one), the I/O
+/// threads have work to do and a spinning caller would take a core from
+/// them.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// The driver's timer never sleeps less than this (see
 /// [`Calls::expire`]): a request timeout shorter than it still holds, at
@@ -184,12 +192,28 @@ fn write_now(mut sock: &std::net::TcpStream, mut frame: &[u8]) -> io::Result<usi
 /// Dropping it forgets the request (a reply that comes later is ignored);
 /// the request itself may already have been sent.
 pub(crate) struct Call<'a> {
-    pub(crate) shared: &'a Shared,
-    pub(crate) id: u64,
+    shared: &'a Shared,
+    id: u64,
     /// Until when this future reads the socket itself (`None`: it leaves
     /// the reply to the driver).
-    pub(crate) read_until: Option<Instant>,
-    pub(crate) done: bool,
+    read_until: Option<Instant>,
+    done: bool,
+}
+
+impl<'a> Call<'a> {
+    /// The future of request `id`; `alone`: what
+    /// [`submit`](Shared::submit) returned (it may read its own reply, if
+    /// no other request of this process is in flight).
+    pub(crate) fn new(shared: &'a Shared, id: u64, alone: bool) -> Self {
+        let others = IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        let reads = alone && others == 0;
+        Call {
+            shared,
+            id,
+            read_until: reads.then(|| Instant::now() + OWN_READ_BUDGET),
+            done: false,
+        }
+    }
 }
 
 impl Future for Call<'_> {
@@ -199,7 +223,7 @@ impl Future for Call<'_> {
         let this = &mut *self;
         let polled = match this.shared.calls.poll(this.id, cx) {
             Poll::Pending => match this.read_until {
-                Some(until) if Instant::now() < until => {
+                Some(until) if Instant::now() < until && IN_FLIGHT.load(Ordering::Relaxed) == 1 => {
                     this.shared.read_now();
                     match this.shared.calls.poll(this.id, cx) {
                         Poll::Pending => {
@@ -213,7 +237,8 @@ impl Future for Call<'_> {
                     }
                 }
                 Some(_) => {
-                    // The budget is spent: park until the driver wakes us.
+                    // The budget is spent, or others wait: park until the
+                    // driver wakes us.
                     this.read_until = None;
                     return Poll::Pending;
                 }
@@ -234,6 +259,7 @@ impl Future for Call<'_> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
         if !self.done {
             self.shared.calls.cancel(self.id);
         }
