@@ -144,9 +144,10 @@ impl Shared {
                 return;
             }
         }
+        let mut replies = Vec::new();
         let ended = match w.inbuf.read_from(&mut &self.raw) {
             Ok(0) => Some(conn_err(&self.addr, "server closed the connection")),
-            Ok(_) => dispatch(&mut w.inbuf, &self.calls).err(),
+            Ok(_) => parse(&mut w.inbuf, &mut replies).err(),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -158,6 +159,7 @@ impl Shared {
             Err(e) => Some(conn_err(&self.addr, format!("read failed: {e}"))),
         };
         drop(w);
+        complete(&self.calls, replies);
         if let Some(e) = ended {
             self.end(e);
         }
@@ -266,8 +268,16 @@ impl Drop for Call<'_> {
     }
 }
 
-/// Dispatches every complete reply in the read buffer.
-fn dispatch(inb: &mut InBuf, calls: &Calls<Reply, StoreError>) -> Result<(), StoreError> {
+/// Gives each reply to its request (outside the byte lock, so that a
+/// caller woken by it does not wait for that lock to submit its next one).
+fn complete(calls: &Calls<Reply, StoreError>, replies: Vec<(u64, Reply)>) {
+    for (id, reply) in replies {
+        calls.complete(id, Ok(reply));
+    }
+}
+
+/// Takes every complete reply out of the read buffer, into `replies`.
+fn parse(inb: &mut InBuf, replies: &mut Vec<(u64, Reply)>) -> Result<(), StoreError> {
     let mut pos = 0;
     let result = loop {
         let data = &inb.data()[pos..];
@@ -288,7 +298,7 @@ fn dispatch(inb: &mut InBuf, calls: &Calls<Reply, StoreError>) -> Result<(), Sto
                         r => unexpected(r),
                     });
                 }
-                calls.complete(id, Ok(reply));
+                replies.push((id, reply));
             }
         }
     };
@@ -355,8 +365,12 @@ pub(crate) async fn drive(stream: TcpStream, shared: Arc<Shared>) {
                 if let Err(e) = r {
                     break conn_err(&s.addr, format!("read failed: {e}"));
                 }
+                let mut replies = Vec::new();
                 let mut w = lock(&s.wire);
-                match w.inbuf.read_ready(&stream, 16, |inb| dispatch(inb, &s.calls).map_err(ReadErr::Store)) {
+                let r = w.inbuf.read_ready(&stream, 16, |inb| parse(inb, &mut replies).map_err(ReadErr::Store));
+                drop(w);
+                complete(&s.calls, replies);
+                match r {
                     Ok(false) => {}
                     Ok(true) => break conn_err(&s.addr, "server closed the connection"),
                     Err(ReadErr::Io(e)) => break conn_err(&s.addr, format!("read failed: {e}")),
