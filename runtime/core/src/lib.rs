@@ -15,6 +15,9 @@
 //! * [`work`]: [`OpFuture`], the future of one registered op, its
 //!   [`Completer`], the completion slot and the per-group [`Registry`] of
 //!   in-flight ops (abort, timeouts, the watchdog's view).
+//! * [`calls`]: the requests of a pipelined client connection that await
+//!   their replies, shared by the caller that reads its own reply and the
+//!   driver on the I/O threads that watches the socket and the clock.
 //! * [`comm_cache`]: the per-group communicator cache with its
 //!   in-initialization map (lazy single-flight init, store-key choice,
 //!   abort), generic over the communicator.
@@ -28,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod calls;
 pub mod comm_cache;
 pub mod element;
 pub mod error;

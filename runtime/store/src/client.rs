@@ -1,19 +1,18 @@
 //! The TCP store client.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chorus_core::calls::Calls;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::Notify;
 
-use std::sync::{Arc, Mutex};
-
+use crate::client_conn::{conn_err, drive, unexpected, Call, Shared, Wire, MIN_TIMER_LEAD};
 use crate::error::StoreError;
-use crate::io::{InBuf, OutBuf, OUT_HIGH_WATER};
 use crate::lock::lock;
 use crate::store::{Store, DEFAULT_TIMEOUT};
 use crate::wire::{self, op, Encoder, FrameStatus, Reply};
@@ -54,22 +53,19 @@ impl ClientOptions {
     }
 }
 
-/// A request on its way to the connection task.
-#[derive(Debug)]
-struct Cmd {
-    id: u64,
-    frame: Vec<u8>,
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Reply, StoreError>>,
-}
-
 /// A client of a [`TcpStoreServer`](crate::TcpStoreServer).
 ///
-/// One TCP connection, owned by a task on chorus's background runtime; the
-/// methods hand it requests through channels, so they can be awaited from
-/// any executor (tokio, smol, `futures::executor::block_on`) and from many
-/// tasks at once: requests are pipelined, and a waiting `get` does not hold
-/// up other operations.
+/// One TCP connection, watched by a driver task on chorus's background
+/// runtime. A request made while the connection is idle is written from
+/// the caller's thread, and its future reads the reply from the socket
+/// itself for a few tens of microseconds before it parks (no thread
+/// hand-off either way); requests made while others are in flight are
+/// pipelined on the same connection, and a waiting `get` does not hold up
+/// other operations. The driver reads whatever the caller does not, flushes
+/// what the socket did not take at once, and fails requests when the
+/// server closes the connection or does not answer in time, whether or not
+/// anyone polls them; the methods can be awaited from any executor (tokio,
+/// smol, `futures::executor::block_on`) and from many tasks at once.
 ///
 /// The connection is not re-established: once it fails, every operation
 /// fails with the [`StoreError::Connection`] that ended it.
@@ -82,17 +78,15 @@ struct Cmd {
 pub struct TcpStore {
     addr: String,
     local_addr: SocketAddr,
-    tx: mpsc::UnboundedSender<Cmd>,
+    shared: Arc<Shared>,
     next_id: AtomicU64,
-    /// Why the connection ended, once it has.
-    dead: Arc<Mutex<Option<StoreError>>>,
     request_timeout: Duration,
 }
 
-fn conn_err(addr: &str, cause: impl std::fmt::Display) -> StoreError {
-    StoreError::Connection {
-        addr: addr.to_owned(),
-        cause: cause.to_string(),
+impl Drop for TcpStore {
+    fn drop(&mut self) {
+        lock(&self.shared.wire).closed = true;
+        self.shared.notify.notify_one();
     }
 }
 
@@ -134,15 +128,27 @@ impl TcpStore {
             .spawn(async move { open(&addr_s, &o).await })
             .await
             .map_err(|e| StoreError::Runtime(e.to_string()))??;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let dead = Arc::new(Mutex::new(None));
-        h.spawn(connection(stream, rx, Arc::clone(&dead), addr.to_owned()));
+        // The caller's side of the socket: the same open socket (non-blocking
+        // like the driver's), read and written without tokio's readiness.
+        let raw = stream
+            .as_fd()
+            .try_clone_to_owned()
+            .map(std::net::TcpStream::from)
+            .map_err(|e| conn_err(addr, format!("cannot share the socket: {e}")))?;
+        let shared = Arc::new(Shared {
+            addr: addr.to_owned(),
+            calls: Calls::new(),
+            wire: Mutex::new(Wire::default()),
+            raw,
+            notify: Notify::new(),
+            lead: opts.request_timeout.max(MIN_TIMER_LEAD),
+        });
+        h.spawn(drive(stream, Arc::clone(&shared)));
         Ok(TcpStore {
             addr: addr.to_owned(),
             local_addr,
-            tx,
+            shared,
             next_id: AtomicU64::new(2),
-            dead,
             request_timeout: opts.request_timeout,
         })
     }
@@ -156,12 +162,6 @@ impl TcpStore {
     /// The server address as given to [`connect`](Self::connect).
     pub fn server_addr(&self) -> &str {
         &self.addr
-    }
-
-    fn dead_error(&self) -> StoreError {
-        lock(&self.dead)
-            .clone()
-            .unwrap_or_else(|| conn_err(&self.addr, "connection closed"))
     }
 
     /// Sends one request built by `body` and waits for its reply.
@@ -184,26 +184,14 @@ impl TcpStore {
                 limit: wire::MAX_FRAME_LEN,
             });
         }
-        let (reply, rx) = oneshot::channel();
         let deadline = deadline_after(op_timeout.saturating_add(self.request_timeout));
-        self.tx
-            .send(Cmd {
-                id,
-                frame,
-                deadline,
-                reply,
-            })
-            .map_err(|_| self.dead_error())?;
-        match rx.await {
-            Ok(Ok(Reply::Error(e))) => Err(e.into_store_error(op_timeout)),
-            Ok(r) => r,
-            Err(_) => Err(self.dead_error()),
+        let reads_own_reply = self.shared.submit(id, &frame, deadline)?;
+        let reply = Call::new(&self.shared, id, reads_own_reply).await;
+        match reply {
+            Ok(Reply::Error(e)) => Err(e.into_store_error(op_timeout)),
+            r => r,
         }
     }
-}
-
-fn unexpected(r: Reply) -> StoreError {
-    StoreError::Protocol(format!("unexpected reply {r:?}"))
 }
 
 fn keys_len(keys: &[&str]) -> usize {
@@ -464,180 +452,5 @@ async fn open(addr: &str, opts: &ClientOptions) -> Result<(TcpStream, SocketAddr
         Reply::Error(wire::WireError::Auth(m)) => Err(StoreError::Auth(m)),
         Reply::Error(e) => Err(e.into_store_error(Duration::ZERO)),
         r => Err(unexpected(r)),
-    }
-}
-
-/// Requests sent and not yet answered: reply channel and deadline.
-type Pending = HashMap<u64, (oneshot::Sender<Result<Reply, StoreError>>, Instant)>;
-
-/// The connection task's state.
-struct Conn {
-    addr: String,
-    pending: Pending,
-    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
-    out: OutBuf,
-    inbuf: InBuf,
-}
-
-impl Conn {
-    fn accept(&mut self, cmd: Cmd) {
-        self.out.buf().extend_from_slice(&cmd.frame);
-        self.pending.insert(cmd.id, (cmd.reply, cmd.deadline));
-        self.deadlines.push(Reverse((cmd.deadline, cmd.id)));
-        // Entries of answered requests stay in the heap until they come to
-        // the top; rebuild it when they outnumber the live ones.
-        if self.deadlines.len() > 2 * self.pending.len() + 1024 {
-            self.deadlines = self
-                .pending
-                .iter()
-                .map(|(id, (_, d))| Reverse((*d, *id)))
-                .collect();
-        }
-    }
-
-    /// Fails requests whose reply is overdue; returns the next deadline.
-    fn expire(&mut self) -> Option<Instant> {
-        let now = Instant::now();
-        while let Some(Reverse((d, id))) = self.deadlines.peek().copied() {
-            if !self.pending.contains_key(&id) {
-                self.deadlines.pop();
-                continue;
-            }
-            if d > now {
-                return Some(d);
-            }
-            self.deadlines.pop();
-            if let Some((tx, _)) = self.pending.remove(&id) {
-                let _ = tx.send(Err(conn_err(
-                    &self.addr,
-                    "no reply from the server in time (request_timeout past the operation's own timeout)",
-                )));
-            }
-        }
-        None
-    }
-
-    fn fail_all(&mut self, e: &StoreError) {
-        for (_, (tx, _)) in self.pending.drain() {
-            let _ = tx.send(Err(e.clone()));
-        }
-        self.deadlines.clear();
-    }
-}
-
-/// Dispatches every complete reply in the read buffer.
-fn dispatch(inb: &mut InBuf, pending: &mut Pending) -> Result<(), StoreError> {
-    let mut pos = 0;
-    let result = loop {
-        let data = &inb.data()[pos..];
-        match wire::check_frame(data, wire::MAX_FRAME_LEN) {
-            Err(e) => break Err(e),
-            Ok(FrameStatus::Partial) => break Ok(()),
-            Ok(FrameStatus::Complete { total }) => {
-                let (kind, id, body) = wire::split_frame(&data[..total]);
-                pos += total;
-                let reply = match Reply::decode(kind, body) {
-                    Ok(r) => r,
-                    Err(e) => break Err(e),
-                };
-                if id == 0 {
-                    // An error about the connection itself.
-                    break Err(match reply {
-                        Reply::Error(e) => e.into_store_error(Duration::ZERO),
-                        r => unexpected(r),
-                    });
-                }
-                if let Some((tx, _)) = pending.remove(&id) {
-                    let _ = tx.send(Ok(reply));
-                }
-            }
-        }
-    };
-    inb.consume(pos);
-    result
-}
-
-/// Errors of the read path.
-enum ReadErr {
-    Io(io::Error),
-    Store(StoreError),
-}
-
-impl From<io::Error> for ReadErr {
-    fn from(e: io::Error) -> Self {
-        ReadErr::Io(e)
-    }
-}
-
-/// Owns the connection: writes requests, reads replies, enforces reply
-/// deadlines. Ends when every [`TcpStore`] handle is gone and its requests
-/// are written, or when the connection fails.
-async fn connection(
-    stream: TcpStream,
-    mut rx: mpsc::UnboundedReceiver<Cmd>,
-    dead: Arc<Mutex<Option<StoreError>>>,
-    addr: String,
-) {
-    let mut c = Conn {
-        addr,
-        pending: HashMap::new(),
-        deadlines: BinaryHeap::new(),
-        out: OutBuf::default(),
-        inbuf: InBuf::default(),
-    };
-    let mut closed = false;
-    let end: StoreError = loop {
-        // Take queued requests.
-        while !closed && c.out.pending() < OUT_HIGH_WATER {
-            match rx.try_recv() {
-                Ok(cmd) => c.accept(cmd),
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
-            }
-        }
-        // Send them.
-        match c.out.flush(&stream) {
-            Ok(true) if closed => break conn_err(&c.addr, "store client dropped"),
-            Ok(_) => {}
-            Err(e) => break conn_err(&c.addr, format!("write failed: {e}")),
-        }
-        let next = c.expire();
-        let room = !closed && c.out.pending() < OUT_HIGH_WATER;
-        let must_write = c.out.pending() > 0;
-        tokio::select! {
-            cmd = rx.recv(), if room => match cmd {
-                Some(cmd) => c.accept(cmd),
-                None => closed = true,
-            },
-            r = stream.readable() => {
-                if let Err(e) = r {
-                    break conn_err(&c.addr, format!("read failed: {e}"));
-                }
-                let pending = &mut c.pending;
-                match c.inbuf.read_ready(&stream, 16, |inb| dispatch(inb, pending).map_err(ReadErr::Store)) {
-                    Ok(false) => {}
-                    Ok(true) => break conn_err(&c.addr, "server closed the connection"),
-                    Err(ReadErr::Io(e)) => break conn_err(&c.addr, format!("read failed: {e}")),
-                    Err(ReadErr::Store(e)) => break e,
-                }
-            }
-            r = stream.writable(), if must_write => if let Err(e) = r {
-                break conn_err(&c.addr, format!("write failed: {e}"));
-            },
-            _ = sleep_until_opt(next), if next.is_some() => {}
-        }
-    };
-    *lock(&dead) = Some(end.clone());
-    rx.close();
-    while let Ok(cmd) = rx.try_recv() {
-        let _ = cmd.reply.send(Err(end.clone()));
-    }
-    c.fail_all(&end);
-}
-
-async fn sleep_until_opt(t: Option<Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => futures::future::pending().await,
     }
 }

@@ -1,4 +1,4 @@
-//! Socket buffers shared by the server and the client connection tasks.
+//! Socket buffers shared by the server and the client connections.
 //!
 //! A read that returns fewer bytes than offered has drained the socket; it
 //! is reported to tokio as `WouldBlock` (through [`TcpStream::try_io`]),
@@ -51,6 +51,22 @@ impl InBuf {
         if self.buf.is_empty() && self.buf.capacity() > KEEP_CAPACITY {
             self.buf.shrink_to(KEEP_CAPACITY);
         }
+    }
+
+    /// One read from a non-blocking socket outside tokio (the store
+    /// client's caller side). Returns the bytes read (0 at EOF).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error (`WouldBlock` if it holds nothing now).
+    pub(crate) fn read_from(&mut self, sock: &mut impl io::Read) -> io::Result<usize> {
+        let need = wire::missing_bytes(&self.buf).unwrap_or(0);
+        let room = need.clamp(MIN_READ, READ_CHUNK);
+        let len = self.buf.len();
+        self.buf.resize(len + room, 0);
+        let r = sock.read(&mut self.buf[len..]);
+        self.buf.truncate(len + *r.as_ref().unwrap_or(&0));
+        r
     }
 
     /// Reads while the socket has data (at most `max_reads` reads), calling
@@ -121,11 +137,36 @@ impl OutBuf {
     ///
     /// The socket's error.
     pub(crate) fn flush(&mut self, sock: &TcpStream) -> io::Result<bool> {
+        self.flush_with(|b| sock.try_write(b))
+    }
+
+    /// [`flush`](Self::flush) to a non-blocking socket outside tokio (the
+    /// store client's caller side).
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub(crate) fn flush_to(&mut self, sock: &mut impl io::Write) -> io::Result<bool> {
+        self.flush_with(|b| sock.write(b))
+    }
+
+    fn flush_with(
+        &mut self,
+        mut write: impl FnMut(&[u8]) -> io::Result<usize>,
+    ) -> io::Result<bool> {
         while self.pos < self.buf.len() {
-            match sock.try_write(&self.buf[self.pos..]) {
+            match write(&self.buf[self.pos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Bytes appended while the socket is full must not pile
+                    // up behind the ones already written.
+                    if self.pos >= KEEP_CAPACITY {
+                        self.buf.drain(..self.pos);
+                        self.pos = 0;
+                    }
+                    return Ok(false);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }

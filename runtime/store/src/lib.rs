@@ -18,7 +18,10 @@
 //!   and its client. Both run on chorus's background runtime
 //!   ([`crate::rt`]), so every operation can be awaited from any executor.
 //!   A client pipelines requests on one connection: concurrent operations
-//!   share round trips, and a waiting `get` holds up nothing else.
+//!   share round trips, and a waiting `get` holds up nothing else. A
+//!   request alone in flight is written, and its reply read, by the
+//!   caller's thread, without a hand-off to the I/O threads, which still
+//!   watch the connection for loss and overdue replies.
 //! * [`PrefixStore`]: namespaces a group's keys inside another store.
 //! * [`InMemoryStore`]: the same trait for single-process use.
 //! * [`TorchStore`]: a client of PyTorch's `TCPStore` (torchrun's agent
@@ -43,6 +46,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod client_conn;
 mod config;
 mod error;
 mod io;

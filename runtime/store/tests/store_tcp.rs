@@ -565,6 +565,52 @@ async fn a_silent_server_times_out_requests() {
     fake.join().unwrap();
 }
 
+#[test]
+fn a_request_not_polled_again_still_fails_when_the_server_goes() {
+    // The request is alone in flight, so its first poll writes it and starts
+    // reading its own reply; then its executor stops polling. The fake
+    // server reads it and closes: the I/O threads must fail the request and
+    // wake its future without another poll.
+    let l = TcpListener::bind(localhost()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut sock, _) = l.accept().unwrap();
+        let _hello = read_frame(&mut sock).unwrap();
+        sock.write_all(&frame(STATUS_OK, 1, b"")).unwrap();
+        let _get = read_frame(&mut sock).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        sock.shutdown(Shutdown::Both).unwrap();
+    });
+    let c = futures::executor::block_on(TcpStore::connect(&addr.to_string(), client_opts(None)))
+        .unwrap();
+    struct Count(std::sync::atomic::AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let wakes = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+    let waker = std::task::Waker::from(wakes.clone());
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut get = c.get("k", Duration::from_secs(30));
+    assert!(get.as_mut().poll(&mut cx).is_pending());
+    // The first poll may have woken itself (to read again when polled).
+    let after_poll = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+    fake.join().unwrap();
+    // Not polled meanwhile: woken by the I/O threads.
+    let start = Instant::now();
+    while wakes.0.load(std::sync::atomic::Ordering::SeqCst) <= after_poll {
+        assert!(start.elapsed() < Duration::from_secs(5), "never woken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match get.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Err(StoreError::Connection { cause, .. })) => {
+            assert!(cause.contains("closed"), "{cause}");
+        }
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn connection_limit_refuses_extra_clients() {
     let s = server(ServerOptions {
