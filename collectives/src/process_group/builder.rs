@@ -35,9 +35,22 @@ pub struct GroupBuilder {
     nccl: NcclOptions,
     propagate: bool,
     liveness: Duration,
+    rejoin: Duration,
 }
 
 impl GroupBuilder {
+    /// How long a replacement rank waits to be admitted into the running
+    /// group by [`rejoin_from_env`](Self::rejoin_from_env) (default
+    /// [`DEFAULT_REJOIN_TIMEOUT`], 60 s, or `CHORUS_REJOIN_TIMEOUT_MS`).
+    /// The survivors admit it when they re-form after a failure or call
+    /// [`ProcessGroup::admit`]: make it longer than a step.
+    ///
+    /// [`DEFAULT_REJOIN_TIMEOUT`]: crate::process_group::DEFAULT_REJOIN_TIMEOUT
+    pub fn rejoin_timeout(mut self, timeout: Duration) -> Self {
+        self.rejoin = timeout;
+        self
+    }
+
     /// The peer liveness timeout (default [`DEFAULT_PEER_LIVENESS`], 10 s,
     /// or `CHORUS_PEER_LIVENESS_MS`; zero turns it off): every rank beats
     /// in the group's store from chorus's own threads, and a peer whose beat
@@ -133,11 +146,20 @@ impl GroupBuilder {
     /// the world group. Rank and world size set on the builder are replaced
     /// by the environment's.
     ///
+    /// In a rank that `chorus-run --max-restarts` restarted in place
+    /// (`CHORUS_RANK_RESTARTS` above 0) the others passed the initial
+    /// rendezvous long ago: it rejoins the running group instead, as
+    /// [`rejoin_from_env`](Self::rejoin_from_env) does.
+    ///
     /// # Errors
     ///
     /// [`Error::Rendezvous`] naming a missing or malformed variable, or the
-    /// ranks that never joined; setup errors as for [`build`](Self::build).
+    /// ranks that never joined; setup errors as for [`build`](Self::build);
+    /// for a restarted rank, those of [`rejoin_from_env`](Self::rejoin_from_env).
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
+        if config::rank_restarts() > 0 {
+            return self.rejoin_from_env().await;
+        }
         let rdzv = chorus_store::rendezvous::init_from_env().await?;
         let mut tcp = self.tcp.clone();
         if tcp.advertise_ip.is_loopback() {
@@ -152,6 +174,82 @@ impl GroupBuilder {
         }
         .build()
         .await?;
+        *pg.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
+    /// Rejoins the running job as a replacement rank (one a launcher
+    /// restarted in place after its predecessor died): connects to the
+    /// job's store without the initial rendezvous, announces itself as a
+    /// joiner of the world group's next epoch, and waits (at most
+    /// [`rejoin_timeout`](Self::rejoin_timeout)) for the survivors to
+    /// admit it, when they re-form after the failure
+    /// ([`ProcessGroup::reform`]) or at a step boundary
+    /// ([`ProcessGroup::admit`]). It gets the rank after the survivors'
+    /// (joiners by world rank), the epoch's group (`{name}@{epoch}`), and
+    /// none of the others' state: receive it (e.g. the parameters by
+    /// broadcast) before the first step.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Rendezvous`] naming a missing or malformed variable, a
+    /// store that cannot be reached, or one that died with rank 0
+    /// ([`RendezvousError::NoRejoin`](chorus_store::rendezvous::RendezvousError::NoRejoin));
+    /// [`Error::Reform`] with [`ReformError::NotAdmitted`](crate::ReformError::NotAdmitted)
+    /// if no epoch admitted it in time, or with `Store`, `Corrupt` or
+    /// `Connect` as for a re-form.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves this rank announced: the survivors may
+    /// count it in and then fail to connect (they re-form again without
+    /// it). Let it finish.
+    pub async fn rejoin_from_env(self) -> Result<ProcessGroup, Error> {
+        let rdzv = chorus_store::rendezvous::rejoin_from_env().await?;
+        let world_rank = rdzv.rank();
+        tracing::info!(group = %self.name, world_rank, "rejoining the running job as a replacement rank");
+        let (roster, rank) = crate::recovery::rejoin::admitted(
+            rdzv.store(),
+            self.name.clone(),
+            world_rank,
+            self.rejoin,
+        )
+        .await?;
+        tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
+        let mut tcp = self.tcp.clone();
+        if tcp.advertise_ip.is_loopback() {
+            tcp.advertise_ip = route_ip(rdzv.store_addr());
+        }
+        let base: Arc<str> = self.name.clone().into();
+        let epoch = roster.epoch;
+        let pg = connect(Setup {
+            base: base.clone(),
+            epoch,
+            name: format!("{base}@{epoch}").into(),
+            rank,
+            members: roster.world.clone(),
+            root_store: rdzv.store(),
+            timeout: self.timeout,
+            tcp,
+            policy: self.policy,
+            nccl: self.nccl,
+            propagate: self.propagate,
+            liveness: self.liveness,
+        })
+        .await
+        .map_err(|e| crate::error::ReformError::Connect {
+            group: self.name.clone(),
+            rank: world_rank,
+            epoch,
+            members: roster.members.clone(),
+            source: Box::new(e),
+        })?;
+        if let Some(dev) = self.device {
+            pg.init_device(dev).await?;
+        }
         *pg.inner
             .rendezvous
             .lock()
@@ -256,6 +354,7 @@ impl ProcessGroup {
             nccl: NcclOptions::from_env(),
             propagate: config::propagate_errors(),
             liveness: config::peer_liveness(),
+            rejoin: config::rejoin_timeout(),
         }
     }
 }

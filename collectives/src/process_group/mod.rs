@@ -18,4 +18,4 @@ pub use crate::liveness::DEFAULT_PEER_LIVENESS;
 pub use builder::GroupBuilder;
 pub use handle::ProcessGroup;
 pub use staging::Staging;
-pub use state::{GroupState, DEFAULT_TIMEOUT};
+pub use state::{GroupState, DEFAULT_REJOIN_TIMEOUT, DEFAULT_TIMEOUT};
