@@ -39,9 +39,15 @@
 //!   the failure to the checked op). A stopped rank, continued, finds its
 //!   old group gone, re-forms and reports `kind=VotedOut`.
 //!
+//! * `grow`: killed ranks come back under `chorus-run --max-restarts` and
+//!   rejoin (see `chorus-test-rank/grow.rs`).
+//!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
+
+#[path = "chorus-test-rank/grow.rs"]
+mod grow;
 
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
@@ -229,6 +235,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "reform-kill" => reform_scenario(&pg, rank, victim, true).await,
         "reform-stop" => reform_scenario(&pg, rank, victim, false).await,
+        "grow" => grow::grow_scenario(pg, env_num("WORLD_SIZE", 1) as usize).await,
         "propagate" => {
             // Rank 0 alone gives up soon; the others would wait the long
             // group timeout but for rank 0's published failure.
@@ -371,7 +378,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop)"
+                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop, grow)"
             );
             Ok(2)
         }
