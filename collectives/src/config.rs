@@ -124,14 +124,14 @@ pub(crate) fn rank_restarts() -> u64 {
     number("CHORUS_RANK_RESTARTS").unwrap_or(0)
 }
 
+/// Default time a replacement rank waits to be admitted into the running
+/// group ([`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout)).
+pub const DEFAULT_REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long a replacement rank waits to be admitted
-/// (`CHORUS_REJOIN_TIMEOUT_MS`, default
-/// [`DEFAULT_REJOIN_TIMEOUT`](crate::process_group::DEFAULT_REJOIN_TIMEOUT)).
+/// (`CHORUS_REJOIN_TIMEOUT_MS`, default [`DEFAULT_REJOIN_TIMEOUT`]).
 pub(crate) fn rejoin_timeout() -> Duration {
-    number("CHORUS_REJOIN_TIMEOUT_MS").map_or(
-        crate::process_group::DEFAULT_REJOIN_TIMEOUT,
-        Duration::from_millis,
-    )
+    number("CHORUS_REJOIN_TIMEOUT_MS").map_or(DEFAULT_REJOIN_TIMEOUT, Duration::from_millis)
 }
 
 /// Turns on the enqueue profile when `CHORUS_NCCL_PROFILE=1` (only with

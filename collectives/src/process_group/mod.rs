@@ -14,8 +14,9 @@ pub(crate) mod staging;
 pub(crate) mod state;
 mod subgroup;
 
+pub use crate::config::DEFAULT_REJOIN_TIMEOUT;
 pub use crate::liveness::DEFAULT_PEER_LIVENESS;
 pub use builder::GroupBuilder;
 pub use handle::ProcessGroup;
 pub use staging::Staging;
-pub use state::{GroupState, DEFAULT_REJOIN_TIMEOUT, DEFAULT_TIMEOUT};
+pub use state::{GroupState, DEFAULT_TIMEOUT};

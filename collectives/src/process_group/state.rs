@@ -19,10 +19,6 @@ use crate::watchdog::ErrorPolicy;
 /// takes 5 so hangs surface sooner).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Default time a replacement rank waits to be admitted into the running
-/// group ([`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout)).
-pub const DEFAULT_REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Store prefix under which every group keeps its keys.
 pub(crate) const GROUP_PREFIX: &str = "chorus/group";
 
