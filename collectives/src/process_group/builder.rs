@@ -209,20 +209,82 @@ impl GroupBuilder {
     /// it). Let it finish.
     pub async fn rejoin_from_env(self) -> Result<ProcessGroup, Error> {
         let rdzv = chorus_store::rendezvous::rejoin_from_env().await?;
-        let world_rank = rdzv.rank();
-        tracing::info!(group = %self.name, world_rank, "rejoining the running job as a replacement rank");
+        let mut tcp = self.tcp.clone();
+        if tcp.advertise_ip.is_loopback() {
+            tcp.advertise_ip = route_ip(rdzv.store_addr());
+        }
+        let pg = GroupBuilder {
+            rank: rdzv.rank(),
+            size: rdzv.world_size(),
+            store: Some(rdzv.store()),
+            tcp,
+            ..self
+        }
+        .rejoin()
+        .await?;
+        *pg.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
+    /// Rejoins the running group named by [`name`](Self::name) over the
+    /// job's [`store`](Self::store) as the replacement of world rank
+    /// [`rank`](Self::rank) (of [`world_size`](Self::world_size)): what
+    /// [`rejoin_from_env`](Self::rejoin_from_env) does once connected to
+    /// the store, for ranks that are not started from the environment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank outside the world, a missing
+    /// store or a zero timeout; [`Error::Reform`] as for
+    /// [`rejoin_from_env`](Self::rejoin_from_env).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`rejoin_from_env`](Self::rejoin_from_env).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # async fn demo(store: Arc<dyn chorus::store::Store>) -> Result<(), chorus::Error> {
+    /// let pg = chorus::ProcessGroup::builder()
+    ///     .rank(2)
+    ///     .world_size(3)
+    ///     .store(store)
+    ///     .rejoin()
+    ///     .await?;
+    /// // The survivors have ranks 0 and 1; take their state first.
+    /// let params = pg.broadcast(vec![0.0f32; 1024], 0)?.await?;
+    /// # let _ = params; Ok(()) }
+    /// ```
+    pub async fn rejoin(self) -> Result<ProcessGroup, Error> {
+        let store = self.store.ok_or_else(|| {
+            Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
+        })?;
+        if self.size == 0 || self.rank >= self.size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not in a world of size {} (expected 0 <= rank < world_size)",
+                self.rank, self.size
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "the op timeout must be above zero".into(),
+            ));
+        }
+        let world_rank = self.rank;
+        tracing::info!(group = %self.name, world_rank, "rejoining the running group as a replacement rank");
         let (roster, rank) = crate::recovery::rejoin::admitted(
-            rdzv.store(),
+            store.clone(),
             self.name.clone(),
             world_rank,
             self.rejoin,
         )
         .await?;
         tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
-        let mut tcp = self.tcp.clone();
-        if tcp.advertise_ip.is_loopback() {
-            tcp.advertise_ip = route_ip(rdzv.store_addr());
-        }
         let base: Arc<str> = self.name.clone().into();
         let epoch = roster.epoch;
         let pg = connect(Setup {
@@ -231,9 +293,9 @@ impl GroupBuilder {
             name: format!("{base}@{epoch}").into(),
             rank,
             members: roster.world.clone(),
-            root_store: rdzv.store(),
+            root_store: store,
             timeout: self.timeout,
-            tcp,
+            tcp: self.tcp,
             policy: self.policy,
             nccl: self.nccl,
             propagate: self.propagate,
@@ -250,10 +312,6 @@ impl GroupBuilder {
         if let Some(dev) = self.device {
             pg.init_device(dev).await?;
         }
-        *pg.inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
         Ok(pg)
     }
 

@@ -94,7 +94,16 @@ pub(super) async fn drive_join(
     mut j: Joiner,
     bound: Instant,
 ) -> Result<JoinOutcome, StoreError> {
+    let started = Instant::now();
     loop {
+        // Store operations that finish at once never time out: the
+        // search ends at `bound` here.
+        if Instant::now() >= bound {
+            return Err(StoreError::Timeout {
+                keys: vec![ROSTER.to_string()],
+                after: bound.saturating_duration_since(started),
+            });
+        }
         match j.poll() {
             JoinAction::Probe => {
                 j.probed(bounded(bound, ROSTER, store.check(&[ROSTER])).await?);
