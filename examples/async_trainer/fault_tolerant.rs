@@ -139,7 +139,13 @@ pub(super) async fn train(
             shaped = (pg.epoch(), pg.size());
         }
         if st.step % ft.admit_every == 0 {
-            if let Some(grown) = pg.admit(ft.window).await? {
+            let admitted = match pg.admit(ft.window).await {
+                // A joiner counted in died before connecting: form the
+                // epoch after without it.
+                Err(chorus::ReformError::Connect { .. }) => Some(reformed(&pg, ft.window).await?),
+                other => other?,
+            };
+            if let Some(grown) = admitted {
                 pg = synced(grown, &mut st, &mut hist, ft.window).await?;
                 continue;
             }
@@ -168,7 +174,7 @@ pub(super) async fn train(
                     what,
                     recovered: None,
                 });
-                let new = pg.reform(ft.window).await?;
+                let new = reformed(&pg, ft.window).await?;
                 pg = synced(new, &mut st, &mut hist, ft.window).await?;
             }
         }
@@ -204,8 +210,20 @@ async fn synced(
             Ok(()) => return Ok(pg),
             Err(e) => {
                 println!("the group failed while taking rank 0's state ({e}); re-forming");
-                pg = pg.reform(window).await?;
+                pg = reformed(&pg, window).await?;
             }
+        }
+    }
+}
+
+/// `pg.reform(window)`, again while a member counted in dies before the
+/// new group connects (each call forms the next epoch), at most 3 times.
+async fn reformed(pg: &ProcessGroup, window: Duration) -> Result<ProcessGroup, BoxError> {
+    let mut tries = 0;
+    loop {
+        match pg.reform(window).await {
+            Err(chorus::ReformError::Connect { .. }) if tries < 3 => tries += 1,
+            other => return Ok(other?),
         }
     }
 }
