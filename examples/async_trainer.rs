@@ -33,6 +33,21 @@
 //! rank without a GPU makes every rank fall back to the TCP backend (or, with
 //! `--device cuda`, every rank fail with the reason).
 //!
+//! **Fault-tolerant variant** (`--fault-tolerant`, host buffers): when a
+//! rank dies the survivors keep their parameters, re-form the group, re-shard
+//! the data over the new world size and go on; a rank that `chorus-run
+//! --max-restarts` restarted rejoins and takes the parameters from the lowest
+//! surviving rank by broadcast before its first step (see
+//! `async_trainer/fault_tolerant.rs`). It prints the failures seen, the world
+//! size of every epoch of the group, and the time from each failure to the
+//! first step on the next epoch.
+//!
+//! ```sh
+//! chorus-run --nproc-per-node 3 --max-restarts 1 -- \
+//!     target/release/examples/async_trainer --fault-tolerant
+//! # (without a launcher it starts its ranks itself, with --max-restarts)
+//! ```
+//!
 //! Overlap, as reported per step (mean over steps and ranks):
 //!
 //! * *forward+backward*: wall time of this rank's compute.
@@ -52,12 +67,17 @@
 //!   communication threads compete with the compute for the CPU.
 #![forbid(unsafe_code)]
 
+#[path = "async_trainer/fault_tolerant.rs"]
+mod fault_tolerant;
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, DeviceWork, ProcessGroup, ReduceOp, Work};
-use chorus_examples::{launch_self_if_needed, run_rank, BoxError};
+use chorus_examples::{
+    launch_self_if_needed, launch_self_restarting_if_needed, run_rank, BoxError,
+};
 use clap::Parser;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -112,6 +132,25 @@ struct Args {
     /// step, which the identity check must catch.
     #[arg(long, hide = true)]
     inject_divergence: Option<usize>,
+    /// Survive lost ranks: re-form the group and go on; let restarted
+    /// ranks rejoin (host buffers only).
+    #[arg(long)]
+    fault_tolerant: bool,
+    /// With --fault-tolerant and no launcher: restarts of failed ranks
+    /// allowed (`chorus-run --max-restarts`).
+    #[arg(long, default_value_t = 1)]
+    max_restarts: u32,
+    /// With --fault-tolerant: the members admit restarted ranks every
+    /// this many steps.
+    #[arg(long, default_value_t = 5)]
+    admit_every: usize,
+    /// With --fault-tolerant: the re-form window in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    reform_window_ms: u64,
+    /// Test hook (with --fault-tolerant): `RANK@STEP,...`: that world rank
+    /// SIGKILLs itself in that step (on its first start only).
+    #[arg(long, hide = true, default_value = "")]
+    kill: String,
 }
 
 /// Where gradients are all_reduced.
@@ -848,6 +887,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.fault_tolerant {
+        return fault_tolerant_main(&args, cfg);
+    }
     if let Some(code) = launch_self_if_needed(args.nproc) {
         return code;
     }
@@ -857,6 +899,56 @@ fn main() -> ExitCode {
     match result {
         Ok(o) if o.ok => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("async_trainer failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--fault-tolerant`: launches its ranks with restarts if no launcher did,
+/// and trains until the end on whatever group is left.
+fn fault_tolerant_main(args: &Args, cfg: Config) -> ExitCode {
+    if cfg.device == DeviceArg::Cuda {
+        eprintln!("async_trainer: --fault-tolerant runs on host buffers (--device cpu)");
+        return ExitCode::FAILURE;
+    }
+    let kills = match fault_tolerant::parse_kills(&args.kill) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("async_trainer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.admit_every == 0 {
+        eprintln!("async_trainer: --admit-every must be at least 1");
+        return ExitCode::FAILURE;
+    }
+    if let Some(code) = launch_self_restarting_if_needed(args.nproc, args.max_restarts) {
+        return code;
+    }
+    let ft = fault_tolerant::FaultConfig {
+        admit_every: args.admit_every,
+        window: Duration::from_millis(args.reform_window_ms),
+        kills,
+    };
+    let run = || -> Result<bool, BoxError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pg = ProcessGroup::builder()
+                .timeout(Duration::from_secs(60))
+                .init_from_env()
+                .await?;
+            let (last, ok) = fault_tolerant::train(pg, cfg, ft).await?;
+            last.shutdown().await?;
+            Ok(ok)
+        })
+    };
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("async_trainer failed: {e}");
             ExitCode::FAILURE

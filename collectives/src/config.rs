@@ -18,6 +18,8 @@
 //! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |
 //! | `CHORUS_PROPAGATE_ERRORS` | `0` | [`GroupBuilder::propagate_errors`](crate::GroupBuilder::propagate_errors) |
 //! | `CHORUS_PEER_LIVENESS_MS` | `10000` | [`GroupBuilder::peer_liveness`](crate::GroupBuilder::peer_liveness) (`0`: off) |
+//! | `CHORUS_RANK_RESTARTS` | `0` | set by `chorus-run --max-restarts`: above 0, [`GroupBuilder::init_from_env`](crate::GroupBuilder::init_from_env) rejoins the running job |
+//! | `CHORUS_REJOIN_TIMEOUT_MS` | `60000` | [`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout) |
 //! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
 //! | `CHORUS_LIVENESS_TIMEOUT_S` | `10` | [`TcpOptions::liveness_timeout`] (`0`: off) |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
@@ -114,6 +116,22 @@ pub(crate) fn peer_liveness() -> Duration {
         crate::liveness::DEFAULT_PEER_LIVENESS,
         Duration::from_millis,
     )
+}
+
+/// How many times the launcher restarted this rank in place
+/// (`CHORUS_RANK_RESTARTS`, set by `chorus-run`; 0 when unset).
+pub(crate) fn rank_restarts() -> u64 {
+    number("CHORUS_RANK_RESTARTS").unwrap_or(0)
+}
+
+/// Default time a replacement rank waits to be admitted into the running
+/// group ([`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout)).
+pub const DEFAULT_REJOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a replacement rank waits to be admitted
+/// (`CHORUS_REJOIN_TIMEOUT_MS`, default [`DEFAULT_REJOIN_TIMEOUT`]).
+pub(crate) fn rejoin_timeout() -> Duration {
+    number("CHORUS_REJOIN_TIMEOUT_MS").map_or(DEFAULT_REJOIN_TIMEOUT, Duration::from_millis)
 }
 
 /// Turns on the enqueue profile when `CHORUS_NCCL_PROFILE=1` (only with

@@ -135,6 +135,20 @@ pub enum ReformError {
         /// The stored value, as text where it is UTF-8.
         value: String,
     },
+    /// A replacement rank was not admitted into the running group within
+    /// its rejoin timeout: no survivor re-formed the group (after a
+    /// failure) or admitted joiners (at a step boundary) in that time.
+    #[error("world rank {world_rank}: no epoch of group '{group}' admitted this replacement rank within {after:?} (it waited for epoch {epoch}); do the survivors call ProcessGroup::admit at step boundaries (or reform after a failure)? Raise CHORUS_REJOIN_TIMEOUT_MS if their steps are longer")]
+    NotAdmitted {
+        /// The group (its name at epoch 0).
+        group: String,
+        /// This rank's world rank.
+        world_rank: usize,
+        /// The epoch it waited for last.
+        epoch: u64,
+        /// The rejoin timeout.
+        after: std::time::Duration,
+    },
     /// The quorum agreed, but connecting the new group failed (typically a
     /// member that announced itself and died before connecting). Every
     /// member fails alike; call `reform` on the old group again to form

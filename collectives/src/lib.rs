@@ -77,7 +77,7 @@ pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;
 pub use process_group::capture::{Capture, CaptureGroup};
 pub use process_group::group::Group;
-pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_TIMEOUT};
+pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_REJOIN_TIMEOUT, DEFAULT_TIMEOUT};
 pub use work::Work;
 
 /// The NCCL library this process loads: its path and version

@@ -48,6 +48,39 @@ pub fn launch_self_if_needed(nproc: usize) -> Option<ExitCode> {
     Some(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
+/// As [`launch_self_if_needed`], with `chorus-run --keep-going
+/// --max-restarts max_restarts`: a rank that fails is restarted in place
+/// (and rejoins the running group, see `GroupBuilder::rejoin_from_env`);
+/// once the restarts are spent, the others run on.
+pub fn launch_self_restarting_if_needed(nproc: usize, max_restarts: u32) -> Option<ExitCode> {
+    if std::env::var_os("RANK").is_some()
+        || std::env::var_os("SLURM_PROCID").is_some()
+        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
+    {
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("cannot find this program's path to launch ranks: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        "chorus-run".into(),
+        "--keep-going".into(),
+        "--nproc-per-node".into(),
+        nproc.max(1).to_string().into(),
+        "--max-restarts".into(),
+        max_restarts.to_string().into(),
+        "--".into(),
+        exe.into_os_string(),
+    ];
+    argv.extend(std::env::args_os().skip(1));
+    let code = chorus_launcher::main_from_args(argv);
+    Some(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
 /// The error type of the examples' rank bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -35,9 +35,22 @@ pub struct GroupBuilder {
     nccl: NcclOptions,
     propagate: bool,
     liveness: Duration,
+    rejoin: Duration,
 }
 
 impl GroupBuilder {
+    /// How long a replacement rank waits to be admitted into the running
+    /// group by [`rejoin_from_env`](Self::rejoin_from_env) (default
+    /// [`DEFAULT_REJOIN_TIMEOUT`], 60 s, or `CHORUS_REJOIN_TIMEOUT_MS`).
+    /// The survivors admit it when they re-form after a failure or call
+    /// [`ProcessGroup::admit`]: make it longer than a step.
+    ///
+    /// [`DEFAULT_REJOIN_TIMEOUT`]: crate::process_group::DEFAULT_REJOIN_TIMEOUT
+    pub fn rejoin_timeout(mut self, timeout: Duration) -> Self {
+        self.rejoin = timeout;
+        self
+    }
+
     /// The peer liveness timeout (default [`DEFAULT_PEER_LIVENESS`], 10 s,
     /// or `CHORUS_PEER_LIVENESS_MS`; zero turns it off): every rank beats
     /// in the group's store from chorus's own threads, and a peer whose beat
@@ -133,11 +146,20 @@ impl GroupBuilder {
     /// the world group. Rank and world size set on the builder are replaced
     /// by the environment's.
     ///
+    /// In a rank that `chorus-run --max-restarts` restarted in place
+    /// (`CHORUS_RANK_RESTARTS` above 0) the others passed the initial
+    /// rendezvous long ago: it rejoins the running group instead, as
+    /// [`rejoin_from_env`](Self::rejoin_from_env) does.
+    ///
     /// # Errors
     ///
     /// [`Error::Rendezvous`] naming a missing or malformed variable, or the
-    /// ranks that never joined; setup errors as for [`build`](Self::build).
+    /// ranks that never joined; setup errors as for [`build`](Self::build);
+    /// for a restarted rank, those of [`rejoin_from_env`](Self::rejoin_from_env).
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
+        if config::rank_restarts() > 0 {
+            return self.rejoin_from_env().await;
+        }
         let rdzv = chorus_store::rendezvous::init_from_env().await?;
         let mut tcp = self.tcp.clone();
         if tcp.advertise_ip.is_loopback() {
@@ -156,6 +178,140 @@ impl GroupBuilder {
             .rendezvous
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
+    /// Rejoins the running job as a replacement rank (one a launcher
+    /// restarted in place after its predecessor died): connects to the
+    /// job's store without the initial rendezvous, announces itself as a
+    /// joiner of the world group's next epoch, and waits (at most
+    /// [`rejoin_timeout`](Self::rejoin_timeout)) for the survivors to
+    /// admit it, when they re-form after the failure
+    /// ([`ProcessGroup::reform`]) or at a step boundary
+    /// ([`ProcessGroup::admit`]). It gets the rank after the survivors'
+    /// (joiners by world rank), the epoch's group (`{name}@{epoch}`), and
+    /// none of the others' state: receive it (e.g. the parameters by
+    /// broadcast) before the first step.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Rendezvous`] naming a missing or malformed variable, a
+    /// store that cannot be reached, or one that died with rank 0
+    /// ([`RendezvousError::NoRejoin`](chorus_store::rendezvous::RendezvousError::NoRejoin));
+    /// [`Error::Reform`] with [`ReformError::NotAdmitted`](crate::ReformError::NotAdmitted)
+    /// if no epoch admitted it in time, or with `Store`, `Corrupt` or
+    /// `Connect` as for a re-form.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves this rank announced: the survivors may
+    /// count it in and then fail to connect (they re-form again without
+    /// it). Let it finish.
+    pub async fn rejoin_from_env(self) -> Result<ProcessGroup, Error> {
+        let rdzv = chorus_store::rendezvous::rejoin_from_env().await?;
+        let mut tcp = self.tcp.clone();
+        if tcp.advertise_ip.is_loopback() {
+            tcp.advertise_ip = route_ip(rdzv.store_addr());
+        }
+        let pg = GroupBuilder {
+            rank: rdzv.rank(),
+            size: rdzv.world_size(),
+            store: Some(rdzv.store()),
+            tcp,
+            ..self
+        }
+        .rejoin()
+        .await?;
+        *pg.inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        Ok(pg)
+    }
+
+    /// Rejoins the running group named by [`name`](Self::name) over the
+    /// job's [`store`](Self::store) as the replacement of world rank
+    /// [`rank`](Self::rank) (of [`world_size`](Self::world_size)): what
+    /// [`rejoin_from_env`](Self::rejoin_from_env) does once connected to
+    /// the store, for ranks that are not started from the environment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank outside the world, a missing
+    /// store or a zero timeout; [`Error::Reform`] as for
+    /// [`rejoin_from_env`](Self::rejoin_from_env).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`rejoin_from_env`](Self::rejoin_from_env).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # async fn demo(store: Arc<dyn chorus::store::Store>) -> Result<(), chorus::Error> {
+    /// let pg = chorus::ProcessGroup::builder()
+    ///     .rank(2)
+    ///     .world_size(3)
+    ///     .store(store)
+    ///     .rejoin()
+    ///     .await?;
+    /// // The survivors have ranks 0 and 1; take their state first.
+    /// let params = pg.broadcast(vec![0.0f32; 1024], 0)?.await?;
+    /// # let _ = params; Ok(()) }
+    /// ```
+    pub async fn rejoin(self) -> Result<ProcessGroup, Error> {
+        let store = self.store.ok_or_else(|| {
+            Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
+        })?;
+        if self.size == 0 || self.rank >= self.size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not in a world of size {} (expected 0 <= rank < world_size)",
+                self.rank, self.size
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidArgument(
+                "the op timeout must be above zero".into(),
+            ));
+        }
+        let world_rank = self.rank;
+        tracing::info!(group = %self.name, world_rank, "rejoining the running group as a replacement rank");
+        let (roster, rank) = crate::recovery::rejoin::admitted(
+            store.clone(),
+            self.name.clone(),
+            world_rank,
+            self.rejoin,
+        )
+        .await?;
+        tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
+        let base: Arc<str> = self.name.clone().into();
+        let epoch = roster.epoch;
+        let pg = connect(Setup {
+            base: base.clone(),
+            epoch,
+            name: format!("{base}@{epoch}").into(),
+            rank,
+            members: roster.world.clone(),
+            root_store: store,
+            timeout: self.timeout,
+            tcp: self.tcp,
+            policy: self.policy,
+            nccl: self.nccl,
+            propagate: self.propagate,
+            liveness: self.liveness,
+        })
+        .await
+        .map_err(|e| crate::error::ReformError::Connect {
+            group: self.name.clone(),
+            rank: world_rank,
+            epoch,
+            members: roster.members.clone(),
+            source: Box::new(e),
+        })?;
+        if let Some(dev) = self.device {
+            pg.init_device(dev).await?;
+        }
         Ok(pg)
     }
 
@@ -256,6 +412,7 @@ impl ProcessGroup {
             nccl: NcclOptions::from_env(),
             propagate: config::propagate_errors(),
             liveness: config::peer_liveness(),
+            rejoin: config::rejoin_timeout(),
         }
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod staging;
 pub(crate) mod state;
 mod subgroup;
 
+pub use crate::config::DEFAULT_REJOIN_TIMEOUT;
 pub use crate::liveness::DEFAULT_PEER_LIVENESS;
 pub use builder::GroupBuilder;
 pub use handle::ProcessGroup;

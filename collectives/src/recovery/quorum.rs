@@ -16,11 +16,16 @@
 //!      window has passed: it closes the roster;
 //!    * its window and a grace period have passed with no roster (the
 //!      leader died or stalls): it closes the roster itself.
-//! 3. **Close**: collect the `alive/*` flags and write the roster of those
-//!    ranks with a compare-and-set from absent. The first close wins; a
-//!    later one gets the winner's roster back and adopts it. Every rank that
-//!    finishes therefore holds the same roster, and a rank that announced
-//!    after it was written is not in it.
+//!    * this rank is the leader, and every old member either announced or
+//!      has a joiner for its world rank (a replacement the launcher
+//!      restarted, see `recovery::joiner`): it closes the roster early.
+//! 3. **Close**: collect the `alive/*` flags and the joiners (`joined`
+//!    counts them, `join/{n}` holds the world rank of the `n`-th) and write
+//!    the roster of those ranks with a compare-and-set from absent: the
+//!    survivors in old-rank order, then the joiners by world rank. The
+//!    first close wins; a later one gets the winner's roster back and
+//!    adopts it. Every rank that finishes therefore holds the same roster,
+//!    and a rank that announced after it was written is not in it.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -29,13 +34,20 @@ use std::time::{Duration, Instant};
 pub(crate) const POLL: Duration = Duration::from_millis(5);
 
 /// The membership of one epoch: the old ranks that re-form the group, in
-/// increasing order (their new ranks are their positions).
+/// increasing order, then the joiners (their new ranks are their positions
+/// in [`world`](Self::world)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Roster {
     /// The epoch this roster forms.
     pub epoch: u64,
-    /// Old ranks of the members, ascending.
+    /// Old ranks of the members that were in the group before, ascending
+    /// (new ranks `0..members.len()`).
     pub members: Vec<usize>,
+    /// World ranks of the joiners (replacement ranks), ascending (new ranks
+    /// from `members.len()` on).
+    pub joiners: Vec<usize>,
+    /// World rank of each new rank: the members', then the joiners.
+    pub world: Vec<usize>,
 }
 
 impl Roster {
@@ -44,13 +56,21 @@ impl Roster {
         self.members.binary_search(&old).ok()
     }
 
+    /// The new rank of the joiner with world rank `world`, if it is one.
+    pub fn joiner_rank(&self, world: usize) -> Option<usize> {
+        self.joiners
+            .binary_search(&world)
+            .ok()
+            .map(|i| self.members.len() + i)
+    }
+
     /// The roster as stored.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let members: Vec<String> = self.members.iter().map(usize::to_string).collect();
         format!(
-            "chorus-roster/1 epoch={} members={}",
+            "chorus-roster/2 epoch={} members={} world={}",
             self.epoch,
-            members.join(",")
+            list(&self.members),
+            list(&self.world)
         )
         .into_bytes()
     }
@@ -58,26 +78,47 @@ impl Roster {
     /// A stored roster; `None` if `bytes` is not one.
     pub(crate) fn decode(bytes: &[u8]) -> Option<Roster> {
         let s = std::str::from_utf8(bytes).ok()?;
-        let rest = s.strip_prefix("chorus-roster/1 epoch=")?;
-        let (epoch, members) = rest.split_once(" members=")?;
+        let rest = s.strip_prefix("chorus-roster/2 epoch=")?;
+        let (epoch, rest) = rest.split_once(" members=")?;
+        let (members, world) = rest.split_once(" world=")?;
         let epoch = epoch.parse().ok()?;
-        let members = if members.is_empty() {
-            Vec::new()
-        } else {
-            members
-                .split(',')
-                .map(str::parse)
-                .collect::<Result<Vec<usize>, _>>()
-                .ok()?
-        };
-        let sorted = members.windows(2).all(|w| w[0] < w[1]);
-        (sorted && !members.is_empty()).then_some(Roster { epoch, members })
+        let (members, world) = (parse_list(members)?, parse_list(world)?);
+        let joiners = world.get(members.len()..)?.to_vec();
+        let ascending = |v: &[usize]| v.windows(2).all(|w| w[0] < w[1]);
+        let mut distinct = world.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let valid = ascending(&members)
+            && ascending(&joiners)
+            && !members.is_empty()
+            && distinct.len() == world.len();
+        valid.then_some(Roster {
+            epoch,
+            members,
+            joiners,
+            world,
+        })
     }
+}
+
+fn list(v: &[usize]) -> String {
+    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn parse_list(s: &str) -> Option<Vec<usize>> {
+    if s.is_empty() {
+        return Some(Vec::new());
+    }
+    s.split(',').map(|x| x.parse().ok()).collect()
 }
 
 impl fmt::Display for Roster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "epoch {} with old ranks {:?}", self.epoch, self.members)
+        write!(
+            f,
+            "epoch {} with old ranks {:?} and joiners {:?}",
+            self.epoch, self.members, self.joiners
+        )
     }
 }
 
@@ -87,13 +128,15 @@ pub(crate) enum Action {
     /// Set `alive/{me}`, then add 1 to `announced`; report the count with
     /// [`Quorum::announced`].
     Announce,
-    /// Read the roster (if it exists) and the `announced` count; report
-    /// them with [`Quorum::observed`].
+    /// Read the roster (if it exists) and the `announced` and `joined`
+    /// counts; report them with [`Quorum::observed`].
     Observe,
     /// Sleep this long, then call [`Quorum::poll`] again.
     Wait(Duration),
     /// Read which old ranks have announced (`alive/{r}` for every old
-    /// rank); report them with [`Quorum::collected`].
+    /// rank) and the joiners' world ranks (`join/{n}` for `n` in
+    /// `1..=joined`, skipping those not written yet); report them with
+    /// [`Quorum::collected`].
     Collect,
     /// Compare-and-set the roster from absent to this one; report the
     /// roster stored afterwards (this one or an earlier close's) with
@@ -133,11 +176,17 @@ enum State {
 pub(crate) struct Quorum {
     me: usize,
     size: usize,
+    /// World rank of each old rank.
+    world_of: Vec<usize>,
     epoch: u64,
     deadline: Instant,
     fallback: Instant,
     leader: bool,
     announced: u64,
+    joined: u64,
+    /// The `joined` count of the last collect that found the roster not
+    /// yet complete (the leader collects again only when it grows).
+    checked: u64,
     state: State,
     /// The roster this rank closes with, once collected.
     pending: Option<Roster>,
@@ -145,12 +194,13 @@ pub(crate) struct Quorum {
 }
 
 impl Quorum {
-    /// The quorum of old rank `me` of a group of `size` ranks for `epoch`,
-    /// started at `now`: it closes the roster `window` after `now` as
-    /// leader, or `window + grace` after `now` if no roster appeared.
+    /// The quorum of old rank `me` of a group whose old rank `r` has
+    /// world rank `world_of[r]`, for `epoch`, started at `now`: it closes
+    /// the roster `window` after `now` as leader, or `window + grace` after
+    /// `now` if no roster appeared.
     pub(crate) fn new(
         me: usize,
-        size: usize,
+        world_of: Vec<usize>,
         epoch: u64,
         now: Instant,
         window: Duration,
@@ -159,12 +209,15 @@ impl Quorum {
         let deadline = now + window;
         Quorum {
             me,
-            size,
+            size: world_of.len(),
+            world_of,
             epoch,
             deadline,
             fallback: deadline + grace,
             leader: false,
             announced: 0,
+            joined: 0,
+            checked: 0,
             state: State::Announce,
             pending: None,
             outcome: None,
@@ -177,8 +230,12 @@ impl Quorum {
             State::Announce => Action::Announce,
             State::Watch { observe: true } => Action::Observe,
             State::Watch { observe: false } => {
+                // Joiners may replace the old members that did not
+                // announce: worth a collect to see.
+                let replaced =
+                    self.joined > self.checked && self.announced + self.joined >= self.size as u64;
                 let close = (self.leader
-                    && (self.announced >= self.size as u64 || now >= self.deadline))
+                    && (self.announced >= self.size as u64 || now >= self.deadline || replaced))
                     || now >= self.fallback;
                 if close {
                     self.state = State::Collect;
@@ -217,29 +274,55 @@ impl Quorum {
 
     /// What the store holds: the roster's stored value (if the key exists)
     /// and the `announced` count.
-    pub(crate) fn observed(&mut self, roster: Option<&[u8]>, announced: u64) {
+    pub(crate) fn observed(&mut self, roster: Option<&[u8]>, announced: u64, joined: u64) {
         if !matches!(self.state, State::Watch { .. }) {
             return;
         }
         self.announced = self.announced.max(announced);
+        self.joined = self.joined.max(joined);
         match roster {
             Some(value) => self.finish(value),
             None => self.state = State::Watch { observe: false },
         }
     }
 
-    /// Which old ranks have announced (`alive[r]` for old rank `r`).
-    pub(crate) fn collected(&mut self, alive: &[bool]) {
+    /// Which old ranks have announced (`alive[r]` for old rank `r`), and
+    /// the world ranks of the joiners found (in any order, repeats
+    /// allowed), at `now`. Joiners whose world rank is an announced
+    /// member's are left out (a launcher restarts only ranks that exited).
+    pub(crate) fn collected(&mut self, alive: &[bool], joiners: &[usize], now: Instant) {
         if self.state != State::Collect {
             return;
         }
         let members: Vec<usize> = (0..self.size)
             .filter(|&r| r == self.me || alive.get(r).copied().unwrap_or(false))
             .collect();
+        let taken: Vec<usize> = members.iter().map(|&r| self.world_of[r]).collect();
+        let mut joiners: Vec<usize> = joiners
+            .iter()
+            .copied()
+            .filter(|w| !taken.contains(w))
+            .collect();
+        joiners.sort_unstable();
+        joiners.dedup();
+        let complete =
+            (0..self.size).all(|r| members.contains(&r) || joiners.contains(&self.world_of[r]));
+        let due = now >= self.deadline || self.announced >= self.size as u64;
+        if self.leader && !complete && !due && now < self.fallback {
+            // Collected early for joiners that do not cover the missing
+            // members yet: watch on.
+            self.checked = self.joined;
+            self.state = State::Watch { observe: true };
+            return;
+        }
+        let mut world = taken;
+        world.extend(&joiners);
         self.state = State::Closing;
         self.pending = Some(Roster {
             epoch: self.epoch,
             members,
+            joiners,
+            world,
         });
     }
 

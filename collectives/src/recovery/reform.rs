@@ -123,7 +123,7 @@ impl ProcessGroup {
         let now = Instant::now();
         let grace = window.max(MIN_GRACE);
         let bound = now + window + grace + STORE_SLACK;
-        let q = Quorum::new(me, size, epoch, now, window, grace);
+        let q = Quorum::new(me, g.members.clone(), epoch, now, window, grace);
         let store_err = |source| ReformError::Store {
             group: old.clone(),
             rank: me,
@@ -156,8 +156,8 @@ impl ProcessGroup {
                 })
             }
         };
-        tracing::info!(group = %old, old_rank = me, rank, epoch, members = ?roster.members, "roster agreed");
-        let members = roster.members.iter().map(|&r| g.members[r]).collect();
+        tracing::info!(group = %old, old_rank = me, rank, epoch, members = ?roster.members, joiners = ?roster.joiners, "roster agreed");
+        let members = roster.world.clone();
         let new = connect(Setup {
             base: g.base.clone(),
             epoch,

@@ -44,9 +44,15 @@
 //!   `REFORMED rank=R new_rank=N size=S epoch=E members=[..]` and exits 0,
 //!   or `RESULT rank=R kind=Reform msg=...` and exits 1 if it cannot.
 //!
+//! * `grow`: killed ranks come back under `chorus-run --max-restarts` and
+//!   rejoin (see `chorus-test-rank/grow.rs`).
+//!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
+
+#[path = "chorus-test-rank/grow.rs"]
+mod grow;
 
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
@@ -234,6 +240,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "reform-kill" => reform_scenario(&pg, rank, victim, true).await,
         "reform-stop" => reform_scenario(&pg, rank, victim, false).await,
+        "grow" => grow::grow_scenario(pg, env_num("WORLD_SIZE", 1) as usize).await,
         "propagate" => {
             // Rank 0 alone gives up soon; the others would wait the long
             // group timeout but for rank 0's published failure.
@@ -430,7 +437,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop)"
+                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop, grow)"
             );
             Ok(2)
         }

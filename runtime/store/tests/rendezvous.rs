@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_store::rendezvous::{rendezvous, Rendezvous, RendezvousConfig, RendezvousError};
+use chorus_store::rendezvous::{rejoin, rendezvous, Rendezvous, RendezvousConfig, RendezvousError};
 use chorus_store::StoreError;
 use futures::future::join_all;
 use rand::{Rng, SeedableRng};
@@ -402,4 +402,55 @@ async fn rendezvous_keys_stay_under_their_prefix() {
     for r in join_all(ranks.into_iter().map(Rendezvous::shutdown)).await {
         r.unwrap();
     }
+}
+
+#[tokio::test]
+async fn a_replacement_rank_reconnects_without_the_join() {
+    let port = free_port();
+    let joined = join_ranks(&[0, 1, 2], 3, port, 5_000).await;
+    let joined: Vec<Rendezvous> = joined.into_iter().map(Result::unwrap).collect();
+    joined[0].store().set("seen", b"yes").await.unwrap();
+    // Rank 1 again (as a launcher's restart would start it): the join
+    // protocol would refuse it as a duplicate; rejoin reconnects.
+    let again = rejoin(cfg(1, 3, port, 2_000)).await.unwrap();
+    assert_eq!(again.rank(), 1);
+    let v = again.store().get("seen", Duration::from_secs(1)).await;
+    assert_eq!(v.unwrap(), b"yes");
+    // Another world size is refused.
+    let e = rejoin(cfg(1, 4, port, 2_000)).await.unwrap_err();
+    assert!(
+        matches!(e, RendezvousError::WorldSizeMismatch { ours: 4, .. }),
+        "{e}"
+    );
+    // Rank 0 hosted this store: its replacement would find none.
+    let e = rejoin(cfg(0, 3, port, 2_000)).await.unwrap_err();
+    assert!(
+        matches!(e, RendezvousError::NoRejoin { rank: 0, .. }),
+        "{e}"
+    );
+    drop(again);
+    let mut left = joined.into_iter();
+    let zero = left.next().unwrap();
+    for r in left {
+        r.shutdown().await.unwrap();
+    }
+    zero.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rejoining_a_job_that_never_started_is_refused() {
+    let port = free_port();
+    // A store with no job in it.
+    let server = chorus_store::TcpStoreServer::bind(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let e = rejoin(cfg(2, 3, port, 2_000)).await.unwrap_err();
+    assert!(
+        matches!(&e, RendezvousError::WorldSizeMismatch { ours: 3, theirs } if theirs.contains("no rank joined")),
+        "{e}"
+    );
+    server.shutdown().await;
 }
