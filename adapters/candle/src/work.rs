@@ -127,10 +127,7 @@ impl Future for TensorWork {
                 .map(|r| r.map(TensorBuffer::into_tensor).map_err(Failed::into_error)),
             Inner::Two(w) => Pin::new(w)
                 .poll(cx)
-                .map(|r| {
-                    r.map(|(_, o)| o.into_tensor())
-                        .map_err(Failed::into_error)
-                }),
+                .map(|r| r.map(|(_, o)| o.into_tensor()).map_err(Failed::into_error)),
         }
     }
 }
