@@ -4,6 +4,7 @@
 
 pub mod busbw;
 pub mod gpu_train;
+pub mod job_output;
 pub mod latency;
 pub mod netns;
 pub mod report;

@@ -6,12 +6,12 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use chorus_examples::job_output::{self, alive, field};
 use chorus_examples::testkit::workspace_bin;
 
 const RUNS: usize = 20;
@@ -24,16 +24,6 @@ struct Outcome {
     results: BTreeMap<usize, (String, u64, String)>,
     pids: Vec<i32>,
     lines: Vec<String>,
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-}
-
-fn alive(pid: i32) -> bool {
-    // Signal "none" only checks the pid.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
 /// Runs `scenario` across WORLD ranks; once every survivor has reported,
@@ -64,14 +54,7 @@ fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[
         .spawn()
         .expect("start chorus-run");
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (rx, reader) = job_output::lines(stdout);
     let mut out = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(60);
     let survivors = WORLD - 1;
@@ -79,10 +62,7 @@ fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => {
-                let body = line
-                    .split_once("] ")
-                    .map_or(line.as_str(), |(_, b)| b)
-                    .to_string();
+                let body = job_output::body(&line).to_string();
                 if body.starts_with("RESULT") {
                     let rank: usize = field(&body, "rank")
                         .and_then(|v| v.parse().ok())

@@ -10,24 +10,15 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use chorus_examples::job_output::{self, alive, field};
 use chorus_examples::testkit::workspace_bin;
 use rand::{Rng, SeedableRng};
 
 const TIMEOUT_MS: u64 = 600;
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-}
-
-fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
 
 #[derive(Default, Debug)]
 struct Run {
@@ -78,23 +69,13 @@ fn run(world: usize, victims: &[usize], elems: usize, restarts: usize) -> Run {
         .spawn()
         .expect("start chorus-run");
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (rx, reader) = job_output::lines(stdout);
     let mut out = Run::default();
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => {
-                let body = line
-                    .split_once("] ")
-                    .map_or(line.as_str(), |(_, b)| b)
-                    .to_string();
+                let body = job_output::body(&line).to_string();
                 let rank = field(&body, "rank").and_then(|v| v.parse::<usize>().ok());
                 let at = field(&body, "at_ms").and_then(|v| v.parse::<u128>().ok());
                 if body.starts_with("RESULT") {

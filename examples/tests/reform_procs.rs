@@ -6,19 +6,14 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use chorus_examples::job_output::{self, field};
 use chorus_examples::testkit::workspace_bin;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-}
 
 /// RESULT lines by rank: (kind, message).
 type Results = BTreeMap<usize, (String, String)>;
@@ -51,14 +46,7 @@ fn run_in(scenario: &str, world: usize, victim: usize, traces: &std::path::Path)
         .spawn()
         .expect("start chorus-run");
     let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (rx, reader) = job_output::lines(stdout);
     let mut results = Results::new();
     let mut lines = Vec::new();
     let mut stopped: Option<i32> = None;
@@ -66,10 +54,7 @@ fn run_in(scenario: &str, world: usize, victim: usize, traces: &std::path::Path)
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => {
-                let body = line
-                    .split_once("] ")
-                    .map_or(line.as_str(), |(_, b)| b)
-                    .to_string();
+                let body = job_output::body(&line).to_string();
                 if body.starts_with("RESULT") {
                     let rank = field(&body, "rank")
                         .and_then(|v| v.parse().ok())

@@ -161,24 +161,26 @@ impl GroupBuilder {
             return self.rejoin_from_env().await;
         }
         let rdzv = chorus_store::rendezvous::init_from_env().await?;
+        let pg = self.with_rendezvous(&rdzv).build().await?;
+        pg.keep_rendezvous(rdzv);
+        Ok(pg)
+    }
+
+    /// This builder for the job `rdzv` describes: its rank, world size and
+    /// store, and (unless set) the address that routes to the store as the
+    /// one peers reach this rank at.
+    fn with_rendezvous(self, rdzv: &chorus_store::rendezvous::Rendezvous) -> GroupBuilder {
         let mut tcp = self.tcp.clone();
         if tcp.advertise_ip.is_loopback() {
             tcp.advertise_ip = route_ip(rdzv.store_addr());
         }
-        let pg = GroupBuilder {
+        GroupBuilder {
             rank: rdzv.rank(),
             size: rdzv.world_size(),
             store: Some(rdzv.store()),
             tcp,
             ..self
         }
-        .build()
-        .await?;
-        *pg.inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
-        Ok(pg)
     }
 
     /// Rejoins the running job as a replacement rank (one a launcher
@@ -209,23 +211,8 @@ impl GroupBuilder {
     /// it). Let it finish.
     pub async fn rejoin_from_env(self) -> Result<ProcessGroup, Error> {
         let rdzv = chorus_store::rendezvous::rejoin_from_env().await?;
-        let mut tcp = self.tcp.clone();
-        if tcp.advertise_ip.is_loopback() {
-            tcp.advertise_ip = route_ip(rdzv.store_addr());
-        }
-        let pg = GroupBuilder {
-            rank: rdzv.rank(),
-            size: rdzv.world_size(),
-            store: Some(rdzv.store()),
-            tcp,
-            ..self
-        }
-        .rejoin()
-        .await?;
-        *pg.inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        let pg = self.with_rendezvous(&rdzv).rejoin().await?;
+        pg.keep_rendezvous(rdzv);
         Ok(pg)
     }
 
@@ -385,6 +372,16 @@ fn route_ip(store_addr: &str) -> std::net::IpAddr {
 }
 
 impl ProcessGroup {
+    /// Keeps the job's rendezvous with the world group until
+    /// [`shutdown`](Self::shutdown).
+    fn keep_rendezvous(&self, rdzv: chorus_store::rendezvous::Rendezvous) {
+        *self
+            .inner
+            .rendezvous
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+    }
+
     /// Joins the job described by the environment and returns the world
     /// group: `ProcessGroup::builder().init_from_env()` with the defaults.
     ///
