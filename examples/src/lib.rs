@@ -31,18 +31,9 @@ pub fn rank_data(case: u64, rank: usize, len: usize) -> Vec<f32> {
 /// the rank, first failure stops the rest) and returns their exit code;
 /// returns `None` inside a rank.
 pub fn launch_self_if_needed(nproc: usize) -> Option<ExitCode> {
-    if std::env::var_os("RANK").is_some()
-        || std::env::var_os("SLURM_PROCID").is_some()
-        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
-    {
-        return None;
-    }
-    let exe = match std::env::current_exe() {
+    let exe = match this_program_unless_a_rank()? {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("cannot find this program's path to launch ranks: {e}");
-            return Some(ExitCode::FAILURE);
-        }
+        Err(code) => return Some(code),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = chorus_launcher::launch_local(nproc.max(1), &exe, &args);
@@ -54,18 +45,9 @@ pub fn launch_self_if_needed(nproc: usize) -> Option<ExitCode> {
 /// (and rejoins the running group, see `GroupBuilder::rejoin_from_env`);
 /// once the restarts are spent, the others run on.
 pub fn launch_self_restarting_if_needed(nproc: usize, max_restarts: u32) -> Option<ExitCode> {
-    if std::env::var_os("RANK").is_some()
-        || std::env::var_os("SLURM_PROCID").is_some()
-        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
-    {
-        return None;
-    }
-    let exe = match std::env::current_exe() {
+    let exe = match this_program_unless_a_rank()? {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("cannot find this program's path to launch ranks: {e}");
-            return Some(ExitCode::FAILURE);
-        }
+        Err(code) => return Some(code),
     };
     let mut argv: Vec<std::ffi::OsString> = vec![
         "chorus-run".into(),
@@ -80,6 +62,22 @@ pub fn launch_self_restarting_if_needed(nproc: usize, max_restarts: u32) -> Opti
     argv.extend(std::env::args_os().skip(1));
     let code = chorus_launcher::main_from_args(argv);
     Some(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// `None` inside a rank (a launcher set `RANK`, or SLURM's or Open MPI's
+/// rank); otherwise this program's path to launch its ranks, or the exit
+/// code to give when it cannot be found.
+fn this_program_unless_a_rank() -> Option<Result<std::path::PathBuf, ExitCode>> {
+    if std::env::var_os("RANK").is_some()
+        || std::env::var_os("SLURM_PROCID").is_some()
+        || std::env::var_os("OMPI_COMM_WORLD_RANK").is_some()
+    {
+        return None;
+    }
+    Some(std::env::current_exe().map_err(|e| {
+        eprintln!("cannot find this program's path to launch ranks: {e}");
+        ExitCode::FAILURE
+    }))
 }
 
 /// The error type of the examples' rank bodies.

@@ -248,20 +248,7 @@ impl GroupBuilder {
     /// # let _ = params; Ok(()) }
     /// ```
     pub async fn rejoin(self) -> Result<ProcessGroup, Error> {
-        let store = self.store.ok_or_else(|| {
-            Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
-        })?;
-        if self.size == 0 || self.rank >= self.size {
-            return Err(Error::InvalidArgument(format!(
-                "rank {} is not in a world of size {} (expected 0 <= rank < world_size)",
-                self.rank, self.size
-            )));
-        }
-        if self.timeout.is_zero() {
-            return Err(Error::InvalidArgument(
-                "the op timeout must be above zero".into(),
-            ));
-        }
+        let store = self.checked_store()?;
         let world_rank = self.rank;
         tracing::info!(group = %self.name, world_rank, "rejoining the running group as a replacement rank");
         let (roster, rank) = crate::recovery::rejoin::admitted(
@@ -302,15 +289,9 @@ impl GroupBuilder {
         Ok(pg)
     }
 
-    /// Connects this rank to the others and returns the group.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a rank outside the world, a missing
-    /// store or a zero timeout; [`Error::Setup`] or [`Error::Store`] if the
-    /// ranks cannot connect (within the TCP connect timeout).
-    pub async fn build(self) -> Result<ProcessGroup, Error> {
-        let store = self.store.ok_or_else(|| {
+    /// The store, once the rank, world size and op timeout are checked.
+    fn checked_store(&self) -> Result<Arc<dyn Store>, Error> {
+        let store = self.store.clone().ok_or_else(|| {
             Error::InvalidArgument("a store is required (GroupBuilder::store)".into())
         })?;
         if self.size == 0 || self.rank >= self.size {
@@ -324,6 +305,18 @@ impl GroupBuilder {
                 "the op timeout must be above zero".into(),
             ));
         }
+        Ok(store)
+    }
+
+    /// Connects this rank to the others and returns the group.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a rank outside the world, a missing
+    /// store or a zero timeout; [`Error::Setup`] or [`Error::Store`] if the
+    /// ranks cannot connect (within the TCP connect timeout).
+    pub async fn build(self) -> Result<ProcessGroup, Error> {
+        let store = self.checked_store()?;
         let members = (0..self.size).collect();
         let name: Arc<str> = self.name.into();
         let pg = connect(Setup {
