@@ -9,8 +9,9 @@
 //! chorus-run --nproc-per-node 2 -- target/release/examples/gpu_trainer --width 8192 --batch 128
 //! ```
 //!
-//! Every rank runs forward and backward on a compute stream (cuBLAS GEMMs,
-//! PTX kernels for bias, ReLU, loss and update). Each gradient bucket's
+//! Every rank runs forward and backward on a compute stream, in f32
+//! throughout (cuBLAS SGEMM without TF32, PTX kernels for bias, ReLU, loss
+//! and update). Each gradient bucket's
 //! `all_reduce(Avg)` is submitted the moment backward has issued its last
 //! gradient; after backward, the compute stream waits on each bucket's end
 //! event (the stream-ordered level) and updates that bucket's parameters
@@ -51,9 +52,6 @@ struct Args {
     /// Gradient bucket cap in MiB (DDP's bucket_cap_mb).
     #[arg(long, default_value_t = 25.0)]
     bucket_mib: f64,
-    /// Element type (f32 only).
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    dtype: Dtype,
     /// Learning rate of plain SGD.
     #[arg(long, default_value_t = 6.0)]
     lr: f32,
@@ -83,18 +81,11 @@ struct Args {
     timeout_s: u64,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Dtype {
-    /// 32-bit floats everywhere.
-    F32,
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(code) = launch_self_if_needed(args.nproc) {
         return code;
     }
-    let _ = args.dtype;
     let device = std::env::var("LOCAL_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
