@@ -95,6 +95,30 @@ fn epoch_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
+/// Waits until every rank of a 2 × 2 `loop` job printed its first round.
+fn all_going(nodes: &[(usize, Output)]) {
+    for r in 0..4 {
+        let (_, out) = &nodes[r / 2];
+        assert!(
+            out.wait_for(&format!("LOOP rank={r} iter="), Duration::from_secs(60)),
+            "rank {r} never got going:\n{}",
+            outputs(nodes)
+        );
+    }
+}
+
+/// Waits (at most 300 s each) for every node's program of `what` to exit 0.
+fn all_succeed(h: &mut Hosts, nodes: &[(usize, Output)], what: &str) {
+    for (id, _) in nodes {
+        let st = h.wait(*id, Duration::from_secs(300));
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "{what}: {st:?}\n{}",
+            outputs(nodes)
+        );
+    }
+}
+
 /// After a job: no process is left in any host, and once the hosts are
 /// gone no namespace of this test either.
 fn assert_nothing_left(h: Hosts, log: &str) {
@@ -199,14 +223,7 @@ fn fault_mid_all_reduce(
         "loop",
         &[("CHORUS_LIVENESS_TIMEOUT_S", &live), ("LOOP_SECS", "120")],
     );
-    for r in 0..4 {
-        let (_, out) = &nodes[r / 2];
-        assert!(
-            out.wait_for(&format!("LOOP rank={r} iter="), Duration::from_secs(60)),
-            "rank {r} never got going:\n{}",
-            outputs(&nodes)
-        );
-    }
+    all_going(&nodes);
     let pids: Vec<u32> = nodes.iter().filter_map(|(id, _)| h.pid(*id)).collect();
     let t_fault = Instant::now();
     let at_ms = epoch_ms();
@@ -287,14 +304,7 @@ fn after_a_partition_the_host_that_reaches_the_store_re_forms_and_goes_on() {
             ("REFORM_WINDOW_MS", "2000"),
         ],
     );
-    for r in 0..4 {
-        let (_, out) = &nodes[r / 2];
-        assert!(
-            out.wait_for(&format!("LOOP rank={r} iter="), Duration::from_secs(60)),
-            "rank {r} never got going:\n{}",
-            outputs(&nodes)
-        );
-    }
+    all_going(&nodes);
     let t_cut = Instant::now();
     h.cut(1).expect("cut host 1 off");
     // Liveness, the re-form's window and its grace, and slack.
@@ -386,14 +396,7 @@ fn bench_all_reduce_across_hosts_beside_gloo() {
             ],
             &[],
         );
-        for (id, _) in &nodes {
-            let st = h.wait(*id, Duration::from_secs(300));
-            assert!(
-                st.is_some_and(|s| s.success()),
-                "chorus: {st:?}\n{}",
-                outputs(&nodes)
-            );
-        }
+        all_succeed(&mut h, &nodes, "chorus");
         let ours = json_rows(&nodes[0].1);
         let mut gl = Vec::new();
         for i in 0..2 {
@@ -426,14 +429,7 @@ fn bench_all_reduce_across_hosts_beside_gloo() {
                     .unwrap(),
             );
         }
-        for (id, _) in &gl {
-            let st = h.wait(*id, Duration::from_secs(300));
-            assert!(
-                st.is_some_and(|s| s.success()),
-                "gloo: {st:?}\n{}",
-                outputs(&gl)
-            );
-        }
+        all_succeed(&mut h, &gl, "gloo");
         let theirs = json_rows(&gl[0].1);
         for o in &ours {
             let b = o["bytes"].as_u64().unwrap_or(0);
