@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use chorus_core::{Completer, Failed, OpContext, OpFuture, WorkError, WorkStatus};
 use chorus_gpu::cuda::{CudaError, Event, Stream};
+use chorus_gpu::doze::Doze;
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Finished, InFlight, Watched};
 use chorus_gpu::reactor;
 
@@ -446,6 +447,12 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 // watcher is enough (a poll that returns `Pending` nudges
                 // it afterwards).
                 w.bind_device().ok()?;
+                // Far from the expected end, nap in short steps (the
+                // thread is awake already, so each ends on time); spin
+                // only for the last stretch.
+                let margin = reactor::global().config().watch_spin;
+                let close = w.expected_end().and_then(|e| e.checked_sub(margin));
+                let mut doze: Option<Doze> = None;
                 while !self.inner.is_done() && t0.elapsed() < spin {
                     match w.take_finished() {
                         Ok(Some(bufs)) => return Some(bufs),
@@ -454,8 +461,14 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                         // The reactor fails the work with it.
                         Err(_) => return None,
                     }
-                    for _ in 0..32 {
-                        std::hint::spin_loop();
+                    let napped = close.is_some_and(|at| {
+                        let at = at.min(t0 + spin);
+                        doze.get_or_insert_with(Doze::new).nap_until(at)
+                    });
+                    if !napped {
+                        for _ in 0..32 {
+                            std::hint::spin_loop();
+                        }
                     }
                 }
                 None
@@ -482,9 +495,11 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     /// this one ended before, the reactor also wakes the future shortly
     /// before this one is expected to end; that poll watches the end event
     /// (for at most twice the reactor's `prewake_lead` and an eighth of the
-    /// op's expected length), so that the op's end
+    /// op's expected length), napping in short steps until shortly before
+    /// the expected end and spinning from then on, so that the op's end
     /// is seen within microseconds rather than after a parked thread's
-    /// wake-up. Other polls never wait.
+    /// wake-up, at the cost of a few system calls rather than a core for
+    /// the whole lead. Other polls never wait.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;

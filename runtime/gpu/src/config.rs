@@ -23,6 +23,10 @@ pub struct ReactorConfig {
     /// (learned from ops like it), so that it is awake to see it; zero
     /// turns the pre-wake off.
     pub prewake_lead: Duration,
+    /// A future so woken naps in short steps (`chorus_gpu::doze`) until
+    /// this long before the expected end, then spins; a value of
+    /// `prewake_lead` or more makes it spin all the way.
+    pub watch_spin: Duration,
 }
 
 impl Default for ReactorConfig {
@@ -33,6 +37,7 @@ impl Default for ReactorConfig {
             max_sleep: Duration::from_millis(1),
             detached_poll: Duration::from_micros(50),
             prewake_lead: Duration::from_micros(500),
+            watch_spin: Duration::from_micros(50),
         }
     }
 }
@@ -40,8 +45,8 @@ impl Default for ReactorConfig {
 impl ReactorConfig {
     /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
     /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US`,
-    /// `CHORUS_REACTOR_DETACHED_US` and `CHORUS_REACTOR_PREWAKE_US`
-    /// (microseconds).
+    /// `CHORUS_REACTOR_DETACHED_US`, `CHORUS_REACTOR_PREWAKE_US` and
+    /// `CHORUS_REACTOR_WATCH_SPIN_US` (microseconds).
     pub fn from_env() -> ReactorConfig {
         let us = |name: &str| micros(std::env::var(name).ok().as_deref());
         let d = ReactorConfig::default();
@@ -55,6 +60,7 @@ impl ReactorConfig {
                 .unwrap_or(d.detached_poll)
                 .max(Duration::from_micros(1)),
             prewake_lead: us("CHORUS_REACTOR_PREWAKE_US").unwrap_or(d.prewake_lead),
+            watch_spin: us("CHORUS_REACTOR_WATCH_SPIN_US").unwrap_or(d.watch_spin),
         }
     }
 }

@@ -13,6 +13,8 @@
 //! * [`placement`]: which side of the machine a buffer type lives on, the
 //!   compile-time switch by which chorus picks a backend.
 //! * `config`: the settings this layer reads from the environment.
+//! * [`doze`]: short, precise naps for a thread that must be awake at a
+//!   known instant (a future watching its op's expected end).
 //! * `exit_gate`: keeps the background threads off the driver once the
 //!   process exits (the driver tears its contexts down then).
 //! * `floor` (feature `test-util`): raw NCCL calls on a one-rank
@@ -25,6 +27,7 @@
 
 mod config;
 pub mod cuda;
+pub mod doze;
 mod exit_gate;
 #[cfg(feature = "test-util")]
 pub mod floor;
