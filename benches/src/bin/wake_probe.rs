@@ -39,7 +39,9 @@
 //! a microsecond; measuring across one sample, it has no clock drift). "Crude" = the host instant minus the host instant
 //! before the spin kernel's launch, minus its length (how PyTorch's side
 //! is measured, `torch_wake.py`). CPU = the process's user + system time
-//! over the samples divided by their wall time. Also: what recording each
+//! over the samples divided by their wall time, and for chorus by thread
+//! (each thread's time on a CPU from `/proc`, summed by thread name; the
+//! waiting thread's includes the handshake's spinning). Also: what recording each
 //! kind of event costs.
 //!
 //! ```sh
@@ -148,6 +150,50 @@ fn cpu_time() -> Duration {
         Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
     };
     tv(u.user_time()) + tv(u.system_time())
+}
+
+/// CPU time so far of each thread of the process, summed by thread name
+/// (`/proc/self/task/*/schedstat`: nanoseconds on a CPU, exact), so that a
+/// mechanism's CPU can be told apart by who spent it. Empty where `/proc`
+/// has no such files.
+fn thread_cpu() -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let ns = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+        if let Some(ns) = ns {
+            *by_name.entry(name.trim().to_string()).or_insert(0) += ns;
+        }
+    }
+    by_name
+}
+
+/// The threads' CPU between two [`thread_cpu`] readings, in % of `wall`,
+/// largest first (threads under 0.05 % left out).
+fn thread_cpu_line(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+    wall: f64,
+) -> String {
+    let mut v: Vec<(f64, &str)> = after
+        .iter()
+        .map(|(name, ns)| {
+            let d = ns.saturating_sub(before.get(name).copied().unwrap_or(0));
+            (100.0 * d as f64 * 1e-9 / wall, name.as_str())
+        })
+        .filter(|(p, _)| *p >= 0.05)
+        .collect();
+    v.sort_by(|a, b| b.0.total_cmp(&a.0));
+    v.iter()
+        .map(|(p, n)| format!("{n} {p:.2}%"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -373,7 +419,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rig.sample(mech, len, &ev);
             }
             let pw0 = chorus::test_util::prewake_counts();
-            let (cpu0, wall0) = (cpu_time(), Instant::now());
+            let (cpu0, wall0, threads0) = (cpu_time(), Instant::now(), thread_cpu());
             // Per sample: latency, crude latency, and the pre-wakes given
             // and seen while watching during it.
             let mut tails = Vec::new();
@@ -390,6 +436,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .unzip();
             let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
             let wall = wall0.elapsed().as_secs_f64();
+            let threads = thread_cpu_line(&threads0, &thread_cpu(), wall);
             // The handshake's 100 µs of host spinning per sample is the
             // probe's, not the mechanism's.
             let own = (cpu - n as f64 * 100e-6).max(0.0);
@@ -412,6 +459,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     pw.0 - pw0.0,
                     pw.1 - pw0.1
                 );
+                println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
                 for (i, l, given, seen) in &tails {
                     println!(
                         "{:<19} {:>6}          slow sample {i}: {l:.1} us, pre-wakes {given}, seen while watching {seen}",
