@@ -258,6 +258,14 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
         }
     }
 
+    // Every local rank is done. Node 0 serves the store: while ranks of
+    // other nodes may still be leaving it, it must not go away.
+    if let (Some(server), None, None) = (&_store, failure, got_signal) {
+        if plan.nnodes > 1 {
+            wait_for_other_nodes(&plan, server.local_addr()).await;
+        }
+    }
+
     // Every child is reaped; drain what they wrote, then flush our streams.
     let aborts: Vec<_> = pumps.iter().map(|p| p.abort_handle()).collect();
     let drain = futures::future::join_all(pumps);
@@ -283,6 +291,40 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
         }
         (None, Some(sig)) => 128 + sig as i32,
         (None, None) => 0,
+    }
+}
+
+/// How long node 0, its own ranks done, keeps serving the store for the
+/// other nodes' ranks to leave it: they end with the same last op, so
+/// their goodbyes are a few round trips away; a rank that is cut off or
+/// still busy leaves without one (`chorus_store::rendezvous`).
+const LEAVE_GRACE: Duration = Duration::from_secs(2);
+
+/// Node 0, its own ranks done: serves the job's store until the other
+/// nodes' ranks have left it too, for at most [`LEAVE_GRACE`].
+async fn wait_for_other_nodes(plan: &Plan, served: std::net::SocketAddr) {
+    use chorus_store::rendezvous::wait_until_all_left;
+    let ip = if served.ip().is_unspecified() {
+        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+    } else {
+        served.ip()
+    };
+    let addr = std::net::SocketAddr::new(ip, served.port()).to_string();
+    let world = (plan.nnodes * plan.nproc_per_node) as usize;
+    let client = match chorus_store::TcpStore::connect(
+        &addr,
+        chorus_store::ClientOptions::from_env(),
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            log(&format!("cannot read the job's store at {addr} to wait for the other nodes' ranks to leave: {e}"));
+            return;
+        }
+    };
+    if let Err(e) = wait_until_all_left(&client, world, LEAVE_GRACE).await {
+        log(&format!("stopping the job's store: {e}"));
     }
 }
 

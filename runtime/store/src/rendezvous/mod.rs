@@ -302,7 +302,9 @@ impl Rendezvous {
     ///
     /// [`RendezvousError::NeverLeft`] on rank 0, naming the ranks that did
     /// not leave in time (the server is stopped anyway);
-    /// [`RendezvousError::Store`] if the goodbye could not be sent.
+    /// [`RendezvousError::Store`] if the goodbye could not be sent (when the
+    /// launcher serves the store and no longer does, the rank leaves
+    /// without one: a warning, not an error).
     ///
     /// # Cancel safety
     ///
@@ -403,6 +405,7 @@ pub async fn rejoin(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError
             shutdown_timeout: cfg.shutdown_timeout(),
             left: AtomicBool::new(false),
             server: Mutex::new(None),
+            launcher_hosted: matches!(cfg.store_host(), StoreHost::Launcher),
         });
         Ok(Rendezvous { config: cfg, store })
     })
@@ -507,6 +510,7 @@ async fn join(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError> {
         shutdown_timeout: cfg.shutdown_timeout(),
         left: AtomicBool::new(false),
         server: Mutex::new(server),
+        launcher_hosted: matches!(cfg.store_host(), StoreHost::Launcher),
     });
     Ok(Rendezvous { config: cfg, store })
 }
@@ -661,6 +665,32 @@ async fn absent(
     Ok(missing)
 }
 
+/// Waits until every one of the job's `world` ranks has left the job's
+/// store (each rank's [`Rendezvous::shutdown`], or the drop of its last
+/// store handle, says goodbye). For whoever serves the store outside the
+/// ranks — chorus-run on node 0 — so that the store does not go away
+/// under a rank of another node that is still leaving.
+///
+/// # Errors
+///
+/// [`RendezvousError::NeverLeft`] naming the ranks that had not left after
+/// `timeout`; [`RendezvousError::Store`] if the store cannot be read.
+pub async fn wait_until_all_left(
+    store: &dyn Store,
+    world: usize,
+    timeout: Duration,
+) -> Result<(), RendezvousError> {
+    match store.wait(&[K_ALL_LEFT], timeout).await {
+        Ok(()) => Ok(()),
+        Err(StoreError::Timeout { .. }) => Err(RendezvousError::NeverLeft {
+            missing: absent(store, world, left_key).await.unwrap_or_default(),
+            world_size: world,
+            after: timeout,
+        }),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The job's store as handed out: a client of rank 0's server that leaves
 /// the job when the last handle is dropped, and on rank 0 owns the server.
 struct JobStore {
@@ -673,6 +703,10 @@ struct JobStore {
     left: AtomicBool,
     /// Rank 0's server, until the leave protocol takes it.
     server: Mutex<Option<TcpStoreServer>>,
+    /// The launcher serves the store (chorus-run): it stops serving once
+    /// its own node's ranks are done and the others had a moment to
+    /// leave, so a goodbye that finds it gone is late, not lost work.
+    launcher_hosted: bool,
 }
 
 impl fmt::Debug for JobStore {
@@ -704,6 +738,7 @@ impl JobStore {
             world: self.world,
             timeout: self.shutdown_timeout,
             server,
+            launcher_hosted: self.launcher_hosted,
         })
     }
 }
@@ -741,6 +776,7 @@ struct Leave {
     world: usize,
     timeout: Duration,
     server: Option<TcpStoreServer>,
+    launcher_hosted: bool,
 }
 
 impl Leave {
@@ -752,23 +788,31 @@ impl Leave {
         // Rank 0: keep serving until all have left, then stop.
         let waited = match said {
             Err(e) => Err(e),
-            Ok(()) => match self.client.wait(&[K_ALL_LEFT], self.timeout).await {
-                Ok(()) => Ok(()),
-                Err(StoreError::Timeout { .. }) => Err(RendezvousError::NeverLeft {
-                    missing: absent(&*self.client, self.world, left_key)
-                        .await
-                        .unwrap_or_default(),
-                    world_size: self.world,
-                    after: self.timeout,
-                }),
-                Err(e) => Err(e.into()),
-            },
+            Ok(()) => wait_until_all_left(&*self.client, self.world, self.timeout).await,
         };
         server.shutdown().await;
         waited
     }
 
     async fn goodbye(&self) -> Result<(), RendezvousError> {
+        match self.say_goodbye().await {
+            // The launcher stopped serving after its own ranks were done
+            // and the others had their moment: this rank's work is done
+            // too, and nobody is left to tell.
+            Err(StoreError::Connection { addr, cause }) if self.launcher_hosted => {
+                tracing::warn!(
+                    rank = self.rank,
+                    %addr,
+                    %cause,
+                    "leaving the job: the launcher no longer serves the store; leaving without a goodbye"
+                );
+                Ok(())
+            }
+            r => r.map_err(Into::into),
+        }
+    }
+
+    async fn say_goodbye(&self) -> Result<(), StoreError> {
         self.client.set(&left_key(self.rank), b"1").await?;
         if self.client.add(K_LEFT, 1).await? == self.world as i64 {
             self.client.set(K_ALL_LEFT, b"1").await?;
