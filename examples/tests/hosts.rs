@@ -356,7 +356,8 @@ fn json_rows(out: &Output) -> Vec<serde_json::Value> {
 /// all_reduce f32 between test hosts, chorus (`tcp_allreduce` under one
 /// `chorus-run` per host) beside PyTorch's Gloo (`gloo_allreduce.py`, one
 /// call per host, `GLOO_SOCKET_IFNAME=eth0`) in the same hosts, 2 hosts ×
-/// 1 and × 2 ranks; prints a table. A benchmark, not a check: run it with
+/// 1 and × 2 ranks, and the link's own floor (`pingpong` between the
+/// hosts); prints the tables. A benchmark, not a check: run it with
 /// release executables and a Python with PyTorch,
 ///
 /// ```text
@@ -379,8 +380,10 @@ fn bench_all_reduce_across_hosts_beside_gloo() {
         "| hosts x ranks | bytes | chorus median us | Gloo median us | latency ratio | chorus busbw GB/s | Gloo busbw GB/s | busbw ratio |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let mut floors = Vec::new();
     for nproc in [1usize, 2] {
         let mut h = hosts(2);
+        floors.extend(link_floor(&mut h, &bin));
         let bench = bin.join("tcp_allreduce");
         let nodes = start_program(
             &mut h,
@@ -452,4 +455,52 @@ fn bench_all_reduce_across_hosts_beside_gloo() {
         }
         drop(h);
     }
+    // A 2-rank all_reduce of S bytes moves S each way over the link (half
+    // in its reduce-scatter, half in its all-gather); on 2 × 2 the ring
+    // crosses the link once each way with 1.5 S.
+    println!("\nThe link's floor in the same hosts (`pingpong`, one thread per direction):\n");
+    println!("| what | bytes | median us | p99 us | GB/s each way |");
+    println!("|---|---|---|---|---|");
+    for f in &floors {
+        let num = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+        let gbps = f["gbps_each_way"]
+            .as_f64()
+            .map_or_else(String::new, |g| format!("{g:.3}"));
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {gbps} |",
+            f["mode"].as_str().unwrap_or("?"),
+            num("bytes"),
+            num("median_us"),
+            num("p99_us"),
+        );
+    }
+}
+
+/// The link between host 0 and host 1 as a blocking program sees it: a
+/// ping-pong of the small sizes and exchanges of 16 and 24 MiB both ways
+/// at once (`pingpong --listen` / `--connect`); its JSON rows.
+fn link_floor(h: &mut Hosts, bin: &std::path::Path) -> Vec<serde_json::Value> {
+    let pp = bin.join("pingpong");
+    let arg = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let server = h
+        .spawn(0, &pp, &arg(&["--listen", "10.77.0.1:29614"]), &[])
+        .unwrap();
+    let client = h
+        .spawn(
+            1,
+            &pp,
+            &arg(&[
+                "--connect",
+                "10.77.0.1:29614",
+                "--sizes",
+                "4,65536",
+                "--exchange-bytes",
+                "16777216,25165824",
+            ]),
+            &[],
+        )
+        .unwrap();
+    let both = [server, client];
+    all_succeed(h, &both, "pingpong");
+    json_rows(&both[1].1)
 }

@@ -8,7 +8,15 @@
 //! Prints one JSON line per transport and size: round-trip median and p99
 //! in µs.
 //!
+//! Between two hosts (`--listen ADDR` on one, `--connect ADDR` on the
+//! other, e.g. in two network namespaces) it measures the same over real
+//! TCP, and with `--exchange-bytes` the floor of a large all_reduce: both
+//! sides sending and receiving that many bytes at once (one writer and one
+//! reader thread per side), median time and GB/s each way. The connecting
+//! side drives and prints.
+//!
 //! `pingpong [--transports unix,tcp] [--sizes 4,65536] [--budget-s 1]`
+//! `pingpong --listen 10.0.0.1:29614` / `pingpong --connect 10.0.0.1:29614 [--sizes ..] [--exchange-bytes 16777216]`
 #![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
@@ -31,6 +39,15 @@ struct Args {
     /// Seconds of timed round trips per transport and size.
     #[arg(long, default_value_t = 1.0)]
     budget_s: f64,
+    /// Serve one remote peer on this address (it says what to measure).
+    #[arg(long, conflicts_with = "connect")]
+    listen: Option<String>,
+    /// Measure against a peer serving on this address.
+    #[arg(long)]
+    connect: Option<String>,
+    /// With `--connect`: also time exchanges of this many bytes each way.
+    #[arg(long, value_delimiter = ',')]
+    exchange_bytes: Vec<usize>,
 }
 
 /// Round trips of `bytes` each way on `(client, server)` until the budget
@@ -91,8 +108,151 @@ fn tcp_pair() -> std::io::Result<(TcpStream, TcpStream)> {
     Ok((c, s))
 }
 
+/// What the connecting side asks of the serving one, as three u64s (little
+/// endian): the mode (0: done, 1: ping-pong, 2: exchange), the bytes per
+/// message and the number of repetitions.
+fn ask(s: &mut TcpStream, mode: u64, bytes: usize, reps: usize) -> std::io::Result<()> {
+    let mut h = [0u8; 24];
+    h[..8].copy_from_slice(&mode.to_le_bytes());
+    h[8..16].copy_from_slice(&(bytes as u64).to_le_bytes());
+    h[16..].copy_from_slice(&(reps as u64).to_le_bytes());
+    s.write_all(&h)
+}
+
+/// Writes `bytes` on a clone of `s` from another thread while reading as
+/// many from `s`: one exchange, as both sides of an all_reduce step do.
+fn exchange(
+    s: &mut TcpStream,
+    out: &std::sync::Arc<Vec<u8>>,
+    back: &mut [u8],
+) -> std::io::Result<()> {
+    let mut w = s.try_clone()?;
+    let out = out.clone();
+    let writer = std::thread::spawn(move || w.write_all(&out));
+    s.read_exact(back)?;
+    writer
+        .join()
+        .map_err(|_| std::io::Error::other("writer thread panicked"))?
+}
+
+/// The serving side: does what each request says until told it is done.
+fn serve(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let l = TcpListener::bind(addr)?;
+    let (mut s, _) = l.accept()?;
+    s.set_nodelay(true)?;
+    loop {
+        let mut h = [0u8; 24];
+        s.read_exact(&mut h)?;
+        let word =
+            |i: usize| u64::from_le_bytes(h[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let (mode, bytes, reps) = (word(0), word(1) as usize, word(2) as usize);
+        if bytes > 1 << 31 {
+            return Err(format!("peer asked for {bytes}-byte messages (at most 2 GiB)").into());
+        }
+        let mut buf = vec![0u8; bytes];
+        match mode {
+            0 => return Ok(()),
+            1 => {
+                for _ in 0..reps {
+                    s.read_exact(&mut buf)?;
+                    s.write_all(&buf)?;
+                }
+            }
+            2 => {
+                let out = std::sync::Arc::new(vec![3u8; bytes]);
+                for _ in 0..reps {
+                    exchange(&mut s, &out, &mut buf)?;
+                    // Lined up with the peer before the next one.
+                    s.write_all(&[1])?;
+                    s.read_exact(&mut [0u8; 1])?;
+                }
+            }
+            m => return Err(format!("unknown request mode {m}").into()),
+        }
+    }
+}
+
+/// The connecting side: ping-pongs each size, then times each exchange;
+/// prints a JSON line for each.
+fn drive(addr: &str, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let t0 = Instant::now();
+    let mut s = loop {
+        match TcpStream::connect(addr) {
+            Ok(s) => break s,
+            // The serving side may not listen yet.
+            Err(_) if t0.elapsed() < Duration::from_secs(10) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => return Err(format!("cannot connect to {addr}: {e}").into()),
+        }
+    };
+    s.set_nodelay(true)?;
+    let print = |what: &str, bytes: usize, v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| v[((v.len() - 1) as f64 * p) as usize];
+        let gbps = if what == "exchange" {
+            format!(",\"gbps_each_way\":{:.3}", bytes as f64 / (q(0.5) * 1e3))
+        } else {
+            String::new()
+        };
+        println!(
+            "{{\"transport\":\"tcp-remote\",\"mode\":\"{what}\",\"bytes\":{bytes},\"median_us\":{:.2},\"p99_us\":{:.2},\"samples\":{}{gbps}}}",
+            q(0.5),
+            q(0.99),
+            v.len()
+        );
+    };
+    for &bytes in &a.sizes {
+        let (msg, mut back) = (vec![7u8; bytes], vec![0u8; bytes]);
+        // A first round to learn how many fit in the budget.
+        let mut once = |s: &mut TcpStream| -> std::io::Result<f64> {
+            let t = Instant::now();
+            s.write_all(&msg)?;
+            s.read_exact(&mut back)?;
+            Ok(t.elapsed().as_secs_f64() * 1e6)
+        };
+        ask(&mut s, 1, bytes, 200)?;
+        let mut warm: Vec<f64> = (0..200).map(|_| once(&mut s)).collect::<Result<_, _>>()?;
+        warm.sort_by(f64::total_cmp);
+        let reps = ((a.budget_s * 1e6 / warm[100].max(1.0)) as usize).clamp(10, 1_000_000);
+        ask(&mut s, 1, bytes, reps)?;
+        let mut v: Vec<f64> = (0..reps).map(|_| once(&mut s)).collect::<Result<_, _>>()?;
+        print("pingpong", bytes, &mut v);
+    }
+    for &bytes in &a.exchange_bytes {
+        let out = std::sync::Arc::new(vec![5u8; bytes]);
+        let mut back = vec![0u8; bytes];
+        let reps = 20;
+        ask(&mut s, 2, bytes, reps + 3)?;
+        let mut v = Vec::new();
+        for i in 0..reps + 3 {
+            let t = Instant::now();
+            exchange(&mut s, &out, &mut back)?;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            s.read_exact(&mut [0u8; 1])?;
+            s.write_all(&[1])?;
+            // The first three warm up.
+            if i >= 3 {
+                v.push(us);
+            }
+        }
+        print("exchange", bytes, &mut v);
+    }
+    ask(&mut s, 0, 0, 0)?;
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
+    if let Some(addr) = &a.listen {
+        return serve(addr);
+    }
+    if let Some(addr) = &a.connect {
+        if a.sizes.contains(&0) || a.exchange_bytes.contains(&0) {
+            return Err("sizes must be at least 1 byte".into());
+        }
+        return drive(addr, &a);
+    }
     let budget = Duration::from_secs_f64(a.budget_s);
     for t in &a.transports {
         for (i, &bytes) in a.sizes.iter().enumerate() {
