@@ -454,3 +454,85 @@ async fn rejoining_a_job_that_never_started_is_refused() {
     );
     server.shutdown().await;
 }
+
+/// The launcher's side of a multi-node job's end (chorus-run on node 0):
+/// it waits, bounded, for every rank to leave its store; once it stopped
+/// serving, a rank that leaves late does so without an error.
+#[tokio::test]
+async fn a_launchers_store_is_waited_on_and_a_late_goodbye_is_no_error() {
+    use chorus_store::rendezvous::wait_until_all_left;
+    use chorus_store::{ClientOptions, ServerOptions, TcpStore, TcpStoreServer};
+    let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let ranks: Vec<Rendezvous> = join_all((0..3).map(|r| {
+        let c = RendezvousConfig::builder()
+            .rank(r)
+            .world_size(3)
+            .master_addr("127.0.0.1")
+            .master_port(port)
+            .launcher_store()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        rendezvous(c)
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    let launcher = TcpStore::connect(&format!("127.0.0.1:{port}"), ClientOptions::default())
+        .await
+        .unwrap();
+    let mut ranks = ranks.into_iter();
+    let (r0, r1, r2) = (
+        ranks.next().unwrap(),
+        ranks.next().unwrap(),
+        ranks.next().unwrap(),
+    );
+    r0.shutdown().await.unwrap();
+    r1.shutdown().await.unwrap();
+    let e = wait_until_all_left(&launcher, 3, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, RendezvousError::NeverLeft { missing, world_size: 3, .. } if missing == &[2]),
+        "{e:?}"
+    );
+    server.shutdown().await;
+    // Rank 2 leaves after the launcher stopped serving: a warning only.
+    r2.shutdown().await.unwrap();
+
+    // Everyone leaves in time: the wait ends at the last goodbye.
+    let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let ranks: Vec<Rendezvous> = join_all((0..2).map(|r| {
+        let c = RendezvousConfig::builder()
+            .rank(r)
+            .world_size(2)
+            .master_addr("127.0.0.1")
+            .master_port(port)
+            .launcher_store()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        rendezvous(c)
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    let launcher = TcpStore::connect(&format!("127.0.0.1:{port}"), ClientOptions::default())
+        .await
+        .unwrap();
+    for r in ranks {
+        r.shutdown().await.unwrap();
+    }
+    wait_until_all_left(&launcher, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    server.shutdown().await;
+}
