@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// The longest nap: long enough that its system calls cost a few percent
 /// of it, short enough that an op ending earlier than expected is still
 /// seen within the latency goal (docs/ARCHITECTURE.md).
-pub const STEP: Duration = Duration::from_micros(25);
+pub const STEP: Duration = Duration::from_micros(40);
 
 /// Naps of the calling thread, with its timer slack fine until dropped.
 ///

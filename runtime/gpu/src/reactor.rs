@@ -34,7 +34,9 @@
 //! wake-ups. With nothing to watch
 //! it spins the same way and yields for at most 1 ms (so a stream of ops
 //! finds it awake and needs no unpark system call), then parks and uses no
-//! CPU until the next registration unparks it.
+//! CPU until the next registration unparks it — at once when the op that
+//! just completed had it sleeping (a long op: no stream of short ones to
+//! stay awake for).
 //!
 //! The settings ([`ReactorConfig`]) come from [`configure`], or from the
 //! `CHORUS_REACTOR_*` variables (see `crate::config`).
@@ -408,6 +410,11 @@ fn run(shared: Arc<Shared>) {
     let mut blocked: Vec<(u64, u64)> = Vec::new();
     let mut last_progress = Instant::now();
     let mut next_slow = last_progress;
+    // The last round slept: the ops being watched had run long.
+    let mut slept = false;
+    // The last completion ended such a long wait: no stream of short ops
+    // is running, so there is no next one to stay awake for.
+    let mut after_long = false;
     loop {
         // Read before writing: a swap on every round would steal the cache
         // line from registering threads.
@@ -416,6 +423,7 @@ fn run(shared: Arc<Shared>) {
             local.append(&mut inc);
             drop(inc);
             last_progress = Instant::now();
+            after_long = false;
         }
         let now = Instant::now();
         if now >= next_slow {
@@ -439,11 +447,11 @@ fn run(shared: Arc<Shared>) {
             // a registration that finds the thread awake needs no unpark
             // system call); then park until the next registration.
             let idle = now.saturating_duration_since(last_progress);
-            if idle < cfg.spin {
+            if idle < cfg.spin && !after_long {
                 std::hint::spin_loop();
                 continue;
             }
-            if idle < cfg.yield_for.min(IDLE_YIELD) {
+            if idle < cfg.yield_for.min(IDLE_YIELD) && !after_long {
                 std::thread::yield_now();
                 continue;
             }
@@ -465,6 +473,8 @@ fn run(shared: Arc<Shared>) {
         };
         if done > 0 {
             last_progress = Instant::now();
+            after_long = slept;
+            slept = false;
             continue;
         }
         // Wake the awaiting futures of ops due to end within the lead, and
@@ -498,9 +508,12 @@ fn run(shared: Arc<Shared>) {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
+            slept = false;
         } else if idle < cfg.yield_for && !all_expected {
             std::thread::yield_now();
+            slept = false;
         } else {
+            slept = true;
             // Sleep a fraction of how long the ops have run (a check every
             // eighth of their age keeps an unexpected end within ~12% of
             // the op's length), but not past a pre-wake or the detached
@@ -877,5 +890,37 @@ mod tests {
         // most (the 50 µs spin phase included).
         let n = polls.load(Ordering::Relaxed);
         assert!(n < 20_000, "{n} polls for one 100 ms op");
+    }
+
+    #[test]
+    fn after_a_long_op_the_thread_parks_without_spinning() {
+        // A spin phase of a minute: only the rule under test parks the
+        // thread within the test's time.
+        let r = Reactor::new(ReactorConfig {
+            spin: Duration::from_secs(60),
+            ..ReactorConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        // Ends in 30 ms but is expected to end in a minute: the thread
+        // sleeps towards its pre-wake instead of spinning.
+        let end = Instant::now() + Duration::from_millis(30);
+        r.register(Box::new(Expecting {
+            end,
+            prewoken: Arc::new(Mutex::new(Vec::new())),
+            expected: Some(end + Duration::from_secs(60)),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let t0 = Instant::now();
+        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            r.stats().parks,
+            1,
+            "the thread did not park after a long op"
+        );
     }
 }
