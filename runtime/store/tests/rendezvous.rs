@@ -455,21 +455,25 @@ async fn rejoining_a_job_that_never_started_is_refused() {
     server.shutdown().await;
 }
 
-/// The launcher's side of a multi-node job's end (chorus-run on node 0):
-/// it waits, bounded, for every rank to leave its store; once it stopped
-/// serving, a rank that leaves late does so without an error.
-#[tokio::test]
-async fn a_launchers_store_is_waited_on_and_a_late_goodbye_is_no_error() {
-    use chorus_store::rendezvous::wait_until_all_left;
+/// A job of `world` ranks whose store a test-owned server serves, as
+/// chorus-run's does (`CHORUS_STORE_HOST=launcher`): the server, the
+/// joined ranks and the launcher's own client.
+async fn launcher_job(
+    world: usize,
+) -> (
+    chorus_store::TcpStoreServer,
+    Vec<Rendezvous>,
+    chorus_store::TcpStore,
+) {
     use chorus_store::{ClientOptions, ServerOptions, TcpStore, TcpStoreServer};
     let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
         .await
         .unwrap();
     let port = server.local_addr().port();
-    let ranks: Vec<Rendezvous> = join_all((0..3).map(|r| {
+    let ranks = join_all((0..world).map(|r| {
         let c = RendezvousConfig::builder()
             .rank(r)
-            .world_size(3)
+            .world_size(world)
             .master_addr("127.0.0.1")
             .master_port(port)
             .launcher_store()
@@ -485,6 +489,16 @@ async fn a_launchers_store_is_waited_on_and_a_late_goodbye_is_no_error() {
     let launcher = TcpStore::connect(&format!("127.0.0.1:{port}"), ClientOptions::default())
         .await
         .unwrap();
+    (server, ranks, launcher)
+}
+
+/// The launcher's side of a multi-node job's end (chorus-run on node 0):
+/// it waits, bounded, for every rank to leave its store; once it stopped
+/// serving, a rank that leaves late does so without an error.
+#[tokio::test]
+async fn a_launchers_store_is_waited_on_and_a_late_goodbye_is_no_error() {
+    use chorus_store::rendezvous::wait_until_all_left;
+    let (server, ranks, launcher) = launcher_job(3).await;
     let mut ranks = ranks.into_iter();
     let (r0, r1, r2) = (
         ranks.next().unwrap(),
@@ -505,29 +519,7 @@ async fn a_launchers_store_is_waited_on_and_a_late_goodbye_is_no_error() {
     r2.shutdown().await.unwrap();
 
     // Everyone leaves in time: the wait ends at the last goodbye.
-    let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
-        .await
-        .unwrap();
-    let port = server.local_addr().port();
-    let ranks: Vec<Rendezvous> = join_all((0..2).map(|r| {
-        let c = RendezvousConfig::builder()
-            .rank(r)
-            .world_size(2)
-            .master_addr("127.0.0.1")
-            .master_port(port)
-            .launcher_store()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        rendezvous(c)
-    }))
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
-    let launcher = TcpStore::connect(&format!("127.0.0.1:{port}"), ClientOptions::default())
-        .await
-        .unwrap();
+    let (server, ranks, launcher) = launcher_job(2).await;
     for r in ranks {
         r.shutdown().await.unwrap();
     }
