@@ -30,7 +30,8 @@
 //! ([`Pending::prewake`]): the future then watches the end event itself and
 //! sees it within microseconds. While every pending op's end is expected
 //! later, the thread skips the spin and sleeps until the first pre-wake
-//! (looking in every four `max_sleep`s), so a long op costs a handful of
+//! (looking in every eight `max_sleep`s: each look costs the thread tens of
+//! microseconds of a cold wake-up), so a long op costs a handful of
 //! wake-ups. With nothing to watch
 //! it spins the same way and yields for at most 1 ms (so a stream of ops
 //! finds it awake and needs no unpark system call), then parks and uses no
@@ -522,8 +523,10 @@ fn run(shared: Arc<Shared>) {
             if all_expected {
                 // Every op is expected to run past its pre-wake: sleep up to
                 // it (a few wake-ups per op), looking in at least every
-                // four `max_sleep`s in case one ends early.
-                d = cfg.max_sleep.max(MIN_SLEEP) * 4;
+                // eight `max_sleep`s in case one ends early (an op that
+                // ends well before ops like it did is then seen within
+                // 8 ms by default).
+                d = cfg.max_sleep.max(MIN_SLEEP) * 8;
             }
             if !slow.is_empty() {
                 d = d.min(next_slow.saturating_duration_since(now));
