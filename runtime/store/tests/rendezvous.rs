@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus_store::rendezvous::{rejoin, rendezvous, Rendezvous, RendezvousConfig, RendezvousError};
+use chorus_store::rendezvous::{
+    rejoin, rendezvous, Rendezvous, RendezvousConfig, RendezvousConfigBuilder, RendezvousError,
+};
 use chorus_store::StoreError;
 use futures::future::join_all;
 use rand::{Rng, SeedableRng};
@@ -49,6 +51,28 @@ async fn join_ranks(
             .map(|&r| rendezvous(cfg(r, world, port, timeout_ms))),
     )
     .await
+}
+
+/// Every rank of a `world` on `127.0.0.1:port` joins (10 s timeout), each
+/// configured further by `more`.
+async fn join_world(
+    world: usize,
+    port: u16,
+    more: impl Fn(RendezvousConfigBuilder) -> RendezvousConfigBuilder,
+) -> Vec<Rendezvous> {
+    join_all((0..world).map(|r| {
+        let b = RendezvousConfig::builder()
+            .rank(r)
+            .world_size(world)
+            .master_addr("127.0.0.1")
+            .master_port(port)
+            .timeout(Duration::from_secs(10));
+        rendezvous(more(b).build().unwrap())
+    }))
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect()
 }
 
 #[tokio::test]
@@ -257,23 +281,10 @@ async fn rank_0_dropped_first_keeps_serving_until_the_others_left() {
 
 #[tokio::test]
 async fn a_rank_that_never_leaves_is_named_at_shutdown() {
-    let port = free_port();
-    let mut ranks: Vec<Rendezvous> = join_all((0..3).map(|r| {
-        let c = RendezvousConfig::builder()
-            .rank(r)
-            .world_size(3)
-            .master_addr("127.0.0.1")
-            .master_port(port)
-            .timeout(Duration::from_secs(10))
-            .shutdown_timeout(Duration::from_millis(300))
-            .build()
-            .unwrap();
-        rendezvous(c)
-    }))
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
+    let mut ranks = join_world(3, free_port(), |b| {
+        b.shutdown_timeout(Duration::from_millis(300))
+    })
+    .await;
     let r2 = ranks.pop().unwrap();
     let r1 = ranks.pop().unwrap();
     let r0 = ranks.pop().unwrap();
@@ -470,22 +481,7 @@ async fn launcher_job(
         .await
         .unwrap();
     let port = server.local_addr().port();
-    let ranks = join_all((0..world).map(|r| {
-        let c = RendezvousConfig::builder()
-            .rank(r)
-            .world_size(world)
-            .master_addr("127.0.0.1")
-            .master_port(port)
-            .launcher_store()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        rendezvous(c)
-    }))
-    .await
-    .into_iter()
-    .map(Result::unwrap)
-    .collect();
+    let ranks = join_world(world, port, |b| b.launcher_store()).await;
     let launcher = TcpStore::connect(&format!("127.0.0.1:{port}"), ClientOptions::default())
         .await
         .unwrap();

@@ -397,16 +397,7 @@ pub async fn rejoin(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError
             });
         }
         tracing::debug!(rank, world, %addr, "rendezvous: reconnected a replacement rank");
-        let store = Arc::new(JobStore {
-            client,
-            addr,
-            rank,
-            world,
-            shutdown_timeout: cfg.shutdown_timeout(),
-            left: AtomicBool::new(false),
-            server: Mutex::new(None),
-            launcher_hosted: matches!(cfg.store_host(), StoreHost::Launcher),
-        });
+        let store = Arc::new(JobStore::new(client, addr, &cfg, None));
         Ok(Rendezvous { config: cfg, store })
     })
     .await
@@ -502,16 +493,7 @@ async fn join(cfg: RendezvousConfig) -> Result<Rendezvous, RendezvousError> {
     };
     tracing::debug!(rank, world, %addr, "rendezvous: all ranks joined");
 
-    let store = Arc::new(JobStore {
-        client,
-        addr,
-        rank,
-        world,
-        shutdown_timeout: cfg.shutdown_timeout(),
-        left: AtomicBool::new(false),
-        server: Mutex::new(server),
-        launcher_hosted: matches!(cfg.store_host(), StoreHost::Launcher),
-    });
+    let store = Arc::new(JobStore::new(client, addr, &cfg, server));
     Ok(Rendezvous { config: cfg, store })
 }
 
@@ -722,6 +704,26 @@ impl fmt::Debug for JobStore {
 }
 
 impl JobStore {
+    /// The job's store for the rank `cfg` names, over `client` (connected
+    /// to `addr`); on rank 0 with the `server` it hosts.
+    fn new(
+        client: Arc<dyn Store>,
+        addr: String,
+        cfg: &RendezvousConfig,
+        server: Option<TcpStoreServer>,
+    ) -> JobStore {
+        JobStore {
+            client,
+            addr,
+            rank: cfg.rank(),
+            world: cfg.world_size(),
+            shutdown_timeout: cfg.shutdown_timeout(),
+            left: AtomicBool::new(false),
+            server: Mutex::new(server),
+            launcher_hosted: matches!(cfg.store_host(), StoreHost::Launcher),
+        }
+    }
+
     /// The leave protocol, the first time it is asked for.
     fn take_leave(&self) -> Option<Leave> {
         if self.left.swap(true, Ordering::AcqRel) {
