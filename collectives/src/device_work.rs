@@ -91,6 +91,16 @@ enum Track<C: DeviceBuffers> {
 struct Held<C: DeviceBuffers>(Option<(InFlight<C>, DeviceCompleter<C>)>);
 
 impl<C: DeviceBuffers> Held<C> {
+    /// True when ops like this one ended later than `after` from now: a
+    /// brief watch would only spin (the pre-wake watches it end instead).
+    fn ends_after(&self, after: Duration) -> bool {
+        let Some((f, _)) = &self.0 else {
+            return false;
+        };
+        f.expected_end()
+            .is_some_and(|e| e > std::time::Instant::now() + after)
+    }
+
     /// Hands the op to the reactor for someone who waits on it (who is
     /// woken ahead of the op's expected end, see `prewake_watch`).
     fn watch(mut self) -> Option<Watched<C>> {
@@ -357,11 +367,15 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         let ctx = self.inner.context().clone();
         // A blocking wait watches the end event itself a little before it
         // sleeps: short ops then return without the reactor and the
-        // wake-up latency of a parked thread.
+        // wake-up latency of a parked thread. Not an op that ops like it
+        // say runs longer: the watch would only spin.
         let t0 = std::time::Instant::now();
         let deadline = t0 + timeout;
-        if let Some(bufs) = self.watch_briefly(timeout.min(Duration::from_micros(100))) {
-            return Ok(bufs);
+        let brief = timeout.min(Duration::from_micros(100));
+        if !self.ends_after(brief) {
+            if let Some(bufs) = self.watch_briefly(brief) {
+                return Ok(bufs);
+            }
         }
         self.watch();
         reactor::global().nudge();
@@ -404,6 +418,12 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(&ctx)));
         let r = inner.wait_timeout(Duration::ZERO);
         self.resolved(r)
+    }
+
+    /// True when the op, still held, is expected to end later than `after`
+    /// from now (see [`Held::ends_after`]).
+    fn ends_after(&self, after: Duration) -> bool {
+        matches!(&self.track, Some(Track::Held(h)) if h.ends_after(after))
     }
 
     /// The first poll's brief watch of the end event (see `poll`): the
@@ -485,7 +505,7 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     ///
     /// The first poll of an unfinished op watches it for a few microseconds
     /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin), default
-    /// 10; 0 turns it off), querying the end
+    /// 10; 0 turns it off; skipped when ops like it ran longer), querying the end
     /// event itself: a small GPU op finishes within that, and resolving it
     /// then (on this thread, without the completion reactor) saves the park
     /// and wake-up of the awaiting thread (~5 µs), which otherwise
@@ -504,7 +524,7 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
         if !self.polled {
             self.polled = true;
             let spin = self.spin;
-            if !spin.is_zero() && !self.inner.is_done() {
+            if !spin.is_zero() && !self.inner.is_done() && !self.ends_after(spin) {
                 if let Some(bufs) = self.watch_briefly(spin) {
                     return Poll::Ready(Ok(bufs));
                 }

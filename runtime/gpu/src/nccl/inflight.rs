@@ -95,6 +95,12 @@ impl<C: DeviceBuffers> InFlight<C> {
         Ok(self.bufs.take())
     }
 
+    /// When the op is expected to end, if ops like it ended before (as
+    /// [`Watched::expected_end`]).
+    pub fn expected_end(&self) -> Option<std::time::Instant> {
+        self.forecast.and_then(|f| f.expected_end())
+    }
+
     /// Stream-ordered completion, as [`Watched::take_stream_ordered`].
     ///
     /// # Errors
