@@ -750,24 +750,7 @@ async fn train(pg: &ProcessGroup, cfg: Config) -> Result<Outcome, BoxError> {
         .await?;
     let fell = last < initial / 2.0;
     if rank == 0 {
-        println!(
-            "loss fell from {initial:.4} to {last:.4} ({:.1}x lower): {}",
-            initial / last,
-            if fell {
-                "OK"
-            } else {
-                "FAIL (expected below half)"
-            }
-        );
-        if differing == 0 {
-            println!(
-                "parameters bit-identical on all {world} ranks after each of {checks} steps (64-bit hash all_gathered every step; all {n_params} parameters compared bitwise at the end): OK"
-            );
-        } else {
-            println!(
-                "PARAMETERS DIFFER across ranks at the end: {differing} of {n_params} differ bitwise: FAIL"
-            );
-        }
+        print_verdict(initial, last, fell, differing, world, checks, n_params);
         let per = |v: f64| v / 1e3 / step.max(1) as f64;
         let (busy, hidden, waited, compute, wall) = (
             per(sums[0]),
@@ -953,5 +936,37 @@ fn fault_tolerant_main(args: &Args, cfg: Config) -> ExitCode {
             eprintln!("async_trainer failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Prints the run's verdict lines: whether the loss fell below half, and
+/// whether the parameters stayed bit-identical on all `world` ranks
+/// (`differing` of `n` differ at the end, `checks` steps hashed).
+fn print_verdict(
+    initial: f64,
+    last: f64,
+    fell: bool,
+    differing: usize,
+    world: usize,
+    checks: usize,
+    n: usize,
+) {
+    println!(
+        "loss fell from {initial:.4} to {last:.4} ({:.1}x lower): {}",
+        initial / last,
+        if fell {
+            "OK"
+        } else {
+            "FAIL (expected below half)"
+        }
+    );
+    if differing == 0 {
+        println!(
+            "parameters bit-identical on all {world} ranks after each of {checks} steps (64-bit hash all_gathered every step; all {n} parameters compared bitwise at the end): OK"
+        );
+    } else {
+        println!(
+            "PARAMETERS DIFFER across ranks at the end: {differing} of {n} differ bitwise: FAIL"
+        );
     }
 }

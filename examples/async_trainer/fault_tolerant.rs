@@ -25,7 +25,7 @@ use chorus_examples::BoxError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{make_buckets, Config, Mlp, Shard, FEATURES, ROW};
+use super::{make_buckets, print_verdict, Config, Mlp, Shard, FEATURES, ROW};
 
 /// What a surviving rank knows and a replacement is sent.
 struct State {
@@ -398,23 +398,5 @@ fn report(
         "time from each failure to the first step of the next epoch: [{}]",
         times.join(", ")
     );
-    println!(
-        "loss fell from {initial:.4} to {last:.4} ({:.1}x lower): {}",
-        initial / last,
-        if fell {
-            "OK"
-        } else {
-            "FAIL (expected below half)"
-        }
-    );
-    if differing == 0 {
-        println!(
-            "parameters bit-identical on all {} ranks after each of {checks} steps (64-bit hash all_gathered every step; all {n} parameters compared bitwise at the end): OK",
-            pg.size()
-        );
-    } else {
-        println!(
-            "PARAMETERS DIFFER across ranks at the end: {differing} of {n} differ bitwise: FAIL"
-        );
-    }
+    print_verdict(initial, last, fell, differing, pg.size(), checks, n);
 }

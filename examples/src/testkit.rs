@@ -391,3 +391,27 @@ pub fn example_bin(name: &str) -> std::path::PathBuf {
     }
     path
 }
+
+/// Runs example `name` with `args`, as a program that launches its own
+/// ranks (the launcher variables of an enclosing job are removed, so it
+/// does not take itself for a rank): its output and its stdout and stderr
+/// as one text for assertion messages.
+///
+/// # Panics
+///
+/// If the example cannot be built or started: test helper only.
+pub fn run_self_launching(name: &str, args: &[&str]) -> (std::process::Output, String) {
+    let out = std::process::Command::new(example_bin(name))
+        .args(args)
+        .env_remove("RANK")
+        .env_remove("SLURM_PROCID")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .output()
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let text = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}

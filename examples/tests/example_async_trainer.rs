@@ -4,26 +4,13 @@
 //! make it fail loudly.
 #![forbid(unsafe_code)]
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use chorus_examples::testkit::example_bin;
+use chorus_examples::testkit::run_self_launching;
 
 /// Runs the trainer (it launches `--nproc` ranks of itself).
 fn run(args: &[&str]) -> (Output, String) {
-    let out = Command::new(example_bin("async_trainer"))
-        .args(args)
-        // Launch ranks even if this test itself runs under a launcher.
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .output()
-        .expect("start async_trainer");
-    let text = format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out, text)
+    run_self_launching("async_trainer", args)
 }
 
 /// The two numbers of `loss fell from A to B`.

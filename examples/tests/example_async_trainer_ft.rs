@@ -5,9 +5,7 @@
 //! Without restarts, the survivors finish on a smaller group.
 #![forbid(unsafe_code)]
 
-use std::process::Command;
-
-use chorus_examples::testkit::example_bin;
+use chorus_examples::testkit::run_self_launching;
 use rand::{Rng, SeedableRng};
 
 /// Steps of a `--quick` run on `world` ranks (2048 samples, batch 32, 4
@@ -17,8 +15,9 @@ fn steps(world: usize) -> usize {
 }
 
 fn run(nproc: usize, restarts: u32, kill: &str) -> (bool, String) {
-    let out = Command::new(example_bin("async_trainer"))
-        .args([
+    let (out, text) = run_self_launching(
+        "async_trainer",
+        &[
             "--fault-tolerant",
             "--quick",
             "--device",
@@ -31,16 +30,7 @@ fn run(nproc: usize, restarts: u32, kill: &str) -> (bool, String) {
             &restarts.to_string(),
             "--kill",
             kill,
-        ])
-        .env_remove("RANK")
-        .env_remove("SLURM_PROCID")
-        .env_remove("OMPI_COMM_WORLD_RANK")
-        .output()
-        .expect("start async_trainer");
-    let text = format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     (out.status.success(), text)
 }
