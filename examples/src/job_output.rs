@@ -21,6 +21,25 @@ pub fn lines(out: impl Read + Send + 'static) -> (Receiver<String>, JoinHandle<(
     (rx, reader)
 }
 
+/// Starts `cmd` (a `chorus-run` job) with its standard output read line by
+/// line ([`lines`]) and its standard error passed through.
+///
+/// # Panics
+///
+/// If the job cannot be started: test helper only.
+pub fn spawn(
+    cmd: &mut std::process::Command,
+) -> (std::process::Child, Receiver<String>, JoinHandle<()>) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start chorus-run");
+    let stdout = child.stdout.take().expect("stdout");
+    let (rx, reader) = lines(stdout);
+    (child, rx, reader)
+}
+
 /// `line` without the launcher's `[rank R] ` prefix (as is if it has none).
 pub fn body(line: &str) -> &str {
     line.split_once("] ").map_or(line, |(_, b)| b)

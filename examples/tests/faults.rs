@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -39,22 +39,18 @@ fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
 
 /// [`run_with`] with extra `chorus-run` arguments.
 fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[&str]) -> Outcome {
-    let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
-        .args(launcher)
-        .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
-        .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
-        .arg(scenario)
-        .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
-        .env("FAULT_RANK", "1")
-        .env("CHORUS_TRACE_DIR", trace_dir)
-        .env("CHORUS_WATCHDOG_INTERVAL_MS", "5")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start chorus-run");
-    let stdout = child.stdout.take().expect("stdout");
-    let (rx, reader) = job_output::lines(stdout);
+    let (mut child, rx, reader) = job_output::spawn(
+        Command::new(workspace_bin("chorus-launcher", "chorus-run"))
+            .args(launcher)
+            .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
+            .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
+            .arg(scenario)
+            .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("FAULT_RANK", "1")
+            .env("CHORUS_TRACE_DIR", trace_dir)
+            .env("CHORUS_WATCHDOG_INTERVAL_MS", "5")
+            .envs(env.iter().copied()),
+    );
     let mut out = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(60);
     let survivors = WORLD - 1;

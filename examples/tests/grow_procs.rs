@@ -10,7 +10,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -43,33 +43,29 @@ fn runs() -> usize {
 
 fn run(world: usize, victims: &[usize], elems: usize, restarts: usize) -> Run {
     let list: Vec<String> = victims.iter().map(usize::to_string).collect();
-    let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
-        .args([
-            "--keep-going",
-            "--nproc-per-node",
-            &world.to_string(),
-            "--max-restarts",
-            &restarts.to_string(),
-            "--",
-        ])
-        .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
-        .arg("grow")
-        .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
-        .env("FAULT_WINDOW_MS", "800")
-        .env("FAULT_RANKS", list.join(","))
-        .env("FAULT_ELEMS", elems.to_string())
-        .env("FAULT_ADMITS", if restarts == 0 { "0" } else { "300" })
-        .env("CHORUS_REJOIN_TIMEOUT_MS", "20000")
-        .env(
-            "CHORUS_TRACE_DIR",
-            std::env::temp_dir().join("chorus-grow-traces"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start chorus-run");
-    let stdout = child.stdout.take().expect("stdout");
-    let (rx, reader) = job_output::lines(stdout);
+    let (mut child, rx, reader) = job_output::spawn(
+        Command::new(workspace_bin("chorus-launcher", "chorus-run"))
+            .args([
+                "--keep-going",
+                "--nproc-per-node",
+                &world.to_string(),
+                "--max-restarts",
+                &restarts.to_string(),
+                "--",
+            ])
+            .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
+            .arg("grow")
+            .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("FAULT_WINDOW_MS", "800")
+            .env("FAULT_RANKS", list.join(","))
+            .env("FAULT_ELEMS", elems.to_string())
+            .env("FAULT_ADMITS", if restarts == 0 { "0" } else { "300" })
+            .env("CHORUS_REJOIN_TIMEOUT_MS", "20000")
+            .env(
+                "CHORUS_TRACE_DIR",
+                std::env::temp_dir().join("chorus-grow-traces"),
+            ),
+    );
     let mut out = Run::default();
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {

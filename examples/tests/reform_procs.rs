@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -33,20 +33,16 @@ fn run(scenario: &str, world: usize, victim: usize) -> Results {
 }
 
 fn run_in(scenario: &str, world: usize, victim: usize, traces: &std::path::Path) -> Results {
-    let mut child = Command::new(workspace_bin("chorus-launcher", "chorus-run"))
-        .args(["--keep-going", "--nproc-per-node", &world.to_string(), "--"])
-        .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
-        .arg(scenario)
-        .env("FAULT_TIMEOUT_MS", "600")
-        .env("FAULT_WINDOW_MS", "800")
-        .env("FAULT_RANK", victim.to_string())
-        .env("CHORUS_TRACE_DIR", traces)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start chorus-run");
-    let stdout = child.stdout.take().expect("stdout");
-    let (rx, reader) = job_output::lines(stdout);
+    let (mut child, rx, reader) = job_output::spawn(
+        Command::new(workspace_bin("chorus-launcher", "chorus-run"))
+            .args(["--keep-going", "--nproc-per-node", &world.to_string(), "--"])
+            .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
+            .arg(scenario)
+            .env("FAULT_TIMEOUT_MS", "600")
+            .env("FAULT_WINDOW_MS", "800")
+            .env("FAULT_RANK", victim.to_string())
+            .env("CHORUS_TRACE_DIR", traces),
+    );
     let mut results = Results::new();
     let mut lines = Vec::new();
     let mut stopped: Option<i32> = None;
