@@ -259,34 +259,46 @@ impl GroupBuilder {
         )
         .await?;
         tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
-        let base: Arc<str> = self.name.clone().into();
         let epoch = roster.epoch;
-        let pg = connect(Setup {
-            base: base.clone(),
-            epoch,
-            name: format!("{base}@{epoch}").into(),
-            rank,
-            members: roster.world.clone(),
-            root_store: store,
-            timeout: self.timeout,
-            tcp: self.tcp,
-            policy: self.policy,
-            nccl: self.nccl,
-            propagate: self.propagate,
-            liveness: self.liveness,
-        })
-        .await
-        .map_err(|e| crate::error::ReformError::Connect {
-            group: self.name.clone(),
-            rank: world_rank,
-            epoch,
-            members: roster.members.clone(),
-            source: Box::new(e),
-        })?;
+        let pg = connect(self.setup(epoch, rank, roster.world.clone(), store))
+            .await
+            .map_err(|e| crate::error::ReformError::Connect {
+                group: self.name.clone(),
+                rank: world_rank,
+                epoch,
+                members: roster.members.clone(),
+                source: Box::new(e),
+            })?;
         if let Some(dev) = self.device {
             pg.init_device(dev).await?;
         }
         Ok(pg)
+    }
+
+    /// What connecting the group as `rank` among `members` at `epoch`
+    /// takes (epoch 0: the group itself; later: its re-formed group
+    /// `{name}@{epoch}`).
+    fn setup(&self, epoch: u64, rank: usize, members: Vec<usize>, store: Arc<dyn Store>) -> Setup {
+        let base: Arc<str> = self.name.clone().into();
+        let name = if epoch == 0 {
+            base.clone()
+        } else {
+            format!("{base}@{epoch}").into()
+        };
+        Setup {
+            base,
+            epoch,
+            name,
+            rank,
+            members,
+            root_store: store,
+            timeout: self.timeout,
+            tcp: self.tcp.clone(),
+            policy: self.policy,
+            nccl: self.nccl,
+            propagate: self.propagate,
+            liveness: self.liveness,
+        }
     }
 
     /// The store, once the rank, world size and op timeout are checked.
@@ -317,23 +329,7 @@ impl GroupBuilder {
     /// ranks cannot connect (within the TCP connect timeout).
     pub async fn build(self) -> Result<ProcessGroup, Error> {
         let store = self.checked_store()?;
-        let members = (0..self.size).collect();
-        let name: Arc<str> = self.name.into();
-        let pg = connect(Setup {
-            base: name.clone(),
-            epoch: 0,
-            name,
-            rank: self.rank,
-            members,
-            root_store: store,
-            timeout: self.timeout,
-            tcp: self.tcp,
-            policy: self.policy,
-            nccl: self.nccl,
-            propagate: self.propagate,
-            liveness: self.liveness,
-        })
-        .await?;
+        let pg = connect(self.setup(0, self.rank, (0..self.size).collect(), store)).await?;
         if let Some(dev) = self.device {
             pg.init_device(dev).await?;
         }
