@@ -79,6 +79,22 @@ fn raw(s: &TcpStoreServer) -> TcpStream {
 }
 
 /// Reads one frame: (kind, id, body); None at EOF or reset.
+/// A fake server on a thread: accepts one client, answers its hello, then
+/// hands the connection to `then`. Its address and thread.
+fn fake_server(
+    then: impl FnOnce(TcpStream) + Send + 'static,
+) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind(localhost()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        let (mut sock, _) = l.accept().unwrap();
+        let _hello = read_frame(&mut sock).unwrap();
+        sock.write_all(&frame(STATUS_OK, 1, b"")).unwrap();
+        then(sock);
+    });
+    (addr, fake)
+}
+
 fn read_frame(sock: &mut TcpStream) -> Option<(u8, u64, Vec<u8>)> {
     let mut head = [0u8; 14];
     sock.read_exact(&mut head).ok()?;
@@ -528,12 +544,7 @@ async fn connect_gives_up_after_its_timeout() {
 #[tokio::test]
 async fn a_silent_server_times_out_requests() {
     // Answers hello, then reads and never replies.
-    let l = TcpListener::bind(localhost()).unwrap();
-    let addr = l.local_addr().unwrap();
-    let fake = std::thread::spawn(move || {
-        let (mut sock, _) = l.accept().unwrap();
-        let _hello = read_frame(&mut sock).unwrap();
-        sock.write_all(&frame(STATUS_OK, 1, b"")).unwrap();
+    let (addr, fake) = fake_server(move |mut sock| {
         let mut sink = [0u8; 4096];
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         while let Ok(n) = sock.read(&mut sink) {
@@ -571,12 +582,7 @@ fn a_request_not_polled_again_still_fails_when_the_server_goes() {
     // reading its own reply; then its executor stops polling. The fake
     // server reads it and closes: the I/O threads must fail the request and
     // wake its future without another poll.
-    let l = TcpListener::bind(localhost()).unwrap();
-    let addr = l.local_addr().unwrap();
-    let fake = std::thread::spawn(move || {
-        let (mut sock, _) = l.accept().unwrap();
-        let _hello = read_frame(&mut sock).unwrap();
-        sock.write_all(&frame(STATUS_OK, 1, b"")).unwrap();
+    let (addr, fake) = fake_server(move |mut sock| {
         let _get = read_frame(&mut sock).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         sock.shutdown(Shutdown::Both).unwrap();
