@@ -7,7 +7,8 @@
 //! first poll completes it there); `register-completed-elsewhere` times the
 //! registering thread (and its hand-off of a batch) while another thread completes and drops the
 //! works in batches of 16, as the completion reactor does for ops taken
-//! back stream-ordered (what the enqueuing thread pays then includes the
+//! back stream-ordered; `batch16-register-complete-drop` registers 16 ops
+//! as one batch (a group's launch, `chorus_core::WorkBatch`), per op (what the enqueuing thread pays then includes the
 //! cache lines and memory the other thread hands back).
 //!
 //! `cargo bench -p chorus-benches --bench work`.
@@ -32,6 +33,23 @@ fn work(c: &mut Criterion) {
         b.iter(|| {
             seq += 1;
             chorus_benches::work_bookkeeping_round(&reg, &group, seq).expect("work")
+        })
+    });
+    // Per op, as `register-complete-drop`: 16 ops registered as one batch
+    // (a group's launch), completed and dropped.
+    g.bench_function("batch16-register-complete-drop", |b| {
+        b.iter_custom(|iters| {
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters.div_ceil(16) {
+                let works =
+                    chorus_benches::started_batch(&reg, &group, seq + 1, 16, t0).expect("works");
+                seq += 16;
+                for (w, c) in works {
+                    c.complete(Ok(1));
+                    drop(w);
+                }
+            }
+            t0.elapsed()
         })
     });
     g.bench_function("register-completed-elsewhere", |b| {

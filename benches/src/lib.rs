@@ -73,6 +73,43 @@ pub fn started_work(
     )
 }
 
+/// The works of `n` all_reduces from `seq` on, registered as one batch
+/// started at `now` (one registry entry, as a group's ops are); the caller
+/// completes them.
+///
+/// # Errors
+///
+/// The registry refuses new works once its group failed.
+#[allow(clippy::type_complexity)]
+pub fn started_batch(
+    registry: &std::sync::Arc<chorus_core::Registry>,
+    group: &std::sync::Arc<str>,
+    seq: u64,
+    n: usize,
+    now: std::time::Instant,
+) -> Result<Vec<(chorus_core::OpFuture<u32>, chorus_core::Completer<u32>)>, chorus_core::WorkError>
+{
+    let ctx = |seq| chorus_core::OpContext {
+        rank: 0,
+        group: group.clone(),
+        seq,
+        op: "all_reduce",
+    };
+    chorus_core::WorkBatch::register(
+        registry,
+        &ctx(seq),
+        n,
+        now,
+        Some(std::time::Duration::from_secs(60)),
+        None,
+        |b| {
+            (seq..seq + n as u64)
+                .map(|s| b.add(ctx(s), true, Default::default()))
+                .collect()
+        },
+    )
+}
+
 /// Prints the enqueue phases' medians of the ops profiled so far, when
 /// `CHORUS_NCCL_PROFILE=1` (see `chorus_core::profile`).
 pub fn print_profile() {

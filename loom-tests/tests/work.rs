@@ -299,3 +299,73 @@ fn holding_fail_vs_abort_vs_await() {
 fn holding_fail_vs_abort_vs_poll_then_drop() {
     holding_fail_vs_abort(Caller::PollThenDrop);
 }
+
+/// The two ops of a batch (one registry entry for both) complete on two
+/// threads while an abort races them and the caller awaits both: each work
+/// resolves (with its buffer, or the abort naming its own op), each buffer
+/// is released exactly once, and the batch's one entry leaves the registry
+/// whoever ends first.
+#[test]
+fn batch_members_complete_vs_abort() {
+    model(|| {
+        let reg = Arc::new(Registry::new());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let pairs = chorus_core::WorkBatch::register(
+            &reg,
+            &ctx(1),
+            2,
+            std::time::Instant::now(),
+            None,
+            None,
+            |b| {
+                [1, 2].map(|s| {
+                    b.add::<Tracked>(
+                        ctx(s),
+                        true,
+                        chorus_core::flight_recorder::OpMeta::default(),
+                    )
+                })
+            },
+        )
+        .expect("registered");
+        assert_eq!(reg.pending(), 2);
+        let [(w1, c1), (w2, c2)] = pairs;
+        let backends: Vec<_> = [c1, c2]
+            .into_iter()
+            .map(|c| {
+                let in_flight = Arc::new(AtomicBool::new(true));
+                let buf = Tracked::new(&drops, &in_flight);
+                thread::spawn(move || {
+                    // The op ends: the backend no longer touches the buffer.
+                    in_flight.store(false, Ordering::SeqCst);
+                    c.complete(Ok(buf));
+                })
+            })
+            .collect();
+        let aborter = {
+            let reg = reg.clone();
+            thread::spawn(move || {
+                reg.abort(&abort_cause());
+            })
+        };
+        for (seq, w) in [(1, w1), (2, w2)] {
+            match block_on(w).map_err(chorus_core::Failed::into_error) {
+                Ok(b) => drop(b),
+                Err(e) => {
+                    assert!(matches!(e, WorkError::Aborted { .. }), "{e}");
+                    assert_eq!(e.context().seq, seq, "the abort names the op");
+                }
+            }
+        }
+        for b in backends {
+            b.join().expect("backend thread");
+        }
+        aborter.join().expect("abort thread");
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            2,
+            "each released exactly once"
+        );
+        assert_eq!(reg.pending(), 0, "the batch's entry leaves the registry");
+    });
+}

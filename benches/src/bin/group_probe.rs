@@ -8,7 +8,8 @@
 //! event, the floor of docs/ARCHITECTURE.md rule 3; (g2) chorus-gpu's
 //! `Batch`: pushes, launch, each op's buffers taken back once the shared
 //! end event completed; (g3) g2 plus a registered work per op (registry
-//! entry, flight record, completion); (g4) `ProcessGroup::group`, each
+//! entry, flight record, completion); (g3b) g2 plus the ops' works
+//! registered as one batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::group`, each
 //! work awaited with `block_on`.
 //!
 //! One by one: (s1) raw calls with the two events per op; (s2)
@@ -41,6 +42,10 @@ struct Args {
     /// f32 elements per buffer (1 MiB by default, as group_bench).
     #[arg(long, default_value_t = 262_144)]
     count: usize,
+    /// Layers to time (`g1,s1,g2,...`; all by default), e.g. one layer
+    /// under a profiler.
+    #[arg(long, value_delimiter = ',')]
+    layers: Vec<String>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -49,8 +54,12 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Times `f` (one whole group) `iters` times after a warm-up; prints and
-/// returns the median in µs.
-fn layer(name: &str, iters: usize, mut f: impl FnMut()) -> f64 {
+/// returns the median in µs. A layer left out of `--layers` is skipped.
+fn layer(only: &[String], name: &str, iters: usize, mut f: impl FnMut()) -> f64 {
+    let id = name.split_whitespace().next().unwrap_or("");
+    if !only.is_empty() && !only.iter().any(|l| l == id) {
+        return f64::NAN;
+    }
     for _ in 0..iters / 10 + 20 {
         f();
     }
@@ -115,6 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     layer(
+        &args.layers,
         "g1 raw NCCL group + one input-ready wait + one end event",
         iters,
         || {
@@ -124,14 +134,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             end.synchronize().expect("sync");
         },
     );
-    layer("s1 raw calls one by one, two events per op", iters, || {
-        for i in 0..w {
-            raw.with_events(&prod, &ready, &end, |c| c.all_reduce(i))
-                .and_then(|r| r)
-                .expect("raw op");
-        }
-        end.synchronize().expect("sync");
-    });
+    layer(
+        &args.layers,
+        "s1 raw calls one by one, two events per op",
+        iters,
+        || {
+            for i in 0..w {
+                raw.with_events(&prod, &ready, &end, |c| c.all_reduce(i))
+                    .and_then(|r| r)
+                    .expect("raw op");
+            }
+            end.synchronize().expect("sync");
+        },
+    );
     drop(raw);
 
     let c = std::sync::Arc::new(communicator(&dev)?);
@@ -141,19 +156,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )));
     let group: std::sync::Arc<str> = "probe".into();
     let mut seq = 0u64;
-    for with_works in [false, true] {
-        let name = if with_works {
-            "g3 g2 + a registered work per op"
-        } else {
-            "g2 chorus-gpu Batch: push, launch, take, buffers back"
+    // g3 registers each op's work on its own; g3b registers them as one
+    // batch (one registry entry, as `ProcessGroup::group` does).
+    for (with_works, batched) in [(false, false), (true, false), (true, true)] {
+        let name = match (with_works, batched) {
+            (false, _) => "g2 chorus-gpu Batch: push, launch, take, buffers back",
+            (true, false) => "g3 g2 + a registered work per op",
+            (true, true) => "g3b g2 + the ops' works registered as one batch",
         };
-        layer(name, iters, || {
+        layer(&args.layers, name, iters, || {
             let mut batch = c.batch();
             let tickets: Vec<_> = bufs
                 .drain(..)
                 .map(|b| batch.push(op, b).map_err(|(e, _)| e).expect("push"))
                 .collect();
-            let works: Vec<_> = if with_works {
+            let works: Vec<_> = if batched {
+                let first = seq + 1;
+                chorus_benches::started_batch(&reg, &group, first, w, Instant::now())
+                    .expect("works")
+                    .into_iter()
+                    .inspect(|_| seq += 1)
+                    .collect()
+            } else if with_works {
                 (0..w)
                     .map(|_| {
                         seq += 1;
@@ -186,7 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             "s2 Communicator::submit per op, buffers back"
         };
-        layer(name, iters, || {
+        layer(&args.layers, name, iters, || {
             let flights: Vec<_> = bufs
                 .drain(..)
                 .map(|b| {
@@ -212,6 +236,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pg = chorus_benches::one_rank_device_group("group_probe", 0)?;
     let mut slots: Vec<Option<DeviceBuffer<f32>>> = bufs.drain(..).map(Some).collect();
     layer(
+        &args.layers,
         "g4 ProcessGroup::group: stage, launch, await each",
         iters,
         || {
@@ -231,6 +256,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     layer(
+        &args.layers,
         "s4 ProcessGroup::all_reduce per op, await each",
         iters,
         || {
@@ -245,16 +271,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     chorus_core::profile::reset();
-    layer("s4 again, with the enqueue profile", iters / 4, || {
-        let works: Vec<_> = slots
-            .iter_mut()
-            .filter_map(Option::take)
-            .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
-            .collect();
-        for (slot, work) in slots.iter_mut().zip(works) {
-            *slot = Some(block_on(work).expect("await"));
-        }
-    });
+    layer(
+        &args.layers,
+        "s4 again, with the enqueue profile",
+        iters / 4,
+        || {
+            let works: Vec<_> = slots
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
+                .collect();
+            for (slot, work) in slots.iter_mut().zip(works) {
+                *slot = Some(block_on(work).expect("await"));
+            }
+        },
+    );
     chorus_benches::print_profile();
     prod.synchronize()?;
     Ok(())

@@ -75,7 +75,7 @@ fn now_us() -> u64 {
 /// `at` as microseconds since the Unix epoch, without reading the clock:
 /// each thread keeps an (`Instant`, wall-clock) anchor, read anew once a
 /// second (so the monotonic clock's drift from wall time stays small).
-fn wall_us(at: Instant) -> u64 {
+pub(crate) fn wall_us(at: Instant) -> u64 {
     thread_local! {
         static ANCHOR: std::cell::Cell<Option<(Instant, u64)>> = const { std::cell::Cell::new(None) };
     }
@@ -100,6 +100,66 @@ struct Ring {
     /// Id of `entries[0]`.
     first_id: u64,
     entries: VecDeque<OpRecord>,
+}
+
+impl Ring {
+    /// Appends a record (dropping the oldest when `capacity` is reached)
+    /// and returns its id.
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &mut self,
+        capacity: usize,
+        seq: u64,
+        op: &'static str,
+        collective: bool,
+        meta: OpMeta,
+        at_us: u64,
+        started: bool,
+    ) -> u64 {
+        if self.entries.len() == capacity {
+            self.entries.pop_front();
+            self.first_id += 1;
+        }
+        self.entries.push_back(OpRecord {
+            seq,
+            op: Cow::Borrowed(op),
+            collective,
+            meta,
+            state: if started {
+                OpState::Started
+            } else {
+                OpState::Scheduled
+            },
+            scheduled_us: at_us,
+            started_us: started.then_some(at_us),
+            completed_us: None,
+            error: None,
+        });
+        self.first_id + self.entries.len() as u64 - 1
+    }
+}
+
+/// A flight recorder's ring held for several records in a row
+/// ([`FlightRecorder::appender`]).
+pub(crate) struct Appender<'a> {
+    capacity: usize,
+    ring: crate::sync::MutexGuard<'a, Ring>,
+}
+
+impl Appender<'_> {
+    /// Records an op submitted and started at `at_us` (microseconds since
+    /// the Unix epoch); returns its id.
+    pub(crate) fn started(
+        &mut self,
+        seq: u64,
+        op: &'static str,
+        collective: bool,
+        meta: OpMeta,
+        at_us: u64,
+    ) -> u64 {
+        self.ring
+            .push(self.capacity, seq, op, collective, meta, at_us, true)
+    }
 }
 
 /// A bounded ring of a group's last ops.
@@ -157,27 +217,16 @@ impl FlightRecorder {
         at_us: u64,
         started: bool,
     ) -> u64 {
-        let mut ring = lock(&self.ring);
-        if ring.entries.len() == self.capacity {
-            ring.entries.pop_front();
-            ring.first_id += 1;
+        lock(&self.ring).push(self.capacity, seq, op, collective, meta, at_us, started)
+    }
+
+    /// Holds the ring for several records in a row (the ops of a group,
+    /// recorded under one lock with one clock reading).
+    pub(crate) fn appender(&self) -> Appender<'_> {
+        Appender {
+            capacity: self.capacity,
+            ring: lock(&self.ring),
         }
-        ring.entries.push_back(OpRecord {
-            seq,
-            op: Cow::Borrowed(op),
-            collective,
-            meta,
-            state: if started {
-                OpState::Started
-            } else {
-                OpState::Scheduled
-            },
-            scheduled_us: at_us,
-            started_us: started.then_some(at_us),
-            completed_us: None,
-            error: None,
-        });
-        ring.first_id + ring.entries.len() as u64 - 1
     }
 
     fn update(&self, id: u64, f: impl FnOnce(&mut OpRecord)) {
@@ -202,18 +251,37 @@ impl FlightRecorder {
 
     /// Op `id` completed (`error` is `None`) or failed.
     pub fn finished(&self, id: u64, error: Option<String>) {
-        self.update(id, |e| {
+        self.finished_range(id, 1, error);
+    }
+
+    /// Ops `first .. first + n` completed (`error` is `None`) or failed
+    /// together (the ops of one group launch): one lock, one clock
+    /// reading. Records already finished keep their outcome.
+    pub fn finished_range(&self, first: u64, n: u64, error: Option<String>) {
+        let mut ring = lock(&self.ring);
+        // Records evicted from the ring are skipped.
+        let start = first.max(ring.first_id);
+        let end = first.saturating_add(n);
+        if start >= end {
+            return;
+        }
+        let at = now_us();
+        let base = ring.first_id;
+        for id in start..end {
+            let Some(e) = ring.entries.get_mut((id - base) as usize) else {
+                break;
+            };
             if matches!(e.state, OpState::Completed | OpState::Failed) {
-                return;
+                continue;
             }
             e.state = if error.is_some() {
                 OpState::Failed
             } else {
                 OpState::Completed
             };
-            e.completed_us = Some(now_us());
-            e.error = error;
-        });
+            e.completed_us = Some(at);
+            e.error.clone_from(&error);
+        }
     }
 
     /// A copy of the recorded ops, oldest first.

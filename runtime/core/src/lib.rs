@@ -13,8 +13,9 @@
 //!   [`ReduceOp`], [`Op`] and the shape rules of an op's buffers.
 //! * [`element`]: [`Element`] types and type-erased [`HostBuffer`]s.
 //! * [`work`]: [`OpFuture`], the future of one registered op, its
-//!   [`Completer`], the completion slot and the per-group [`Registry`] of
-//!   in-flight ops (abort, timeouts, the watchdog's view).
+//!   [`Completer`], the completion slot, the per-group [`Registry`] of
+//!   in-flight ops (abort, timeouts, the watchdog's view) and
+//!   [`WorkBatch`], the works of ops launched as one, entered as one.
 //! * [`calls`]: the requests of a pipelined client connection that await
 //!   their replies, shared by the caller that reads its own reply and the
 //!   driver on the I/O threads that watches the socket and the clock.
@@ -44,4 +45,4 @@ pub mod work;
 pub use element::{Element, HostBuffer, HostBuffers};
 pub use error::{Failed, OpContext, WorkError};
 pub use op::{DType, Op, ReduceOp};
-pub use work::{Completer, EarlyWake, FinishedProbe, OpFuture, Registry, WorkStatus};
+pub use work::{Completer, EarlyWake, FinishedProbe, OpFuture, Registry, WorkBatch, WorkStatus};

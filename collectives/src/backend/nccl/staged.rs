@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use chorus_core::flight_recorder::OpMeta;
 use chorus_core::work::FinishedProbe;
-use chorus_core::{Op, OpContext, WorkError};
-use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, EndEvent, Launched, Ticket};
+use chorus_core::{Op, OpContext, WorkBatch, WorkError};
+use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Launched, Ticket};
 
-use super::backend::{comm_error, device_check, lookup_error, register, DevicePair, NcclBackend};
+use super::backend::{comm_error, device_check, lookup_error, DevicePair, NcclBackend};
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::grouped::{self, Cell, Grouped};
@@ -43,16 +43,8 @@ impl fmt::Debug for NcclStaged {
 trait DeviceEntry {
     fn op(&self) -> Op;
     fn ctx0(&self) -> &OpContext;
-    /// Registers the op's work under `ctx`, submitted at `now`; `probe`
-    /// (the group's end event) tells the watchdog the op finished.
-    fn register(
-        &mut self,
-        seq: &Sequencer,
-        timeout: Duration,
-        ctx: OpContext,
-        now: Instant,
-        probe: &Arc<EndEvent>,
-    ) -> Result<(), WorkError>;
+    /// Registers the op's work under `ctx` in the group's batch.
+    fn register(&mut self, batch: &mut WorkBatch<'_>, ctx: OpContext);
     /// Hands the launched op its buffers and end event, or fails it.
     fn deliver(
         self: Box<Self>,
@@ -89,26 +81,10 @@ impl<C: DeviceBuffers> DeviceEntry for DeviceOp<C> {
         &self.ctx
     }
 
-    fn register(
-        &mut self,
-        seq: &Sequencer,
-        timeout: Duration,
-        ctx: OpContext,
-        now: Instant,
-        probe: &Arc<EndEvent>,
-    ) -> Result<(), WorkError> {
+    fn register(&mut self, batch: &mut WorkBatch<'_>, ctx: OpContext) {
         self.ctx = ctx.clone();
-        let probe: Arc<dyn FinishedProbe> = probe.clone();
-        self.pair = Some(register::<C>(
-            seq,
-            timeout,
-            ctx,
-            self.op,
-            self.meta.clone(),
-            Some(probe),
-            now,
-        )?);
-        Ok(())
+        let meta = std::mem::take(&mut self.meta);
+        self.pair = Some(batch.add(ctx, self.op.is_collective(), meta));
     }
 
     fn deliver(
@@ -212,10 +188,11 @@ impl NcclStaged {
         Ok(Grouped::new(cell, ctx))
     }
 
-    /// Registers every staged op in order (their sequence numbers are
-    /// taken under one hold of the submission lock), then launches the
-    /// batch. Each op's work holds its part of the launch; the ops share
-    /// one end event.
+    /// Registers every staged op in order as one batch of works (their
+    /// sequence numbers are taken under one hold of the submission lock;
+    /// one registry entry, one deadline and one end for all of them), then
+    /// launches the batch. Each op's work holds its part of the launch; the
+    /// ops share one end event.
     pub(super) fn launch(
         mut self,
         seq: &Sequencer,
@@ -242,20 +219,32 @@ impl NcclStaged {
         };
         let mut counters = seq.lock();
         let mut next = counters.clone();
-        let mut failure = None;
         // One launch, one clock reading.
         let now = Instant::now();
-        for e in ops.iter_mut() {
-            let op = e.op();
-            let n = next.next(op);
-            next.bump(op, n);
-            let ctx = seq.ctx(n, e.ctx0().op);
-            if let Err(err) = e.register(seq, timeout, ctx, now, &end) {
-                failure = Some(err);
-                break;
-            }
-        }
-        if let Some(err) = failure {
+        let first = match ops.first() {
+            Some(e) => seq.ctx(next.next(e.op()), e.ctx0().op),
+            None => seq.ctx(0, "group"),
+        };
+        // The group's end event tells the watchdog the ops finished.
+        let probe: Arc<dyn FinishedProbe> = end.clone();
+        let registered = WorkBatch::register(
+            seq.registry(),
+            &first,
+            ops.len(),
+            now,
+            Some(timeout),
+            Some(probe),
+            |batch| {
+                for e in ops.iter_mut() {
+                    let op = e.op();
+                    let n = next.next(op);
+                    next.bump(op, n);
+                    let ctx = seq.ctx(n, e.ctx0().op);
+                    e.register(batch, ctx);
+                }
+            },
+        );
+        if let Err(err) = registered {
             drop(counters);
             for e in ops {
                 e.fail(err.clone());

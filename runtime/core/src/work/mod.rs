@@ -16,9 +16,11 @@
 //! * **Executor-agnostic.** The future only stores a waker; it works under
 //!   tokio, smol or `futures::executor::block_on`.
 
+mod batch;
 mod registry;
 mod slot;
 
+pub use batch::WorkBatch;
 pub use registry::{FinishedProbe, Registry};
 pub use slot::WorkStatus;
 
@@ -62,7 +64,7 @@ use std::time::Instant;
 
 use crate::error::{Failed, OpContext, WorkError};
 use crate::flight_recorder::{FlightRecorder, OpMeta};
-use crate::sync::{Arc, DynArc};
+use crate::sync::{Arc, AtomicBool, DynArc, Ordering};
 use registry::Fail;
 use slot::{Outcome, Slot};
 
@@ -82,6 +84,31 @@ struct Shared<T> {
     /// removed when the completer completes or drops), so the cycle through
     /// `registry` ends with the op.
     registry: Arc<Registry>,
+    /// For an op of a [`WorkBatch`]: set by the first of the batch's
+    /// completers to finish, which retires the batch's one entry (`id`)
+    /// for all of them.
+    batch: Option<Arc<AtomicBool>>,
+}
+
+impl<T> Shared<T> {
+    /// Takes the op out of the registry and records its end (`error`, if
+    /// it failed): its own entry, or its batch's entry and records the
+    /// first time one of the batch ends.
+    fn retire(&self, error: impl FnOnce() -> Option<String>) {
+        match &self.batch {
+            None => {
+                self.registry.remove(self.id);
+                if let (Some(rec), Some(id)) = (self.registry.recorder(), self.rec) {
+                    rec.finished(id, error());
+                }
+            }
+            Some(retired) => {
+                if !retired.swap(true, Ordering::AcqRel) {
+                    self.registry.retire(self.id, error);
+                }
+            }
+        }
+    }
 }
 
 impl<T: Send + 'static> Fail for Shared<T> {
@@ -258,6 +285,7 @@ impl<T: Send + 'static> OpFuture<T> {
                 slot: Slot::new(),
                 hold,
                 registry: registry.clone(),
+                batch: None,
             })
         })?;
         if crate::profile::on() {
@@ -283,6 +311,7 @@ impl<T: Send + 'static> OpFuture<T> {
             slot: Slot::new(),
             hold: false,
             registry: Arc::new(Registry::new()),
+            batch: None,
         });
         drop(shared.slot.resolve(Err(Failed::without_buffers(err))));
         OpFuture { shared }
@@ -490,10 +519,7 @@ impl<T> Completer<T> {
 
     fn finish(mut self, outcome: Outcome<T>) {
         if let Some(shared) = self.shared.take() {
-            shared.registry.remove(shared.id);
-            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
-                rec.finished(id, outcome.as_ref().err().map(|e| e.error.to_string()));
-            }
+            shared.retire(|| outcome.as_ref().err().map(|e| e.error.to_string()));
             let abort = match &outcome {
                 Err(Failed { error: e, .. }) if !matches!(e, WorkError::InvalidArgument { .. }) => {
                     Some(e.clone())
@@ -518,10 +544,7 @@ impl<T> Completer<T> {
 impl<T> Drop for Completer<T> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
-            shared.registry.remove(shared.id);
-            if let (Some(rec), Some(id)) = (shared.registry.recorder(), shared.rec) {
-                rec.finished(id, Some("dropped by the backend".into()));
-            }
+            shared.retire(|| Some("dropped by the backend".into()));
             let err = WorkError::Backend {
                 ctx: shared.ctx.clone(),
                 msg: "the backend dropped the op without completing it (it was shutting down)"

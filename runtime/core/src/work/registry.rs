@@ -11,7 +11,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{OpContext, WorkError};
-use crate::flight_recorder::FlightRecorder;
+use crate::flight_recorder::{Appender, FlightRecorder, OpMeta};
 use crate::sync::{lock, Arc, DynArc, Mutex, MutexGuard};
 
 /// Tells whether an op has finished, without its work: the watchdog asks
@@ -28,8 +28,35 @@ pub trait FinishedProbe: Send + Sync {
 /// shared state (the registry never holds the buffers).
 pub(crate) trait Fail: Send + Sync {
     fn fail(&self, err: WorkError);
-    /// The op.
+    /// The op (the first op of a batch).
     fn context(&self) -> &OpContext;
+    /// Every op it stands for, in submission order.
+    fn contexts(&self, out: &mut Vec<OpContext>) {
+        out.push(self.context().clone());
+    }
+}
+
+/// The registry's handle on the works of a batch ([`Registry::begin_batch`]):
+/// failing it fails each of them with the error made theirs.
+struct BatchEntry {
+    first: OpContext,
+    members: Vec<DynArc<dyn Fail>>,
+}
+
+impl Fail for BatchEntry {
+    fn fail(&self, err: WorkError) {
+        for m in &self.members {
+            m.fail(err.for_op(m.context().clone()));
+        }
+    }
+
+    fn context(&self) -> &OpContext {
+        &self.first
+    }
+
+    fn contexts(&self, out: &mut Vec<OpContext>) {
+        out.extend(self.members.iter().map(|m| m.context().clone()));
+    }
 }
 
 struct Entry {
@@ -39,8 +66,14 @@ struct Entry {
     fail: DynArc<dyn Fail>,
     /// Asked before the op is reported expired.
     probe: Option<DynArc<dyn FinishedProbe>>,
-    /// Its flight record, if the registry records.
+    /// Its flight record, if the registry records (a batch's first; its
+    /// ops' records are `rec .. rec + ops`).
     rec: Option<u64>,
+    /// How many ops it stands for (1, or a batch's members).
+    ops: u32,
+    /// A batch: its records are marked when it is failed, since its
+    /// members do not record their own ends.
+    batch: bool,
 }
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
@@ -62,19 +95,23 @@ struct Entries {
     stragglers: BTreeMap<u64, Entry>,
     /// Entries held, in `slots` and `stragglers`.
     live: usize,
+    /// Ops those entries stand for.
+    ops: usize,
 }
 
 /// The ring's length beyond which its oldest entry moves to the stragglers.
 const RING_SLOTS: usize = 1024;
 
 impl Entries {
-    fn len(&self) -> usize {
-        self.live
+    /// Pending ops (a batch counts its members).
+    fn ops(&self) -> usize {
+        self.ops
     }
 
     /// Adds the entry of `id`, the next id (one past the last added).
     fn push(&mut self, id: u64, e: Entry) {
         debug_assert_eq!(id, self.base + self.slots.len() as u64);
+        self.ops += e.ops as usize;
         self.slots.push_back(Some(e));
         self.live += 1;
         self.trim();
@@ -105,6 +142,7 @@ impl Entries {
             Some(i) => self.slots.get_mut(usize::try_from(i).ok()?)?.take()?,
         };
         self.live -= 1;
+        self.ops -= e.ops as usize;
         self.trim();
         Some(e)
     }
@@ -124,6 +162,7 @@ impl Entries {
     fn drain(&mut self) -> Vec<Entry> {
         self.base += self.slots.len() as u64;
         self.live = 0;
+        self.ops = 0;
         let mut out: Vec<Entry> = std::mem::take(&mut self.stragglers).into_values().collect();
         out.extend(self.slots.drain(..).flatten());
         out
@@ -154,7 +193,7 @@ impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = lock(&self.inner);
         f.debug_struct("Registry")
-            .field("pending", &inner.entries.len())
+            .field("pending", &inner.entries.ops())
             .field("errored", &inner.errored.is_some())
             .finish()
     }
@@ -273,6 +312,8 @@ impl Registry {
                 fail: shared.clone(),
                 probe,
                 rec,
+                ops: 1,
+                batch: false,
             },
         );
         Ok(shared)
@@ -280,6 +321,94 @@ impl Registry {
 
     pub(crate) fn remove(&self, id: u64) {
         lock(&self.inner).entries.remove(id);
+    }
+
+    /// Starts entering the ops of one launch as one entry: their flight
+    /// records, their works and the entry are all made under one hold of
+    /// the registry's lock (and of the recorder's), with one clock reading
+    /// `submitted`. `first` is the first op, named by the error if the
+    /// group has already failed; `len`, how many there are (a hint).
+    pub(crate) fn begin_batch(
+        &self,
+        first: &OpContext,
+        len: usize,
+        submitted: Instant,
+    ) -> Result<BatchInsert<'_>, WorkError> {
+        let inner = lock(&self.inner);
+        if let Some(cause) = &inner.errored {
+            return Err(WorkError::GroupErrored {
+                ctx: first.clone(),
+                cause: std::sync::Arc::new(cause.clone()),
+            });
+        }
+        let id = inner.next_id;
+        // Lock order: inner, then the recorder's ring (as in `insert`).
+        let appender = self.recorder.as_ref().map(|r| r.appender());
+        Ok(BatchInsert {
+            inner,
+            appender,
+            at_us: crate::flight_recorder::wall_us(submitted),
+            id,
+            first_rec: None,
+            members: Vec::with_capacity(len),
+        })
+    }
+
+    /// Enters the batch begun with [`begin_batch`](Self::begin_batch) as
+    /// one entry (none if it has no member).
+    pub(crate) fn commit_batch(
+        &self,
+        batch: BatchInsert<'_>,
+        submitted: Instant,
+        deadline: Option<Instant>,
+        probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+    ) {
+        let BatchInsert {
+            mut inner,
+            appender,
+            id,
+            first_rec,
+            members,
+            ..
+        } = batch;
+        drop(appender);
+        let Some(first) = members.first().map(|m| m.context().clone()) else {
+            return;
+        };
+        inner.next_id += 1;
+        let ops = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        inner.entries.push(
+            id,
+            Entry {
+                submitted,
+                deadline,
+                fail: DynArc::new(BatchEntry { first, members }),
+                probe,
+                rec: first_rec,
+                ops,
+                batch: true,
+            },
+        );
+    }
+
+    /// Retires entry `id` (a batch whose ops ended together) and marks its
+    /// flight records with the outcome (`error`, if they failed). False if
+    /// it was no longer there (failed, timed out or retired already).
+    pub(crate) fn retire(&self, id: u64, error: impl FnOnce() -> Option<String>) -> bool {
+        let Some(e) = lock(&self.inner).entries.remove(id) else {
+            return false;
+        };
+        if let (Some(r), Some(rec)) = (&self.recorder, e.rec) {
+            r.finished_range(rec, u64::from(e.ops), error());
+        }
+        true
+    }
+
+    /// Marks the records of a failed batch entry (its members do not).
+    fn record_failed(&self, e: &Entry, err: &WorkError) {
+        if let (true, Some(r), Some(rec)) = (e.batch, &self.recorder, e.rec) {
+            r.finished_range(rec, u64::from(e.ops), Some(err.to_string()));
+        }
     }
 
     /// The first error of the group, if it has failed.
@@ -296,9 +425,11 @@ impl Registry {
             Self::first_error(hook, cause);
         }
         let drained: Vec<Entry> = lock(&self.inner).entries.drain();
-        let n = drained.len();
+        let mut n = 0;
         for e in drained {
+            n += e.ops as usize;
             let err = cause.for_op(e.fail.context().clone());
+            self.record_failed(&e, &err);
             e.fail.fail(err);
         }
         n
@@ -356,7 +487,7 @@ impl Registry {
             if let Some(e) = inner.entries.remove(id) {
                 tracing::debug!(op = %e.fail.context(), "past its deadline but finished: retired, not timed out");
                 if let (Some(r), Some(rec)) = (&self.recorder, e.rec) {
-                    r.finished(rec, None);
+                    r.finished_range(rec, u64::from(e.ops), None);
                 }
             }
         }
@@ -369,6 +500,7 @@ impl Registry {
         let entry = lock(&self.inner).entries.remove(id);
         match entry {
             Some(e) => {
+                self.record_failed(&e, &err);
                 e.fail.fail(err);
                 true
             }
@@ -382,17 +514,62 @@ impl Registry {
         lock(&self.inner).entries.slots.len()
     }
 
-    /// Number of pending ops.
+    /// Number of pending ops (each op of a batch counts).
     pub fn pending(&self) -> usize {
-        lock(&self.inner).entries.len()
+        lock(&self.inner).entries.ops()
     }
 
     /// Contexts of all pending ops, in submission order.
     pub fn pending_ops(&self) -> Vec<OpContext> {
-        lock(&self.inner)
-            .entries
-            .iter()
-            .map(|(_, e)| e.fail.context().clone())
-            .collect()
+        let mut out = Vec::new();
+        for (_, e) in lock(&self.inner).entries.iter() {
+            e.fail.contexts(&mut out);
+        }
+        out
+    }
+}
+
+/// A batch being entered ([`Registry::begin_batch`]): holds the registry's
+/// lock, and the recorder's, until [`Registry::commit_batch`].
+pub(crate) struct BatchInsert<'r> {
+    inner: MutexGuard<'r, Inner>,
+    appender: Option<Appender<'r>>,
+    /// The submission time as wall-clock microseconds, for every record.
+    at_us: u64,
+    /// The entry's id, taken at commit.
+    id: u64,
+    first_rec: Option<u64>,
+    members: Vec<DynArc<dyn Fail>>,
+}
+
+impl BatchInsert<'_> {
+    /// The registry id the batch's entry gets.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Records a member op started at the batch's submission time; its
+    /// flight-record id, if the registry records.
+    pub(crate) fn record(
+        &mut self,
+        seq: u64,
+        op: &'static str,
+        collective: bool,
+        meta: OpMeta,
+    ) -> Option<u64> {
+        let at = self.at_us;
+        let rec = self
+            .appender
+            .as_mut()
+            .map(|a| a.started(seq, op, collective, meta, at));
+        if self.first_rec.is_none() {
+            self.first_rec = rec;
+        }
+        rec
+    }
+
+    /// Adds a member's handle, failed with the entry.
+    pub(crate) fn member(&mut self, m: DynArc<dyn Fail>) {
+        self.members.push(m);
     }
 }

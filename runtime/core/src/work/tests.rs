@@ -462,3 +462,182 @@ fn holding_blocking_wait_that_times_out_gets_the_buffers_after_the_abort() {
     assert_eq!(f.into_buffers(), Some(vec![3; 4]));
     t.join().unwrap();
 }
+
+/// `n` ops of one launch registered as a batch in `reg`, from seq `first`.
+#[allow(clippy::type_complexity)]
+fn batch_of(
+    reg: &Arc<Registry>,
+    first: u64,
+    n: u64,
+    timeout: Option<Duration>,
+    probe: Option<std::sync::Arc<dyn FinishedProbe>>,
+) -> Result<Vec<(OpFuture<u64>, Completer<u64>)>, WorkError> {
+    WorkBatch::register(
+        reg,
+        &ctx(first),
+        n as usize,
+        Instant::now(),
+        timeout,
+        probe,
+        |b| {
+            (first..first + n)
+                .map(|s| b.add::<u64>(ctx(s), true, OpMeta::default()))
+                .collect()
+        },
+    )
+}
+
+fn recorder_states(reg: &Registry) -> Vec<crate::flight_recorder::OpState> {
+    reg.recorder()
+        .unwrap()
+        .snapshot()
+        .iter()
+        .map(|r| r.state)
+        .collect()
+}
+
+#[test]
+fn a_batch_is_one_entry_for_all_its_ops_and_the_first_end_retires_it() {
+    use crate::flight_recorder::{FlightRecorder, OpState};
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
+    let (_lone, lone_done) = OpFuture::<u64>::new(ctx(1), &reg, None).unwrap();
+    let ops = batch_of(&reg, 2, 3, None, None).unwrap();
+    assert_eq!(
+        reg.ring_len(),
+        2,
+        "one entry for the lone op, one for the batch"
+    );
+    assert_eq!(reg.pending(), 4, "every op of the batch counts as pending");
+    let seqs: Vec<u64> = reg.pending_ops().iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
+    assert_eq!(
+        recorder_states(&reg),
+        vec![
+            OpState::Scheduled,
+            OpState::Started,
+            OpState::Started,
+            OpState::Started
+        ]
+    );
+    let mut ops = ops.into_iter();
+    let (w2, c2) = ops.next().unwrap();
+    c2.complete(Ok(20));
+    // The batch's ops ended together: one completion retires them all.
+    assert_eq!(reg.pending(), 1);
+    assert_eq!(
+        recorder_states(&reg),
+        vec![
+            OpState::Scheduled,
+            OpState::Completed,
+            OpState::Completed,
+            OpState::Completed
+        ]
+    );
+    assert_eq!(futures::executor::block_on(w2).unwrap(), 20);
+    // The others still complete on their own, each with its own buffers.
+    for (i, (w, c)) in ops.enumerate() {
+        let v = 30 + i as u64;
+        c.complete(Ok(v));
+        assert_eq!(futures::executor::block_on(w).unwrap(), v);
+    }
+    lone_done.complete(Ok(1));
+    assert_eq!(reg.pending(), 0);
+    // Ids stay in order after the batch: a later op registers and retires.
+    let (w, c) = OpFuture::<u64>::new(ctx(5), &reg, None).unwrap();
+    c.complete(Ok(5));
+    assert_eq!(futures::executor::block_on(w).unwrap(), 5);
+    assert_eq!(reg.ring_len(), 0);
+}
+
+#[test]
+fn an_aborted_batch_fails_each_of_its_works_as_its_own_op() {
+    use crate::flight_recorder::{FlightRecorder, OpState};
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
+    let ops = batch_of(&reg, 1, 2, None, None).unwrap();
+    let cause = WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "test".into(),
+    };
+    assert_eq!(reg.abort(&cause), 2, "both ops of the batch were failed");
+    assert_eq!(
+        recorder_states(&reg),
+        vec![OpState::Failed, OpState::Failed]
+    );
+    for (seq, (w, c)) in (1..).zip(ops) {
+        let err = futures::executor::block_on(w).unwrap_err();
+        assert_eq!(err.error.context().seq, seq, "the error names its own op");
+        assert!(
+            matches!(err.error, WorkError::Aborted { .. }),
+            "{}",
+            err.error
+        );
+        // The backend's completion afterwards is a no-op.
+        c.complete(Ok(0));
+    }
+    assert_eq!(reg.pending(), 0);
+    // A batch after the abort is refused, naming its first op.
+    match batch_of(&reg, 7, 2, None, None) {
+        Err(WorkError::GroupErrored { ctx, .. }) => assert_eq!(ctx.seq, 7),
+        other => panic!("expected GroupErrored, got {:?}", other.map(|v| v.len())),
+    }
+}
+
+#[test]
+fn a_batch_past_its_deadline_times_out_as_one_or_is_retired_by_its_probe() {
+    let reg = Arc::new(Registry::new());
+    let probe = std::sync::Arc::new(Flag(false.into()));
+    let p: std::sync::Arc<dyn FinishedProbe> = probe.clone();
+    let ops = batch_of(&reg, 1, 2, Some(Duration::ZERO), Some(p)).unwrap();
+    let later = Instant::now() + Duration::from_millis(1);
+    let exp = reg.expired(later);
+    assert_eq!(exp.len(), 1, "one entry, reported once");
+    let (id, first, _) = exp[0].clone();
+    assert_eq!(first.seq, 1);
+    let err = WorkError::OpTimeout {
+        ctx: first,
+        after: Duration::ZERO,
+    };
+    assert!(reg.fail_one(id, err));
+    for (seq, (w, _c)) in (1..).zip(ops) {
+        let f = futures::executor::block_on(w).unwrap_err();
+        assert!(matches!(f.error, WorkError::OpTimeout { .. }));
+        assert_eq!(f.error.context().seq, seq);
+    }
+    // A finished batch past its deadline leaves quietly.
+    let probe = std::sync::Arc::new(Flag(true.into()));
+    let p: std::sync::Arc<dyn FinishedProbe> = probe.clone();
+    let ops = batch_of(&reg, 3, 2, Some(Duration::ZERO), Some(p)).unwrap();
+    assert!(reg
+        .expired(Instant::now() + Duration::from_millis(1))
+        .is_empty());
+    assert_eq!(reg.pending(), 0);
+    for (w, c) in ops {
+        c.complete(Ok(9));
+        assert_eq!(futures::executor::block_on(w).unwrap(), 9);
+    }
+}
+
+#[test]
+fn an_empty_batch_registers_nothing() {
+    let reg = Arc::new(Registry::new());
+    batch_of(&reg, 1, 0, None, None).unwrap();
+    assert_eq!(reg.pending(), 0);
+    let (w, c) = OpFuture::<u64>::new(ctx(1), &reg, None).unwrap();
+    assert_eq!(reg.pending(), 1);
+    c.complete(Ok(1));
+    assert_eq!(futures::executor::block_on(w).unwrap(), 1);
+}
+
+#[test]
+fn a_dropped_completer_of_a_batch_fails_only_its_own_work() {
+    let reg = Arc::new(Registry::new());
+    let mut ops = batch_of(&reg, 1, 2, None, None).unwrap().into_iter();
+    let (w1, c1) = ops.next().unwrap();
+    let (w2, c2) = ops.next().unwrap();
+    drop(c1);
+    let f = futures::executor::block_on(w1).unwrap_err();
+    assert!(matches!(f.error, WorkError::Backend { .. }));
+    c2.complete(Ok(2));
+    assert_eq!(futures::executor::block_on(w2).unwrap(), 2);
+    assert_eq!(reg.pending(), 0);
+}
