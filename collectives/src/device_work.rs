@@ -429,7 +429,10 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     /// The first poll's brief watch of the end event (see `poll`): the
     /// buffers if the op finished meanwhile.
     fn watch_briefly(&mut self, spin: Duration) -> Option<R> {
-        let t0 = std::time::Instant::now();
+        // Read on the first miss: an op already seen complete (another of
+        // its group's works saw the shared end event) needs no clock.
+        let mut t0 = None;
+        let mut started = || *t0.get_or_insert_with(std::time::Instant::now);
         match &mut self.track {
             Some(Track::Held(held)) => {
                 let (f, _) = held.0.as_mut()?;
@@ -453,7 +456,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                         // The reactor reports it (after the hand-off).
                         Err(_) => return None,
                     }
-                    if self.inner.is_done() || t0.elapsed() >= spin {
+                    if self.inner.is_done() || started().elapsed() >= spin {
                         return None;
                     }
                     // Leave the driver to the enqueueing threads a moment.
@@ -473,6 +476,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
                 let margin = reactor::global().config().watch_spin;
                 let close = w.expected_end().and_then(|e| e.checked_sub(margin));
                 let mut doze: Option<Doze> = None;
+                let t0 = started();
                 while !self.inner.is_done() && t0.elapsed() < spin {
                     match w.take_finished() {
                         Ok(Some(bufs)) => return Some(bufs),

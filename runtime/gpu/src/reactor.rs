@@ -96,8 +96,20 @@ pub trait Pending: Send + 'static {
     }
 
     /// Wakes the awaiting future ahead of the expected end (once; after it
-    /// [`expected_end`](Self::expected_end) returns `None`).
-    fn prewake(&mut self) {}
+    /// [`expected_end`](Self::expected_end) returns `None`). `lead` is the
+    /// reactor's [`prewake_lead`](ReactorConfig::prewake_lead).
+    fn prewake(&mut self, lead: Duration) {
+        let _ = lead;
+    }
+
+    /// After a pre-wake: until when the woken future watches the op itself
+    /// (it nudges the reactor if it gives up first). Until then the op
+    /// gives the reactor no reason to spin or to look in: the future sees
+    /// its end first, and the reactor completes the entry at its next
+    /// round. The default: never.
+    fn quiet_until(&self) -> Option<Instant> {
+        None
+    }
 }
 
 /// Keeps a value on its own cache line (no false sharing between the
@@ -487,13 +499,25 @@ fn run(shared: Arc<Shared>) {
         if !cfg.prewake_lead.is_zero() {
             for e in local.iter_mut() {
                 let Some(end) = e.expected_end() else {
-                    all_expected = false;
+                    // Watched by its woken future: look in when that watch
+                    // is over, unless a nudge comes first.
+                    match e.quiet_until() {
+                        Some(q) if q > now => {
+                            next_prewake = Some(next_prewake.map_or(q, |n| n.min(q)));
+                        }
+                        _ => all_expected = false,
+                    }
                     continue;
                 };
                 let at = end.checked_sub(cfg.prewake_lead).unwrap_or(now);
                 if at <= now {
-                    e.prewake();
-                    all_expected = false;
+                    e.prewake(cfg.prewake_lead);
+                    match e.quiet_until() {
+                        Some(q) if q > now => {
+                            next_prewake = Some(next_prewake.map_or(q, |n| n.min(q)));
+                        }
+                        _ => all_expected = false,
+                    }
                 } else {
                     next_prewake = Some(next_prewake.map_or(at, |n| n.min(at)));
                 }
@@ -832,7 +856,7 @@ mod tests {
         fn expected_end(&self) -> Option<Instant> {
             self.expected
         }
-        fn prewake(&mut self) {
+        fn prewake(&mut self, _lead: Duration) {
             self.expected = None;
             self.prewoken.lock().unwrap().push(Instant::now());
         }
@@ -893,6 +917,71 @@ mod tests {
         // most (the 50 µs spin phase included).
         let n = polls.load(Ordering::Relaxed);
         assert!(n < 20_000, "{n} polls for one 100 ms op");
+    }
+
+    /// Pre-woken at once, then watched by its future for `quiet`: counts
+    /// the reactor's polls.
+    struct Watched {
+        end: Instant,
+        expected: Instant,
+        quiet: Duration,
+        quiet_until: Option<Instant>,
+        prewoken: bool,
+        polls: Arc<AtomicU64>,
+        tx: mpsc::Sender<Instant>,
+    }
+
+    impl Pending for Watched {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            if Instant::now() < self.end {
+                return false;
+            }
+            let _ = self.tx.send(Instant::now());
+            true
+        }
+        fn expected_end(&self) -> Option<Instant> {
+            (!self.prewoken).then_some(self.expected)
+        }
+        fn prewake(&mut self, _lead: Duration) {
+            self.prewoken = true;
+            self.quiet_until = Some(Instant::now() + self.quiet);
+        }
+        fn quiet_until(&self) -> Option<Instant> {
+            self.quiet_until
+        }
+    }
+
+    #[test]
+    fn an_op_its_woken_future_watches_gets_no_spin_from_the_reactor() {
+        // A spin phase of a minute: a reactor that spun for the watched op
+        // would poll it without pause.
+        let r = Reactor::new(ReactorConfig {
+            spin: Duration::from_secs(60),
+            ..ReactorConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        // Expected at once, so pre-woken at registration; it ends 20 ms
+        // later, while its future still watches (40 ms).
+        let t0 = Instant::now();
+        r.register(Box::new(Watched {
+            end: t0 + Duration::from_millis(20),
+            expected: t0,
+            quiet: Duration::from_millis(40),
+            quiet_until: None,
+            prewoken: false,
+            polls: polls.clone(),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(done >= t0 + Duration::from_millis(20));
+        // The reactor only looks in (every 8 ms by default) while the
+        // future watches.
+        let n = polls.load(Ordering::Relaxed);
+        assert!(n <= 10, "{n} polls while the future watched");
     }
 
     #[test]

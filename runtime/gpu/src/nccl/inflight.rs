@@ -192,6 +192,7 @@ impl<C: DeviceBuffers> InFlight<C> {
             cell: cell.clone(),
             done: Some(done),
             early: None,
+            quiet_until: None,
             last_pending: None,
         };
         (Watched { cell }, entry)

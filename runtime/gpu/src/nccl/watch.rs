@@ -59,6 +59,16 @@ pub fn prewake_counts() -> (u64, u64) {
 }
 
 impl<C> Cell<C> {
+    /// How long a future woken ahead of the op's expected end watches it
+    /// (see [`Watched::prewake_watch`]).
+    fn watch_window(&self, lead: Duration) -> Duration {
+        let expected = self
+            .forecast
+            .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
+            .unwrap_or_default();
+        lead * 2 + expected / 8
+    }
+
     /// Tells the forecast table the op ended at `end` (once).
     fn observe(&self, end: Instant) {
         if let Some(f) = &self.forecast {
@@ -84,6 +94,8 @@ pub(super) struct Entry<C: DeviceBuffers, F> {
     pub(super) expected_end: Option<Instant>,
     /// Wakes the awaiting future before the expected end.
     pub(super) early: Option<EarlyWake>,
+    /// Until when the future woken ahead of the end watches it itself.
+    pub(super) quiet_until: Option<Instant>,
     /// When a poll last found the op running.
     pub(super) last_pending: Option<Instant>,
 }
@@ -97,13 +109,18 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
         self.early.as_ref().and(self.expected_end)
     }
 
-    fn prewake(&mut self) {
+    fn prewake(&mut self, lead: Duration) {
         PREWAKES.fetch_add(1, Ordering::Relaxed);
         self.expected_end = None;
         self.cell.prewoken.store(true, Ordering::Release);
         if let Some(e) = &self.early {
+            self.quiet_until = Some(Instant::now() + self.cell.watch_window(lead));
             e.wake();
         }
+    }
+
+    fn quiet_until(&self) -> Option<Instant> {
+        self.quiet_until
     }
 
     fn poll_complete(&mut self) -> bool {
@@ -207,12 +224,7 @@ impl<C: DeviceBuffers> Watched<C> {
     /// is still seen to end closely, and teaches the table its new length).
     /// Past it, the reactor's back-off finds the end.
     pub fn prewake_watch(&self, lead: Duration) -> Duration {
-        let expected = self
-            .cell
-            .forecast
-            .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
-            .unwrap_or_default();
-        lead * 2 + expected / 8
+        self.cell.watch_window(lead)
     }
 
     /// Makes the op's device current on the calling thread (a no-op when
