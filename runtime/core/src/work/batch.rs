@@ -12,9 +12,9 @@
 
 use std::time::{Duration, Instant};
 
+use super::future::{Completer, OpFuture, Shared};
 use super::registry::{BatchInsert, FinishedProbe, Registry};
 use super::slot::Slot;
-use super::{Completer, OpFuture, Shared};
 use crate::error::{OpContext, WorkError};
 use crate::flight_recorder::OpMeta;
 use crate::sync::{Arc, AtomicBool, DynArc};

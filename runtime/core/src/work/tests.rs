@@ -1,5 +1,9 @@
 use super::*;
+use crate::error::{Failed, OpContext, WorkError};
+use crate::flight_recorder::OpMeta;
+use crate::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 fn ctx(seq: u64) -> OpContext {
     OpContext {
