@@ -255,36 +255,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         },
     );
+    let mut one_by_one = || {
+        let works: Vec<_> = slots
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
+            .collect();
+        for (slot, work) in slots.iter_mut().zip(works) {
+            *slot = Some(block_on(work).expect("await"));
+        }
+    };
     layer(
         &args.layers,
         "s4 ProcessGroup::all_reduce per op, await each",
         iters,
-        || {
-            let works: Vec<_> = slots
-                .iter_mut()
-                .filter_map(Option::take)
-                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
-                .collect();
-            for (slot, work) in slots.iter_mut().zip(works) {
-                *slot = Some(block_on(work).expect("await"));
-            }
-        },
+        &mut one_by_one,
     );
     chorus_core::profile::reset();
     layer(
         &args.layers,
         "s4 again, with the enqueue profile",
         iters / 4,
-        || {
-            let works: Vec<_> = slots
-                .iter_mut()
-                .filter_map(Option::take)
-                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
-                .collect();
-            for (slot, work) in slots.iter_mut().zip(works) {
-                *slot = Some(block_on(work).expect("await"));
-            }
-        },
+        &mut one_by_one,
     );
     chorus_benches::print_profile();
     prod.synchronize()?;

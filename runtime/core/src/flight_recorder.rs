@@ -191,7 +191,7 @@ impl FlightRecorder {
 
     /// Records a submitted op; returns its id for the later state changes.
     pub fn scheduled(&self, seq: u64, op: &'static str, collective: bool, meta: OpMeta) -> u64 {
-        self.push(seq, op, collective, meta, now_us(), false)
+        lock(&self.ring).push(self.capacity, seq, op, collective, meta, now_us(), false)
     }
 
     /// Records an op that was submitted and started at `at` (a backend that
@@ -205,19 +205,7 @@ impl FlightRecorder {
         meta: OpMeta,
         at: Instant,
     ) -> u64 {
-        self.push(seq, op, collective, meta, wall_us(at), true)
-    }
-
-    fn push(
-        &self,
-        seq: u64,
-        op: &'static str,
-        collective: bool,
-        meta: OpMeta,
-        at_us: u64,
-        started: bool,
-    ) -> u64 {
-        lock(&self.ring).push(self.capacity, seq, op, collective, meta, at_us, started)
+        lock(&self.ring).push(self.capacity, seq, op, collective, meta, wall_us(at), true)
     }
 
     /// Holds the ring for several records in a row (the ops of a group,

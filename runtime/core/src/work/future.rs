@@ -175,15 +175,7 @@ impl<T: Send + 'static> OpFuture<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
-        Self::register(
-            ctx,
-            registry,
-            Instant::now(),
-            deadline,
-            None,
-            false,
-            |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
-        )
+        Self::scheduled(ctx, registry, deadline, collective, meta, false)
     }
 
     /// Like [`new_recorded`](Self::new_recorded), for a backend that hands
@@ -205,13 +197,26 @@ impl<T: Send + 'static> OpFuture<T> {
         collective: bool,
         meta: OpMeta,
     ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
+        Self::scheduled(ctx, registry, deadline, collective, meta, true)
+    }
+
+    /// Registers an op submitted now and records it as scheduled (`hold`:
+    /// an early failure waits for the buffers).
+    fn scheduled(
+        ctx: OpContext,
+        registry: &Arc<Registry>,
+        deadline: Option<Instant>,
+        collective: bool,
+        meta: OpMeta,
+        hold: bool,
+    ) -> Result<(OpFuture<T>, Completer<T>), WorkError> {
         Self::register(
             ctx,
             registry,
             Instant::now(),
             deadline,
             None,
-            true,
+            hold,
             |r, ctx| r.scheduled(ctx.seq, ctx.op, collective, meta),
         )
     }

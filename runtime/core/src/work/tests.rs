@@ -183,14 +183,7 @@ impl FinishedProbe for Flag {
 fn an_expired_op_its_probe_finds_finished_is_retired_not_reported() {
     use crate::flight_recorder::{FlightRecorder, OpState};
     let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
-    let states = || -> Vec<OpState> {
-        reg.recorder()
-            .unwrap()
-            .snapshot()
-            .iter()
-            .map(|r| r.state)
-            .collect()
-    };
+    let states = || recorder_states(&reg);
     let now = Instant::now();
     let p1 = std::sync::Arc::new(Flag(false.into()));
     let p2 = std::sync::Arc::new(Flag(false.into()));
