@@ -10,6 +10,7 @@
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
 #   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead
 #   bash benches/gpu/pack.sh trainer   # run-trainer.sh: gpu_trainer (and its GPU test) beside torch_ddp.py, small and large MLP
+#   bash benches/gpu/pack.sh profile   # run-profile.sh: group_probe layers under perf (perf and its libraries carried), folded by function
 #   bash benches/gpu/pack.sh ecosystem # run-ecosystem.sh: every GPU test, the candle adapter, torchrun, nccl_bench A/B
 #                                      #   (builds the adapter with .ci/cuda-toolkit.sh: TORCH_VENV names a venv with PyTorch)
 #
@@ -74,6 +75,13 @@ ecosystem)
       | sed 's/"name":"gpu"/"name":"gpu-candle"/'
     cargo build --release --locked --example tp_mlp --message-format=json ) >> "$json"
   ;;
+profile)
+  D=.gpu; RUN=benches/gpu/run-profile.sh
+  WANT="group_probe"
+  # Symbols kept: perf names the functions.
+  KEEP_SYMBOLS=1
+  cargo build --release -p chorus-benches --bin group_probe --message-format=json > "$json"
+  ;;
 trainer)
   D=.gpu; RUN=benches/gpu/run-trainer.sh
   WANT="gpu_trainer gpu_trainer_gpu chorus-run"
@@ -87,12 +95,13 @@ bench)
   cargo build --release -p chorus-benches -p chorus-launcher --message-format=json > "$json"
   ;;
 *)
-  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|wake|trainer|ecosystem|bench" >&2; exit 2 ;;
+  echo "usage: bash benches/gpu/pack.sh groups|session|nccl|probe|wake|profile|trainer|ecosystem|bench" >&2; exit 2 ;;
 esac
 rm -rf "$D" && mkdir -p "$D/bin"
-python3 - "$json" "$D" $WANT <<'PY'
+KEEP_SYMBOLS=${KEEP_SYMBOLS:-} python3 - "$json" "$D" $WANT <<'PY'
 import json, shutil, subprocess, sys, os
 path, d, want = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+keep = bool(os.environ.get("KEEP_SYMBOLS"))
 for line in open(path):
     try: m = json.loads(line)
     except ValueError: continue
@@ -101,7 +110,8 @@ for line in open(path):
     t = m["target"]["name"]
     if t not in want: continue
     dst = os.path.join(d, "bin", t)
-    shutil.copy2(exe, dst); subprocess.run(["strip", dst], check=False)
+    shutil.copy2(exe, dst)
+    if not keep: subprocess.run(["strip", dst], check=False)
     # Binaries that embed CUDA kernels (candle's) travel compressed.
     if os.path.getsize(dst) > 16 << 20:
         subprocess.run(["xz", "-T2", "-6", "-f", dst], check=True)
@@ -110,5 +120,15 @@ for line in open(path):
 PY
 cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
 mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh "$D/compare/"
+if [ -n "${KEEP_SYMBOLS:-}" ]; then
+  # perf with the libraries it links, but the C runtime's (the GPU
+  # machine's own are newer); the fold script beside it.
+  perf=$(command -v perf) || { echo "perf is not installed here (apt install linux-perf)" >&2; exit 1; }
+  mkdir -p "$D/perf/lib" && cp "$perf" "$D/perf/"
+  ldd "$perf" | awk '$3 ~ /^\// {print $3}' \
+    | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' \
+    | xargs -r -I{} cp -L {} "$D/perf/lib/"
+  cp benches/gpu/fold-perf.py "$D/"
+fi
 cp "$RUN" "$D/run.sh"
 du -sh "$D"
