@@ -8,7 +8,9 @@
 //! entry for all of them (one deadline, one probe, failed as one by an
 //! abort or a timeout, each work with the error made its own), and the
 //! first of the completers to finish retires that entry and marks every
-//! record: ops launched as one end as one.
+//! record: ops launched as one end as one. The records take that first
+//! outcome, even where it was a completer dropped by a backend shutting
+//! down ("dropped by the backend") and later ones of the batch ended well.
 
 use std::time::{Duration, Instant};
 
