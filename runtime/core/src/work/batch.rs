@@ -1,9 +1,11 @@
 //! [`WorkBatch`]: the works of ops launched as one (the ops of a group:
 //! one launch, one end event), entered in the registry as one entry.
 //!
-//! Each op still gets its own work and completer, so each is awaited,
-//! failed and given back on its own; what the batch shares is the
-//! bookkeeping around them. Its ops' flight records are written under one
+//! Each op may get its own work and completer ([`WorkBatch::add`]), so
+//! each is awaited, failed and given back on its own, or the batch may
+//! have one work that stands for ops recorded without one
+//! ([`WorkBatch::record`]; a group's ops read their outcome from it); what
+//! the batch shares is the bookkeeping around them. Its ops' flight records are written under one
 //! hold of the recorder with one clock reading, the registry holds one
 //! entry for all of them (one deadline, one probe, failed as one by an
 //! abort or a timeout, each work with the error made its own), and the
@@ -81,7 +83,7 @@ impl WorkBatch<'_> {
         collective: bool,
         meta: OpMeta,
     ) -> (OpFuture<T>, Completer<T>) {
-        let rec = self.insert.record(ctx.seq, ctx.op, collective, meta);
+        let rec = self.insert.record(&ctx, collective, meta);
         let shared = DynArc::new(Shared {
             ctx,
             id: self.insert.id(),
@@ -100,5 +102,14 @@ impl WorkBatch<'_> {
                 shared: Some(shared),
             },
         )
+    }
+
+    /// Adds an op of the batch that gets no work of its own: one work of
+    /// the batch ([`add`](Self::add)) stands for it, e.g. a group's one
+    /// work for every op of the group. It is recorded, counted as pending
+    /// and listed among the pending ops like the others, and retired or
+    /// failed with the batch.
+    pub fn record(&mut self, ctx: &OpContext, collective: bool, meta: OpMeta) {
+        self.insert.record(ctx, collective, meta);
     }
 }

@@ -40,6 +40,9 @@ pub(crate) trait Fail: Send + Sync {
 /// failing it fails each of them with the error made theirs.
 struct BatchEntry {
     first: OpContext,
+    /// Every op of the batch, in submission order (a member's work may
+    /// stand for several: a group's one work for all of its ops).
+    ops: Vec<OpContext>,
     members: Vec<DynArc<dyn Fail>>,
 }
 
@@ -55,7 +58,7 @@ impl Fail for BatchEntry {
     }
 
     fn contexts(&self, out: &mut Vec<OpContext>) {
-        out.extend(self.members.iter().map(|m| m.context().clone()));
+        out.extend(self.ops.iter().cloned());
     }
 }
 
@@ -350,6 +353,7 @@ impl Registry {
             at_us: crate::flight_recorder::wall_us(submitted),
             id,
             first_rec: None,
+            ops: Vec::with_capacity(len),
             members: Vec::with_capacity(len),
         })
     }
@@ -368,24 +372,32 @@ impl Registry {
             appender,
             id,
             first_rec,
+            ops,
             members,
             ..
         } = batch;
         drop(appender);
-        let Some(first) = members.first().map(|m| m.context().clone()) else {
+        let Some(first) = ops.first().cloned() else {
             return;
         };
+        if members.is_empty() {
+            return;
+        }
         inner.next_id += 1;
-        let ops = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        let n = u32::try_from(ops.len()).unwrap_or(u32::MAX);
         inner.entries.push(
             id,
             Entry {
                 submitted,
                 deadline,
-                fail: DynArc::new(BatchEntry { first, members }),
+                fail: DynArc::new(BatchEntry {
+                    first,
+                    ops,
+                    members,
+                }),
                 probe,
                 rec: first_rec,
-                ops,
+                ops: n,
                 batch: true,
             },
         );
@@ -539,6 +551,8 @@ pub(crate) struct BatchInsert<'r> {
     /// The entry's id, taken at commit.
     id: u64,
     first_rec: Option<u64>,
+    /// Every op recorded, in order.
+    ops: Vec<OpContext>,
     members: Vec<DynArc<dyn Fail>>,
 }
 
@@ -548,12 +562,11 @@ impl BatchInsert<'_> {
         self.id
     }
 
-    /// Records a member op started at the batch's submission time; its
-    /// flight-record id, if the registry records.
+    /// Enters op `ctx` of the batch, started at the batch's submission
+    /// time, and records it; its flight-record id, if the registry records.
     pub(crate) fn record(
         &mut self,
-        seq: u64,
-        op: &'static str,
+        ctx: &OpContext,
         collective: bool,
         meta: OpMeta,
     ) -> Option<u64> {
@@ -561,7 +574,8 @@ impl BatchInsert<'_> {
         let rec = self
             .appender
             .as_mut()
-            .map(|a| a.started(seq, op, collective, meta, at));
+            .map(|a| a.started(ctx.seq, ctx.op, collective, meta, at));
+        self.ops.push(ctx.clone());
         if self.first_rec.is_none() {
             self.first_rec = rec;
         }

@@ -638,3 +638,43 @@ fn a_dropped_completer_of_a_batch_fails_only_its_own_work() {
     assert_eq!(futures::executor::block_on(w2).unwrap(), 2);
     assert_eq!(reg.pending(), 0);
 }
+
+#[test]
+fn a_batch_with_one_work_for_its_recorded_ops_counts_lists_and_retires_them_all() {
+    use crate::flight_recorder::{FlightRecorder, OpState};
+    let reg = Arc::new(Registry::with_recorder(Arc::new(FlightRecorder::new(16))));
+    let lead = |reg: &Arc<Registry>, first: u64| {
+        WorkBatch::register(reg, &ctx(first), 3, Instant::now(), None, None, |b| {
+            let pair = b.add::<u64>(ctx(first), true, OpMeta::default());
+            b.record(&ctx(first + 1), true, OpMeta::default());
+            b.record(&ctx(first + 2), true, OpMeta::default());
+            pair
+        })
+        .unwrap()
+    };
+    let (w, c) = lead(&reg, 1);
+    assert_eq!(reg.ring_len(), 1, "one entry for the three ops");
+    assert_eq!(reg.pending(), 3, "each recorded op counts as pending");
+    let seqs: Vec<u64> = reg.pending_ops().iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3], "the ops without a work are listed too");
+    assert_eq!(recorder_states(&reg), vec![OpState::Started; 3]);
+    c.complete(Ok(7));
+    assert_eq!(futures::executor::block_on(w).unwrap(), 7);
+    assert_eq!(reg.pending(), 0);
+    assert_eq!(recorder_states(&reg), vec![OpState::Completed; 3]);
+
+    // Aborted, the one work fails as the batch's first op, and every
+    // record is marked.
+    let (w, _c) = lead(&reg, 4);
+    let cause = WorkError::Aborted {
+        ctx: ctx(0),
+        reason: "test".into(),
+    };
+    assert_eq!(reg.abort(&cause), 3, "the batch stood for three ops");
+    let err = futures::executor::block_on(w).unwrap_err();
+    assert_eq!(err.error().context().seq, 4);
+    assert_eq!(
+        recorder_states(&reg)[3..],
+        [OpState::Failed, OpState::Failed, OpState::Failed]
+    );
+}
