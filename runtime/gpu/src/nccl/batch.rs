@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use chorus_core::Op;
 
-use super::buffer::{DeviceBuffers, DeviceMem};
+use super::buffer::{DeviceBuffers, DeviceMem, NoBuffers};
 use super::communicator::{Communicator, EnqueueState};
 use super::enqueue::{RawOp, Refused};
 use super::error::{nccl_err, NcclCommError};
@@ -398,6 +398,24 @@ impl Launched {
         self.error.as_ref()
     }
 
+    /// The end of the whole launch, as an op without buffers: a work for
+    /// the group as one (each op's buffers stay here until taken; those
+    /// never taken are kept until the end event completes when the
+    /// `Launched` drops). `None` if the launch failed before it had an end
+    /// event.
+    pub fn group_end(&self) -> Option<InFlight<NoBuffers>> {
+        let end = self.end.clone()?;
+        Some(InFlight {
+            device: self.device.clone(),
+            order: self.order,
+            end,
+            bufs: Some(NoBuffers),
+            retire: Some(self.retire.clone()),
+            forecast: None,
+            pending_seen: false,
+        })
+    }
+
     /// The group's end event (recorded on the communicator's stream after
     /// the group); `None` if the launch failed before anything was enqueued.
     pub fn end_event(&self) -> Option<&Event> {
@@ -410,6 +428,32 @@ impl Launched {
     /// taken before, or a failed launch that enqueued nothing (the buffers are
     /// then dropped with this value).
     pub fn take<C: DeviceBuffers>(&mut self, ticket: Ticket<C>) -> Option<InFlight<C>> {
+        self.take_ref(&ticket)
+    }
+
+    /// The buffers of the op `ticket` names, if the launch's end event is
+    /// already known complete (an earlier query saw it): nothing is left to
+    /// wait for, so they come back as they are, without an [`InFlight`] or
+    /// a query. `None` otherwise, or for a ticket of another launch or one
+    /// taken before.
+    pub fn take_if_complete<C: DeviceBuffers>(&mut self, ticket: &Ticket<C>) -> Option<C> {
+        if ticket.owner != self.owner || !self.end.as_ref()?.known_complete() {
+            return None;
+        }
+        let slot = self.items.get_mut(ticket.index)?;
+        match slot.take()?.downcast::<C>() {
+            Ok(bufs) => Some(*bufs),
+            Err(other) => {
+                // Unreachable with a ticket of this batch; keep the value.
+                *slot = Some(other);
+                None
+            }
+        }
+    }
+
+    /// [`take`](Self::take) through a borrowed ticket (the op's buffers
+    /// come back once, to the first call).
+    pub fn take_ref<C: DeviceBuffers>(&mut self, ticket: &Ticket<C>) -> Option<InFlight<C>> {
         if ticket.owner != self.owner {
             return None;
         }

@@ -104,6 +104,22 @@ impl<B: DeviceMem> DeviceBuffers for Vec<B> {
     }
 }
 
+/// No buffers: what the end of a whole [`Batch`](super::Batch) holds
+/// ([`Launched::group_end`](super::Launched::group_end)), whose ops each
+/// keep their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoBuffers;
+
+impl DeviceBuffers for NoBuffers {
+    type Buf = RawDeviceBuffer;
+    fn len(&self) -> usize {
+        0
+    }
+    fn get(&self, _: usize) -> Option<&RawDeviceBuffer> {
+        None
+    }
+}
+
 /// An element type chorus can keep in device memory: an [`Element`] that
 /// cudarc can copy.
 pub trait DeviceElement: Element + DeviceRepr {}

@@ -38,7 +38,9 @@ pub(crate) mod types;
 mod watch;
 
 pub use batch::{Batch, Launched, Ticket};
-pub use buffer::{DeviceBuffer, DeviceBuffers, DeviceElement, DeviceMem, RawDeviceBuffer};
+pub use buffer::{
+    DeviceBuffer, DeviceBuffers, DeviceElement, DeviceMem, NoBuffers, RawDeviceBuffer,
+};
 pub use communicator::{CommOptions, Communicator};
 #[cfg(feature = "test-util")]
 pub use enqueue::in_progress_returns;
