@@ -43,8 +43,12 @@ pub(crate) fn cell<W>() -> Cell<W> {
 /// As for `W`: dropping it detaches the op, which still runs with its group.
 #[must_use = "the op runs with its group anyway, but its buffers come back only through the work"]
 pub struct Grouped<W> {
-    cell: Cell<W>,
+    /// Where a TCP group's launch puts the work (`None`: the work is here
+    /// from staging on, a view of its NCCL group's one work).
+    cell: Option<Cell<W>>,
     work: Option<W>,
+    /// Whether a work held from staging on has been launched.
+    launched: fn(&W) -> Result<(), WorkError>,
     ctx: OpContext,
 }
 
@@ -52,23 +56,43 @@ impl<W> std::fmt::Debug for Grouped<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grouped")
             .field("op", &self.ctx)
-            .field("launched", &self.work.is_some())
+            .field(
+                "launched",
+                &self
+                    .work
+                    .as_ref()
+                    .is_some_and(|w| (self.launched)(w).is_ok()),
+            )
             .finish()
     }
 }
 
 impl<W> Grouped<W> {
+    /// A work its group's launch delivers into `cell`.
     pub(crate) fn new(cell: Cell<W>, ctx: OpContext) -> Self {
         Grouped {
-            cell,
+            cell: Some(cell),
             work: None,
+            launched: |_| Ok(()),
+            ctx,
+        }
+    }
+
+    /// A work held from staging on, which `launched` says is launched
+    /// (or why not).
+    pub(crate) fn held(work: W, launched: fn(&W) -> Result<(), WorkError>, ctx: OpContext) -> Self {
+        Grouped {
+            cell: None,
+            work: Some(work),
+            launched,
             ctx,
         }
     }
 
     fn fetch(&mut self) -> Option<Result<&mut W, WorkError>> {
         if self.work.is_none() {
-            match self.cell.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let cell = self.cell.as_ref()?;
+            match cell.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 Some(Ok(w)) => self.work = Some(w),
                 Some(Err(e)) => return Some(Err(e)),
                 None => return None,
@@ -86,15 +110,20 @@ impl<W> Grouped<W> {
     /// The group was not launched yet (the op still runs with its group if
     /// it is launched later), was dropped unlaunched, or failed to launch.
     pub fn into_work(mut self) -> Result<W, WorkError> {
+        let launched = self.launched;
         match self.fetch() {
-            Some(Ok(_)) => self.work.take().ok_or_else(|| not_launched(&self.ctx)),
+            Some(Ok(w)) => {
+                launched(w)?;
+                self.work.take().ok_or_else(|| not_launched(&self.ctx))
+            }
             Some(Err(e)) => Err(e),
             None => Err(not_launched(&self.ctx)),
         }
     }
 }
 
-fn not_launched(ctx: &OpContext) -> WorkError {
+/// The error of an op whose group is not launched yet.
+pub(crate) fn not_launched(ctx: &OpContext) -> WorkError {
     WorkError::InvalidArgument {
         ctx: ctx.clone(),
         msg: "its group has not been launched yet (call Group::launch first)".into(),

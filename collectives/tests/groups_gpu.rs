@@ -301,3 +301,210 @@ fn gpu_coalesced_all_reduce_is_one_op_with_its_buffers_in_order() {
         lens.len()
     );
 }
+
+/// The works of a group's f32 ops.
+type GroupWorks = Vec<chorus::Grouped<chorus::DeviceWork<DeviceBuffer<f32>>>>;
+
+/// A group of `n` f32 all_reduce(Sum)s staged behind a spin kernel of
+/// `len` on their producer stream `s` (so the group still runs when it is
+/// awaited), with the data each should end with.
+fn spun_group(
+    pg: &ProcessGroup,
+    s: &Stream,
+    kernels: &chorus::test_util::Kernels,
+    len: Duration,
+    n: usize,
+) -> (GroupWorks, Vec<Vec<f32>>) {
+    let data: Vec<Vec<f32>> = (0..n)
+        .map(|k| (0..257).map(|i| (i * (k + 1)) as f32 * 0.5).collect())
+        .collect();
+    // Upload before the spin: a pageable copy would wait behind it.
+    let bufs: Vec<DeviceBuffer<f32>> = data.iter().map(|d| upload(s, d)).collect();
+    kernels.spin(s, len).unwrap();
+    let works = pg
+        .grouped(|g| {
+            bufs.into_iter()
+                .map(|b| g.all_reduce(b, ReduceOp::Sum).map_err(|r| r.error))
+                .collect::<Result<Vec<_>, WorkError>>()
+        })
+        .unwrap();
+    (works, data)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_timeout() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
+    let pg = group("long-group");
+    let mt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let ct = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for ms in [1u64, 10, 30] {
+        let len = Duration::from_millis(ms);
+        // block_on, one thread per work, all waiting at once.
+        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let outs: Vec<Vec<f32>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = works
+                .into_iter()
+                .map(|w| sc.spawn(move || download(&block_on(w).unwrap())))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(outs, data, "{ms} ms, block_on on 4 threads");
+
+        // tokio current-thread: every work joined on one task.
+        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let outs = ct.block_on(futures::future::join_all(works));
+        let outs: Vec<Vec<f32>> = outs.into_iter().map(|r| download(&r.unwrap())).collect();
+        assert_eq!(outs, data, "{ms} ms, tokio current-thread");
+
+        // tokio multi-thread: one task per work.
+        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let outs: Vec<Vec<f32>> = mt.block_on(async {
+            let hs: Vec<_> = works.into_iter().map(|w| tokio::spawn(w)).collect();
+            let mut outs = Vec::new();
+            for h in hs {
+                outs.push(download(&h.await.unwrap().unwrap()));
+            }
+            outs
+        });
+        assert_eq!(outs, data, "{ms} ms, tokio multi-thread");
+
+        // wait_timeout, one after another; the works are per op, the
+        // completion level explicit: pending while the GPU runs the group,
+        // finished for every work once one has seen the group end.
+        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let works: Vec<_> = works.into_iter().map(|w| w.into_work().unwrap()).collect();
+        let seqs: Vec<u64> = works.iter().map(|w| w.seq()).collect();
+        assert!(
+            seqs.windows(2).all(|p| p[1] == p[0] + 1),
+            "each op of the group has its own sequence number: {seqs:?}"
+        );
+        assert_eq!(
+            works[0].status(),
+            chorus::WorkStatus::Pending,
+            "{ms} ms: not finished at enqueue"
+        );
+        let mut works = works.into_iter();
+        let first = works.next().unwrap();
+        let mut outs = vec![download(
+            &first.wait_timeout(Duration::from_secs(10)).unwrap(),
+        )];
+        for w in works {
+            assert_eq!(w.status(), chorus::WorkStatus::Finished, "{ms} ms");
+            outs.push(download(&w.wait_timeout(Duration::from_secs(10)).unwrap()));
+        }
+        assert_eq!(outs, data, "{ms} ms, wait_timeout");
+    }
+    println!("groups of 4 behind 1, 10 and 30 ms: block_on x4 threads, tokio current-thread, tokio multi-thread, wait_timeout all correct");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_an_aborted_group_fails_each_waiting_work_as_its_own_op() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
+    let pg = group("aborted-group");
+    let (works, _) = spun_group(&pg, &s, &kernels, Duration::from_secs(2), 3);
+    let works: Vec<_> = works.into_iter().map(|w| w.into_work().unwrap()).collect();
+    let seqs: Vec<u64> = works.iter().map(|w| w.seq()).collect();
+    let t0 = std::time::Instant::now();
+    let errs: Vec<(u64, WorkError, bool)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = works
+            .into_iter()
+            .map(|w| {
+                sc.spawn(move || {
+                    let f = block_on(w).unwrap_err();
+                    (f.error.context().seq, f.error, f.buffers.is_some())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        pg.abort("test: abort a running group");
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let waited = t0.elapsed();
+    for ((seq, err, _), want) in errs.iter().zip(&seqs) {
+        assert!(matches!(err, WorkError::Aborted { .. }), "{err}");
+        assert_eq!(seq, want, "each work fails as its own op: {err}");
+    }
+    assert!(
+        waited < Duration::from_millis(1500),
+        "the waiting works woke at the abort, not at the GPU's end: {waited:?}"
+    );
+    assert!(pg.error().is_some());
+    println!(
+        "aborted group: 3 waiting works failed as seq {seqs:?} after {waited:?}; buffers back: {:?}",
+        errs.iter().map(|e| e.2).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_a_group_work_past_its_wait_timeout_times_the_group_out() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
+    let pg = group("timed-out-group");
+    let (works, _) = spun_group(&pg, &s, &kernels, Duration::from_secs(2), 2);
+    let mut works = works.into_iter();
+    let (a, b) = (works.next().unwrap(), works.next().unwrap());
+    let a = a.into_work().unwrap();
+    let (sa, t0) = (a.seq(), std::time::Instant::now());
+    let err = a.wait_timeout(Duration::from_millis(100)).unwrap_err();
+    let waited = t0.elapsed();
+    assert!(
+        matches!(err.error, WorkError::OpTimeout { .. }),
+        "{}",
+        err.error
+    );
+    assert_eq!(err.error.context().seq, sa);
+    assert!(waited < Duration::from_millis(1000), "{waited:?}");
+    let err_b = block_on(b).unwrap_err();
+    assert_eq!(err_b.error.context().seq, sa + 1, "{}", err_b.error);
+    assert!(pg.error().is_some(), "the group is failed with the timeout");
+    println!(
+        "group timed out by wait_timeout after {waited:?}: {}; its other op: {}",
+        err.error, err_b.error
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_group_works_taken_stream_ordered_dropped_or_awaited_each_get_their_own() {
+    let dev = device0();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
+    let pg = group("mixed-levels");
+    for _ in 0..3 {
+        let (works, data) = spun_group(&pg, &s, &kernels, Duration::from_millis(5), 3);
+        let mut works = works.into_iter();
+        let (a, b, c) = (
+            works.next().unwrap(),
+            works.next().unwrap(),
+            works.next().unwrap(),
+        );
+        // Stream-ordered: back at once, ordered after the group on its
+        // producer stream (the download waits there).
+        let a = a.into_work().unwrap().stream_ordered().unwrap();
+        drop(b);
+        let c = block_on(c).unwrap();
+        assert_eq!(download(&a), data[0], "stream-ordered");
+        assert_eq!(download(&c), data[2], "awaited after a sibling was dropped");
+    }
+    // The group stays healthy and later ops run.
+    let d = vec![1.5f32; 33];
+    let out = block_on(pg.all_reduce(upload(&s, &d), ReduceOp::Sum).unwrap()).unwrap();
+    assert_eq!(download(&out), d);
+    assert!(pg.error().is_none());
+    println!(
+        "3 groups: a work stream-ordered, one dropped, one awaited: all correct, group healthy"
+    );
+}

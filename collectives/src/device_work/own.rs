@@ -1,11 +1,5 @@
-//! [`DeviceWork`], the future of an op on device buffers (the NCCL
-//! backend), with its explicit completion levels.
-//!
-//! | level | how | host cost |
-//! |---|---|---|
-//! | Enqueued | the op method returned `Ok(work)` | none |
-//! | StreamOrdered | [`DeviceWork::stream_ordered`] / [`stream_ordered_on`](DeviceWork::stream_ordered_on): the stream waits on the end event, the buffers come back at once | one `cuStreamWaitEvent` |
-//! | GpuFinished | `.await` (the completion reactor wakes the future when the end event completes), or [`DeviceWork::wait_timeout`] | waits for the GPU |
+//! [`OwnWork`]: the work of an op that holds its own buffers and
+//! completion (a lone op; a group's one work for all of its ops).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,48 +13,9 @@ use chorus_gpu::doze::Doze;
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Finished, InFlight, Watched};
 use chorus_gpu::reactor;
 
-/// The work of a GPU op. Its completion levels are explicit: the op is
-/// Enqueued when the call returned; [`stream_ordered`](Self::stream_ordered)
-/// gives the buffers back at once for work issued on a stream after the op;
-/// `.await` resolves when the GPU finished it.
-///
-/// A work holds its op itself until it is polled, dropped or taken back:
-/// nothing goes to the completion reactor at enqueue. A poll that finds the
-/// end event complete finishes the op on the polling thread; one that does
-/// not hands it to the reactor, which wakes the future. A stream-ordered
-/// take or a drop leaves it in its communicator's retire queue: the
-/// threads that let go of the communicator's later ops retire it once its
-/// end event completed (a query every few ops, a couple of ops retired at
-/// each), and a sweeper on the reactor retires what is left once nobody
-/// lets go of more. So a stream of ops nobody awaits one by one is finished
-/// on the thread that issues it, with no reactor queries, wake-ups or
-/// memory handed between threads. The
-/// watchdog asks the end event of an op past its deadline before it times
-/// it out, so a finished op whose work is simply not polled yet never
-/// times out.
-///
-/// # Failure
-///
-/// A failed op resolves to [`Failed`] with its [`WorkError`], and with
-/// the buffers only where no device can write them any more: when the
-/// completion reactor found the op's end event failed (a CUDA error; the
-/// context stops running work), or when the op's end event has completed
-/// by the time the failure is read (after an abort, once the aborted
-/// communicator's stream passed the op). Otherwise the buffers are
-/// withheld: `Failed::buffers` is `None`, and they stay with the op in its
-/// communicator's retire queue, which releases them once the end event
-/// completed (a later op's thread or the reactor's sweeper). Memory a GPU
-/// may still write is never handed back.
-///
-/// # Cancel safety
-///
-/// Dropping an unfinished work detaches it: the buffers stay alive until
-/// the op's end event has completed and the op is retired (by a later op's
-/// thread or the reactor's sweeper, see above); a leaked work leaks them
-/// with it. Ops are never cancelled by a drop; abort the group to stop
-/// them.
-#[must_use = "the op runs anyway, but its buffers come back only through the work"]
-pub struct DeviceWork<R: DeviceBuffers> {
+/// A lone op's work: the op, its buffers and its own completion (see
+/// [`DeviceWork`](super::DeviceWork)).
+pub(crate) struct OwnWork<R: DeviceBuffers> {
     inner: OpFuture<Option<R>>,
     end: Arc<EndEvent>,
     track: Option<Track<R>>,
@@ -72,7 +27,7 @@ pub struct DeviceWork<R: DeviceBuffers> {
 }
 
 // Never pinned structurally: the buffers move in and out by value.
-impl<R: DeviceBuffers> Unpin for DeviceWork<R> {}
+impl<R: DeviceBuffers> Unpin for OwnWork<R> {}
 
 /// The backend's side of a device work.
 pub(crate) type DeviceCompleter<C> = Completer<Option<C>>;
@@ -126,7 +81,7 @@ impl<C: DeviceBuffers> Drop for Held<C> {
 }
 
 /// Completes a device op's work with what the completion reactor found.
-pub(crate) fn finisher<C: DeviceBuffers>(
+fn finisher<C: DeviceBuffers>(
     completer: DeviceCompleter<C>,
 ) -> impl FnOnce(Finished<C>) + Send + 'static {
     move |(res, bufs): Finished<C>| match res {
@@ -143,9 +98,9 @@ pub(crate) fn finisher<C: DeviceBuffers>(
     }
 }
 
-impl<R: DeviceBuffers> std::fmt::Debug for DeviceWork<R> {
+impl<R: DeviceBuffers> std::fmt::Debug for OwnWork<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceWork")
+        f.debug_struct("OwnWork")
             .field("op", self.inner.context())
             .field("status", &self.status())
             .finish()
@@ -168,7 +123,7 @@ fn flatten<R>(ctx: &OpContext, r: Result<Option<R>, Failed<Option<R>>>) -> Resul
     }
 }
 
-impl<R: DeviceBuffers> DeviceWork<R> {
+impl<R: DeviceBuffers> OwnWork<R> {
     /// The work of an op it holds itself (see the type's docs).
     pub(crate) fn held(
         inner: OpFuture<Option<R>>,
@@ -177,7 +132,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         spin: Duration,
     ) -> Self {
         let end = op.end_event_handle();
-        DeviceWork {
+        OwnWork {
             inner,
             end,
             track: Some(Track::Held(Held(Some((op, completer))))),
@@ -187,19 +142,14 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     }
 
     /// The op's rank, group, sequence number and name.
-    pub fn context(&self) -> &OpContext {
+    pub(crate) fn context(&self) -> &OpContext {
         self.inner.context()
-    }
-
-    /// Sequence number of the op.
-    pub fn seq(&self) -> u64 {
-        self.inner.seq()
     }
 
     /// Where the op stands. `Finished` only once the GPU has finished it
     /// (the end event completed), never at enqueue; for an op the work
     /// still holds this queries the end event.
-    pub fn status(&self) -> WorkStatus {
+    pub(crate) fn status(&self) -> WorkStatus {
         let st = self.inner.status();
         match &self.track {
             Some(Track::Held(Held(Some((f, _))))) if st == WorkStatus::Pending => {
@@ -213,20 +163,21 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         }
     }
 
-    /// True once the GPU finished the op (or it failed).
-    pub fn is_done(&self) -> bool {
-        matches!(self.status(), WorkStatus::Finished | WorkStatus::Failed)
+    /// True once the op has failed (an abort, a timeout, a failed
+    /// launch), without asking the GPU.
+    pub(super) fn has_failed(&self) -> bool {
+        self.inner.status() == WorkStatus::Failed
     }
 
     /// The op's end event (recorded on the communicator's stream after the
     /// op).
-    pub fn end_event(&self) -> &Event {
+    pub(crate) fn end_event(&self) -> &Event {
         self.end.event()
     }
 
     /// A shared handle on the end event, usable from another thread (it
     /// stays valid after the work is consumed).
-    pub fn end_event_handle(&self) -> Arc<EndEvent> {
+    pub(crate) fn end_event_handle(&self) -> Arc<EndEvent> {
         self.end.clone()
     }
 
@@ -236,7 +187,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     /// # Errors
     ///
     /// A CUDA error of the op (never read as "not finished").
-    pub fn gpu_finished(&self) -> Result<bool, CudaError> {
+    pub(crate) fn gpu_finished(&self) -> Result<bool, CudaError> {
         self.end.is_complete()
     }
 
@@ -248,7 +199,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     ///
     /// The op's error if it already failed, or the CUDA error of the stream
     /// wait.
-    pub fn stream_ordered(self) -> Result<R, Failed<R>> {
+    pub(crate) fn stream_ordered(self) -> Result<R, Failed<R>> {
         self.take_ordered(None)
     }
 
@@ -259,7 +210,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     /// # Errors
     ///
     /// As [`stream_ordered`](Self::stream_ordered).
-    pub fn stream_ordered_on(self, stream: &Stream) -> Result<R, Failed<R>> {
+    pub(crate) fn stream_ordered_on(self, stream: &Stream) -> Result<R, Failed<R>> {
         self.take_ordered(Some(stream))
     }
 
@@ -363,7 +314,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     ///
     /// The op's error, or the timeout; with the buffers only where the GPU
     /// is known to be done with them (see the type's docs).
-    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
+    pub(crate) fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
         let ctx = self.inner.context().clone();
         // A blocking wait watches the end event itself a little before it
         // sleeps: short ops then return without the reactor and the
@@ -502,7 +453,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     }
 }
 
-impl<R: DeviceBuffers> Future for DeviceWork<R> {
+impl<R: DeviceBuffers> Future for OwnWork<R> {
     type Output = Result<R, Failed<R>>;
 
     /// GpuFinished: resolves once the op's end event completed.
