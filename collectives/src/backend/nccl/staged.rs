@@ -96,7 +96,9 @@ impl NcclStaged {
                 };
                 let lead = self.lead.insert(GroupLead::new(end)).clone();
                 self.first = Some(ctx.clone());
-                (self.batch.insert(comm.batch()), lead)
+                let batch = self.batch.insert(comm.batch());
+                self.ops.reserve(batch.capacity());
+                (batch, lead)
             }
         };
         let ticket = match batch.push(op, bufs) {

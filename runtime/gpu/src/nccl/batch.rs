@@ -82,13 +82,15 @@ impl fmt::Debug for Batch {
 }
 
 impl Communicator {
-    /// An empty batch of ops for this communicator (see [`Batch`]).
+    /// An empty batch of ops for this communicator (see [`Batch`]), with
+    /// room for as many ops as the last batch launched here had.
     pub fn batch(self: &Arc<Self>) -> Batch {
+        let n = self.batch_len.load(Ordering::Relaxed);
         Batch {
             comm: self.clone(),
-            ops: Vec::new(),
+            ops: Vec::with_capacity(n),
             producers: Vec::new(),
-            items: Vec::new(),
+            items: Vec::with_capacity(n),
             id: next_id(),
             _not_send: PhantomData,
         }
@@ -104,6 +106,13 @@ impl Batch {
     /// Number of ops staged.
     pub fn len(&self) -> usize {
         self.ops.len()
+    }
+
+    /// Room for ops staged without growing (at least the size of the last
+    /// batch launched on the communicator): for a caller that keeps
+    /// something per op beside it.
+    pub fn capacity(&self) -> usize {
+        self.ops.capacity()
     }
 
     /// True if no op was staged.
@@ -155,6 +164,7 @@ impl Batch {
     /// can hold it from their registration on; `None`: one from the pool.
     pub fn launch_with_end(self, end: Option<Arc<EndEvent>>) -> Launched {
         let comm = self.comm.clone();
+        comm.batch_len.store(self.ops.len(), Ordering::Relaxed);
         let mut launched = Launched {
             device: comm.device.clone(),
             order: (comm.stream.as_raw() as u64, 0),

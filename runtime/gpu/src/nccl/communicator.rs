@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,9 @@ pub struct Communicator {
     abort_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Set while the stream takes part in a CUDA graph capture.
     pub(super) capturing: AtomicBool,
+    /// Ops in the last batch launched here: a new batch makes room for as
+    /// many (groups of one program tend to repeat their size).
+    pub(super) batch_len: AtomicUsize,
 }
 
 // SAFETY: the raw handle is used under `enqueue` for ops, and otherwise only
@@ -103,6 +106,7 @@ impl Communicator {
             abort_reason: Mutex::new(None),
             abort_done: Mutex::new(None),
             capturing: AtomicBool::new(false),
+            batch_len: AtomicUsize::new(0),
         })
     }
 
