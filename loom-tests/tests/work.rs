@@ -369,3 +369,76 @@ fn batch_members_complete_vs_abort() {
         assert_eq!(reg.pending(), 0, "the batch's entry leaves the registry");
     });
 }
+
+/// One work awaited through `n` waiters on threads of their own, as a group's ops'
+/// works share the group's one work (`chorus_core::Fanout`'s protocol:
+/// outcome and shared work behind one lock, the waiter registered before
+/// of), while the backend completes it on another: every waiter resolves
+/// with the outcome, none is left waiting.
+fn fanout_waiters_vs_completion(n: usize) {
+    use std::future::poll_fn;
+    use std::task::Poll;
+
+    struct Lead {
+        work: Option<OpFuture<u32>>,
+        outcome: Option<u32>,
+    }
+
+    model(move || {
+        let reg = Arc::new(Registry::new());
+        let (work, completer) = OpFuture::<u32>::new(ctx(1), &reg, None).expect("registered");
+        let lead = Arc::new(loom::sync::Mutex::new(Lead {
+            work: Some(work),
+            outcome: None,
+        }));
+        let fanout = Arc::new(chorus_core::Fanout::new());
+        let waiters: Vec<_> = (0..n)
+            .map(|_| {
+                let (lead, fanout) = (lead.clone(), fanout.clone());
+                thread::spawn(move || {
+                    block_on(poll_fn(|cx| {
+                        let mut settled = false;
+                        let r = {
+                            let mut st = lead.lock().unwrap();
+                            match st.outcome {
+                                Some(v) => Poll::Ready(v),
+                                None => {
+                                    let w = st.work.as_mut().expect("work until its outcome");
+                                    match fanout.poll(w, cx) {
+                                        Poll::Ready(r) => {
+                                            let v = r.expect("completed");
+                                            st.outcome = Some(v);
+                                            st.work = None;
+                                            settled = true;
+                                            Poll::Ready(v)
+                                        }
+                                        Poll::Pending => Poll::Pending,
+                                    }
+                                }
+                            }
+                        };
+                        if settled {
+                            fanout.wake_all_but(Some(cx.waker()));
+                        }
+                        r
+                    }))
+                })
+            })
+            .collect();
+        completer.complete(Ok(7));
+        for w in waiters {
+            assert_eq!(w.join().expect("waiter"), 7);
+        }
+        assert_eq!(reg.pending(), 0);
+    });
+}
+
+#[test]
+fn fanout_one_waiter_vs_completion() {
+    fanout_waiters_vs_completion(1);
+}
+
+#[test]
+fn fanout_two_waiters_vs_completion() {
+    fanout_waiters_vs_completion(2);
+}

@@ -6,7 +6,7 @@
 //! reactor hand-off, all in its lead, and each op's work is no more than
 //! its place in the launch (its ticket). The first work polled polls the
 //! lead; every work polled while the group runs is woken when the lead
-//! resolves ([`Waiters`]); each then takes its own buffers from the launch.
+//! resolves ([`Fanout`]); each then takes its own buffers from the launch.
 //! What a work never takes (dropped, or its group's launch dropped) stays
 //! with the launch until the end event completes.
 
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use chorus_core::{Failed, OpContext, OpFuture, WorkError, WorkStatus};
+use chorus_core::{Failed, Fanout, OpContext, OpFuture, WorkError, WorkStatus};
 use chorus_gpu::cuda::{Event, Stream};
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Launched, NoBuffers, Ticket};
 
@@ -35,10 +35,9 @@ pub(crate) struct GroupLead {
     /// Each op's context with its sequence number, from the launch on.
     ops: OnceLock<Vec<OpContext>>,
     state: Mutex<LeadState>,
-    /// The works polled while the group runs.
-    waiters: Arc<Waiters>,
-    /// Wakes them: the waker the lead's work is polled with.
-    waker: Waker,
+    /// The works polled while the group runs: the lead's work wakes them
+    /// all (its end, an early wake before it, its failure).
+    waiters: Fanout,
 }
 
 enum LeadState {
@@ -63,13 +62,11 @@ struct Launch {
 impl GroupLead {
     /// The lead of a group whose launch will record `end`.
     pub(crate) fn new(end: Arc<EndEvent>) -> Arc<Self> {
-        let waiters = Arc::new(Waiters::default());
         Arc::new(GroupLead {
             end,
             ops: OnceLock::new(),
             state: Mutex::new(LeadState::Staged),
-            waker: Waker::from(waiters.clone()),
-            waiters,
+            waiters: Fanout::new(),
         })
     }
 
@@ -121,40 +118,6 @@ impl GroupLead {
             }
         };
         *lock(&self.state) = LeadState::Launched(Box::new(launch));
-    }
-}
-
-/// The wakers of a group's works polled while it runs: the lead's work
-/// wakes them all (its end, an early wake before it, its failure).
-#[derive(Default)]
-struct Waiters(Mutex<Vec<Waker>>);
-
-impl Waiters {
-    fn add(&self, w: &Waker) {
-        let mut ws = lock(&self.0);
-        if !ws.iter().any(|x| x.will_wake(w)) {
-            ws.push(w.clone());
-        }
-    }
-
-    /// Wakes every waiter but `but` (the one that saw the outcome itself).
-    fn wake_all_but(&self, but: Option<&Waker>) {
-        let ws = std::mem::take(&mut *lock(&self.0));
-        for w in ws {
-            if !but.is_some_and(|b| b.will_wake(&w)) {
-                w.wake();
-            }
-        }
-    }
-}
-
-impl Wake for Waiters {
-    fn wake(self: Arc<Self>) {
-        self.wake_all_but(None);
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.wake_all_but(None);
     }
 }
 
@@ -334,9 +297,9 @@ impl<R: DeviceBuffers> Member<R> {
             let Some(work) = launch.work.as_mut() else {
                 return Poll::Ready(self.resolve(launch));
             };
-            self.lead.waiters.add(cx.waker());
-            let mut lead_cx = Context::from_waker(&self.lead.waker);
-            match Pin::new(work).poll(&mut lead_cx) {
+            // The protocol of `Fanout`: polled under the state's lock, the
+            // others woken once it is let go of (`poll_lead`).
+            match self.lead.waiters.poll(work, cx) {
                 Poll::Ready(r) => {
                     Self::settle(launch, r);
                     *settled = true;

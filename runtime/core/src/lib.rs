@@ -15,7 +15,8 @@
 //! * [`work`]: [`OpFuture`], the future of one registered op, its
 //!   [`Completer`], the completion slot, the per-group [`Registry`] of
 //!   in-flight ops (abort, timeouts, the watchdog's view) and
-//!   [`WorkBatch`], the works of ops launched as one, entered as one.
+//!   [`WorkBatch`], the works of ops launched as one, entered as one;
+//!   [`Fanout`], one work awaited through several.
 //! * [`calls`]: the requests of a pipelined client connection that await
 //!   their replies, shared by the caller that reads its own reply and the
 //!   driver on the I/O threads that watches the socket and the clock.
@@ -45,4 +46,6 @@ pub mod work;
 pub use element::{Element, HostBuffer, HostBuffers};
 pub use error::{Failed, OpContext, WorkError};
 pub use op::{DType, Op, ReduceOp};
-pub use work::{Completer, EarlyWake, FinishedProbe, OpFuture, Registry, WorkBatch, WorkStatus};
+pub use work::{
+    Completer, EarlyWake, Fanout, FinishedProbe, OpFuture, Registry, WorkBatch, WorkStatus,
+};

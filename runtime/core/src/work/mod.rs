@@ -17,11 +17,13 @@
 //!   tokio, smol or `futures::executor::block_on`.
 
 mod batch;
+mod fanout;
 mod future;
 mod registry;
 mod slot;
 
 pub use batch::WorkBatch;
+pub use fanout::Fanout;
 #[cfg(not(loom))]
 pub use future::HOLD_GRACE;
 pub use future::{Completer, EarlyWake, OpFuture};
