@@ -25,7 +25,9 @@
 //!   runtime (timed inside the task, right after the await), or
 //!   `wait_timeout`; `chorus-tokio-mt-join` times the spawned task where its
 //!   `JoinHandle` is awaited instead (one more wake-up, of the thread that
-//!   awaits the handle).
+//!   awaits the handle); `chorus-group-block_on`, `chorus-group-tokio-ct`,
+//!   … the same op staged in a group and awaited through its work (a view
+//!   of the group's one work).
 //!   Its stamp is the end of the op's input: the op's own few microseconds
 //!   on the GPU count as latency.
 //!
@@ -241,10 +243,26 @@ impl Rig {
             .expect("stamp");
         if let Some(kind) = mech.strip_prefix("chorus-") {
             let buf = self.buf.borrow_mut().take().expect("buffer");
-            let work = self
-                .pg
-                .all_reduce(buf, chorus::ReduceOp::Sum)
-                .expect("all_reduce");
+            // `chorus-group-*`: the op staged in a group (of one) and
+            // awaited through its work, a view of the group's one work.
+            let (kind, work) = match kind.strip_prefix("group-") {
+                Some(k) => {
+                    let w = self
+                        .pg
+                        .grouped(|g| {
+                            g.all_reduce(buf, chorus::ReduceOp::Sum)
+                                .map_err(|r| r.error)
+                        })
+                        .expect("group");
+                    (k, w.into_work().expect("launched"))
+                }
+                None => (
+                    kind,
+                    self.pg
+                        .all_reduce(buf, chorus::ReduceOp::Sum)
+                        .expect("all_reduce"),
+                ),
+            };
             // When the awaiting code runs again: after the await, on the
             // thread that awaited (for a spawned task: inside the task, not
             // where its JoinHandle is awaited; `tokio-mt-join` adds that
