@@ -20,6 +20,7 @@ use super::communicator::{Communicator, EnqueueState};
 use super::enqueue::{RawOp, Refused};
 use super::error::{nccl_err, NcclCommError};
 use super::event_pool::EndEvent;
+use super::forecast::Forecast;
 use super::inflight::InFlight;
 use super::retire::RetireQueue;
 use crate::cuda::{CudaError, Device, Event, Stream};
@@ -173,6 +174,7 @@ impl Batch {
             owner: self.id,
             error: None,
             retire: comm.retire.clone(),
+            forecast: None,
         };
         let end = match end.map_or_else(|| comm.end_event(), Ok) {
             Ok(e) => e,
@@ -182,6 +184,7 @@ impl Batch {
                 return launched;
             }
         };
+        let forecast = RawOp::forecast(comm.stream.as_raw() as u64, &self.ops);
         let mut guard = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
         let res = match comm.live_outside_capture() {
             Ok(raw) => comm.enqueue_group(&guard, raw, &self.ops, &self.producers, &end, None),
@@ -191,6 +194,7 @@ impl Batch {
             Ok(()) => {
                 guard.ops += 1;
                 launched.order.1 = guard.ops;
+                launched.forecast = forecast;
             }
             Err((e, reached_nccl)) => {
                 launched.error = Some(e);
@@ -277,6 +281,7 @@ impl Communicator {
             }
         }
         let ops: Vec<RawOp> = bufs.iter().map(|b| RawOp::new(op, b)).collect();
+        let forecast = RawOp::forecast(self.stream.as_raw() as u64, &ops);
         let end = match end.map_or_else(|| self.reserve_end_event(), Ok) {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
@@ -311,7 +316,8 @@ impl Communicator {
             end,
             bufs: Some(bufs),
             retire: Some(self.retire.clone()),
-            forecast: None,
+            // Learned only from ops that ran.
+            forecast: forecast.filter(|_| failed.is_none()),
             pending_seen: false,
         };
         match failed {
@@ -391,6 +397,9 @@ pub struct Launched {
     error: Option<NcclCommError>,
     /// Where an op taken from the launch and then let go of is retired.
     retire: Arc<RetireQueue>,
+    /// The launch's key and submission, for its end as one op
+    /// ([`group_end`](Self::group_end)); `None` for a failed launch.
+    forecast: Option<Forecast>,
 }
 
 impl fmt::Debug for Launched {
@@ -421,7 +430,7 @@ impl Launched {
             end,
             bufs: Some(NoBuffers),
             retire: Some(self.retire.clone()),
-            forecast: None,
+            forecast: self.forecast,
             pending_seen: false,
         })
     }

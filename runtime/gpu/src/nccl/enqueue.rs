@@ -33,6 +33,23 @@ pub(super) struct RawOp {
 }
 
 impl RawOp {
+    /// What the forecast learns ops launched as one `ops` by, on the
+    /// stream `queue` (their first op, their first buffers' bytes in all,
+    /// their number), submitted now.
+    pub(super) fn forecast(queue: u64, ops: &[RawOp]) -> Option<Forecast> {
+        let first = ops.first()?;
+        let bytes = ops.iter().map(|o| (o.c0 * o.ty.size()) as u64).sum();
+        Some(Forecast {
+            key: Key {
+                queue,
+                op: first.op,
+                bytes,
+                ops: u32::try_from(ops.len()).unwrap_or(u32::MAX),
+            },
+            submitted: std::time::Instant::now(),
+        })
+    }
+
     /// `bufs` has one or two buffers (checked by [`Communicator::check`]).
     pub(super) fn new<C: DeviceBuffers>(op: Op, bufs: &C) -> RawOp {
         let ptr = |b: Option<&C::Buf>| {
@@ -172,7 +189,12 @@ impl Communicator {
                     bufs: Some(bufs),
                     retire: Some(self.retire.clone()),
                     forecast: Some(Forecast {
-                        key: Key { queue, op, bytes },
+                        key: Key {
+                            queue,
+                            op,
+                            bytes,
+                            ops: 1,
+                        },
                         submitted,
                     }),
                     pending_seen: false,

@@ -11,7 +11,8 @@
 //!
 //! The expectation comes from history: ops of one kind and size on one
 //! communicator stream (a gradient bucket's all_reduce, step after step)
-//! take about as long from submission to end. The table keeps, per such
+//! take about as long from submission to end; so do the launches of a
+//! group of ops (a batch) of one shape. The table keeps, per such
 //! key, a moving average of that time and of its deviation; an op's
 //! expected end is its submission plus the average minus twice the
 //! deviation (early rather than late: an early wake costs a little
@@ -29,9 +30,12 @@ use chorus_core::Op;
 pub(crate) struct Key {
     /// The communicator's stream (ops on one stream end in order).
     pub(crate) queue: u64,
+    /// The op (a batch's first).
     pub(crate) op: Op,
-    /// Bytes of the op's first buffer.
+    /// Bytes of the op's first buffer (a batch's: the sum over its ops).
     pub(crate) bytes: u64,
+    /// Ops launched as one: 1 for a lone op, a batch's length.
+    pub(crate) ops: u32,
 }
 
 /// An op in flight, for the table: its key and when it was submitted.
@@ -109,6 +113,7 @@ mod tests {
                 queue: 7,
                 op: Op::AllReduce(chorus_core::ReduceOp::Sum),
                 bytes,
+                ops: 1,
             },
             submitted: Instant::now(),
         }

@@ -27,7 +27,8 @@ pub struct InFlight<C: DeviceBuffers> {
     /// retire queue, else the reactor.
     pub(super) retire: Option<Arc<RetireQueue>>,
     /// The op's key and submission, to learn and expect when ops like it
-    /// end (single ops; `None` in a group).
+    /// end (a lone op, a coalesced op or a whole group as one; `None` for
+    /// an op of a group, which ends with it).
     pub(super) forecast: Option<Forecast>,
     /// A query found the op still running: a later query that finds it
     /// done sees its end closely enough to learn from (one that finds it
