@@ -345,6 +345,7 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
     let ct = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
+    let (prewakes_before, _) = chorus::test_util::prewake_counts();
     for ms in [1u64, 10, 30] {
         let len = Duration::from_millis(ms);
         // block_on, one thread per work, all waiting at once.
@@ -402,6 +403,17 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
         }
         assert_eq!(outs, data, "{ms} ms, wait_timeout");
     }
+    // Groups of one shape are learned as a lone op's are: the later ones
+    // are woken ahead of their expected end (nothing but groups ran here).
+    let (prewakes, hits) = chorus::test_util::prewake_counts();
+    assert!(
+        prewakes > prewakes_before,
+        "no group was pre-woken: {prewakes_before} -> {prewakes}"
+    );
+    println!(
+        "pre-wakes of the groups: {} ({hits} seen ending, process-wide)",
+        prewakes - prewakes_before
+    );
     println!("groups of 4 behind 1, 10 and 30 ms: block_on x4 threads, tokio current-thread, tokio multi-thread, wait_timeout all correct");
 }
 
