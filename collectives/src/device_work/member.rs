@@ -383,7 +383,7 @@ impl<R: DeviceBuffers> Member<R> {
             }
         }
         let mut settled = false;
-        let r = self.time_out(&mut settled);
+        let r = self.time_out(timeout, &mut settled);
         if settled {
             self.lead.waiters.wake_all_but(None);
         }
@@ -394,7 +394,7 @@ impl<R: DeviceBuffers> Member<R> {
     /// The deadline of a blocking wait passed: the group's work times out
     /// (which aborts the group, as a lone op's wait does), unless it
     /// finished meanwhile.
-    fn time_out(&self, settled: &mut bool) -> Result<R, Failed<R>> {
+    fn time_out(&self, after: Duration, settled: &mut bool) -> Result<R, Failed<R>> {
         let mut st = lock(&self.lead.state);
         let LeadState::Launched(launch) = &mut *st else {
             drop(st);
@@ -406,7 +406,7 @@ impl<R: DeviceBuffers> Member<R> {
         };
         if launch.outcome.is_none() {
             if let Some(work) = launch.work.take() {
-                let r = work.wait_timeout(Duration::ZERO);
+                let r = work.time_out(after);
                 Self::settle(launch, r);
                 *settled = true;
             }

@@ -364,10 +364,20 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 reactor::global().nudge();
             }
         }
-        // The deadline passed: the aborting wait. `inner` is not holding,
-        // so it returns at once.
-        let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(&ctx)));
-        let r = inner.wait_timeout(Duration::ZERO);
+        self.time_out_after(&ctx, timeout)
+    }
+
+    /// A blocking wait of `after` ran out: the op times out, aborting the
+    /// group (unless it completed meanwhile).
+    pub(super) fn time_out(mut self, after: Duration) -> Result<R, Failed<R>> {
+        let ctx = self.inner.context().clone();
+        self.time_out_after(&ctx, after)
+    }
+
+    fn time_out_after(&mut self, ctx: &OpContext, after: Duration) -> Result<R, Failed<R>> {
+        // `inner` is not holding, so this returns at once.
+        let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(ctx)));
+        let r = inner.time_out(after);
         self.resolved(r)
     }
 

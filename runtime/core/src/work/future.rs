@@ -414,31 +414,50 @@ impl<T> OpFuture<T> {
             }
             let now = Instant::now();
             if now >= deadline {
-                let err = WorkError::OpTimeout {
-                    ctx: self.shared.ctx.clone(),
-                    after: timeout,
-                };
-                tracing::error!(op = %self.shared.ctx, ?timeout, "blocking wait timed out; aborting the group");
-                self.shared.registry.abort(&err);
-                if self.shared.hold {
-                    // The abort stopped the backend: it hands the buffers
-                    // back within moments.
-                    let grace = Instant::now() + HOLD_GRACE;
-                    while Instant::now() < grace {
-                        match self.shared.slot.poll(&waker) {
-                            Poll::Ready(Some(r)) => return r,
-                            Poll::Ready(None) => return Err(self.consumed_error()),
-                            Poll::Pending => {}
-                        }
-                        std::thread::park_timeout(grace.saturating_duration_since(Instant::now()));
-                    }
-                }
-                return match self.shared.slot.try_take() {
-                    Some(r) => r,
-                    None => Err(Failed::without_buffers(err)),
-                };
+                return self.time_out(timeout);
             }
             std::thread::park_timeout(deadline - now);
+        }
+    }
+
+    /// A blocking wait of `after` ran out: unless the op completed
+    /// meanwhile, aborts the group with [`WorkError::OpTimeout`] (saying
+    /// `after`) and returns the work's outcome, as
+    /// [`wait_timeout`](Self::wait_timeout) does at its deadline (for a
+    /// caller that waited in its own way, e.g. on the GPU).
+    ///
+    /// # Errors
+    ///
+    /// The timeout, or the op's own failure if it came first.
+    pub fn time_out(self, after: Duration) -> Result<T, Failed<T>> {
+        let waker = unpark_waker();
+        match self.shared.slot.poll(&waker) {
+            Poll::Ready(Some(r)) => return r,
+            Poll::Ready(None) => return Err(self.consumed_error()),
+            Poll::Pending => {}
+        }
+        let err = WorkError::OpTimeout {
+            ctx: self.shared.ctx.clone(),
+            after,
+        };
+        tracing::error!(op = %self.shared.ctx, timeout = ?after, "blocking wait timed out; aborting the group");
+        self.shared.registry.abort(&err);
+        if self.shared.hold {
+            // The abort stopped the backend: it hands the buffers back
+            // within moments.
+            let grace = Instant::now() + HOLD_GRACE;
+            while Instant::now() < grace {
+                match self.shared.slot.poll(&waker) {
+                    Poll::Ready(Some(r)) => return r,
+                    Poll::Ready(None) => return Err(self.consumed_error()),
+                    Poll::Pending => {}
+                }
+                std::thread::park_timeout(grace.saturating_duration_since(Instant::now()));
+            }
+        }
+        match self.shared.slot.try_take() {
+            Some(r) => r,
+            None => Err(Failed::without_buffers(err)),
         }
     }
 }
