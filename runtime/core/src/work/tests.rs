@@ -131,13 +131,35 @@ fn blocking_wait_times_out_and_aborts() {
         .wait_timeout(Duration::from_millis(30))
         .unwrap_err()
         .into_error();
-    assert!(matches!(err, WorkError::OpTimeout { .. }), "{err}");
+    assert!(
+        matches!(err, WorkError::OpTimeout { after, .. } if after == Duration::from_millis(30)),
+        "the timeout given: {err}"
+    );
     assert!(matches!(
         w2.wait_timeout(Duration::from_secs(5))
             .map_err(Failed::into_error),
         Err(WorkError::OpTimeout { .. })
     ));
     assert!(reg.errored().is_some());
+}
+
+#[test]
+fn timing_out_a_completed_op_gives_its_outcome_and_aborts_nothing() {
+    let reg = Arc::new(Registry::new());
+    let (w, c) = OpFuture::<u8>::new(ctx(1), &reg, None).unwrap();
+    c.complete(Ok(4));
+    assert_eq!(w.time_out(Duration::from_millis(5)).unwrap(), 4);
+    assert!(reg.errored().is_none());
+    let (w, _c) = OpFuture::<u8>::new(ctx(2), &reg, None).unwrap();
+    let err = w
+        .time_out(Duration::from_millis(5))
+        .unwrap_err()
+        .into_error();
+    assert!(
+        matches!(err, WorkError::OpTimeout { after, .. } if after == Duration::from_millis(5)),
+        "{err}"
+    );
+    assert!(reg.errored().is_some(), "timing out aborts the group");
 }
 
 #[test]
