@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use chorus_core::{Failed, Fanout, OpContext, OpFuture, WorkError, WorkStatus};
@@ -121,19 +121,6 @@ impl GroupLead {
     }
 }
 
-/// Wakes a thread blocked in [`Member::wait_timeout`].
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
 /// The work of one op of a group (see the module docs).
 pub(crate) struct Member<R: DeviceBuffers> {
     lead: Arc<GroupLead>,
@@ -198,11 +185,7 @@ impl<R: DeviceBuffers> Member<R> {
             LeadState::Launched(l) => match (&l.outcome, &l.work) {
                 (Some(Ok(())), _) => WorkStatus::Finished,
                 (Some(Err(_)), _) => WorkStatus::Failed,
-                (None, Some(w)) => match w.status() {
-                    // The lead's own result waits in it: the group's.
-                    WorkStatus::Consumed => WorkStatus::Finished,
-                    s => s,
-                },
+                (None, Some(w)) => w.status(),
                 (None, None) => WorkStatus::Failed,
             },
         }
@@ -365,7 +348,7 @@ impl<R: DeviceBuffers> Member<R> {
     pub(super) fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
         let t0 = Instant::now();
         let deadline = t0.checked_add(timeout);
-        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let waker = chorus_core::work::unpark_waker();
         let mut cx = Context::from_waker(&waker);
         loop {
             if let Poll::Ready(r) = self.poll(&mut cx) {

@@ -354,8 +354,10 @@ impl<T> Future for OpFuture<T> {
 #[cfg(not(loom))]
 pub const HOLD_GRACE: Duration = Duration::from_secs(2);
 
+/// A waker that unparks the calling thread: for a thread that blocks on
+/// a work itself (`std::thread::park_timeout` between polls).
 #[cfg(not(loom))]
-fn unpark_waker() -> std::task::Waker {
+pub fn unpark_waker() -> std::task::Waker {
     use std::task::Wake;
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {

@@ -25,6 +25,8 @@ mod slot;
 pub use batch::WorkBatch;
 pub use fanout::Fanout;
 #[cfg(not(loom))]
+pub use future::unpark_waker;
+#[cfg(not(loom))]
 pub use future::HOLD_GRACE;
 pub use future::{Completer, EarlyWake, OpFuture};
 pub use registry::{FinishedProbe, Registry};
