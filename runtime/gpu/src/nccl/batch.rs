@@ -318,7 +318,6 @@ impl Communicator {
             retire: Some(self.retire.clone()),
             // Learned only from ops that ran.
             forecast: forecast.filter(|_| failed.is_none()),
-            pending_seen: false,
         };
         match failed {
             None => Ok(inflight),
@@ -431,7 +430,6 @@ impl Launched {
             bufs: Some(NoBuffers),
             retire: Some(self.retire.clone()),
             forecast: self.forecast,
-            pending_seen: false,
         })
     }
 
@@ -486,7 +484,6 @@ impl Launched {
                 bufs: Some(*bufs),
                 retire: Some(self.retire.clone()),
                 forecast: None,
-                pending_seen: false,
             }),
             Err(other) => {
                 // Unreachable with a ticket of this batch; keep the value.

@@ -47,6 +47,7 @@ impl RawOp {
                 ops: u32::try_from(ops.len()).unwrap_or(u32::MAX),
             },
             submitted: std::time::Instant::now(),
+            seen_running: false,
         })
     }
 
@@ -196,8 +197,8 @@ impl Communicator {
                             ops: 1,
                         },
                         submitted,
+                        seen_running: false,
                     }),
-                    pending_seen: false,
                 })
             }
             Err(e) => Err((e, bufs)),

@@ -43,6 +43,10 @@ pub(crate) struct Key {
 pub(crate) struct Forecast {
     pub(crate) key: Key,
     pub(crate) submitted: Instant,
+    /// A query found the op still running: a later query that finds it
+    /// done sees its end closely enough to learn from (one that finds it
+    /// done at once only bounds the end from above).
+    pub(crate) seen_running: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -116,6 +120,7 @@ mod tests {
                 ops: 1,
             },
             submitted: Instant::now(),
+            seen_running: false,
         }
     }
 

@@ -30,10 +30,6 @@ pub struct InFlight<C: DeviceBuffers> {
     /// end (a lone op, a coalesced op or a whole group as one; `None` for
     /// an op of a group, which ends with it).
     pub(super) forecast: Option<Forecast>,
-    /// A query found the op still running: a later query that finds it
-    /// done sees its end closely enough to learn from (one that finds it
-    /// done at once only bounds the end from above).
-    pub(super) pending_seen: bool,
 }
 
 impl<C: DeviceBuffers> fmt::Debug for InFlight<C> {
@@ -87,10 +83,12 @@ impl<C: DeviceBuffers> InFlight<C> {
             return Ok(None);
         }
         if !self.end.is_complete()? {
-            self.pending_seen = true;
+            if let Some(f) = self.forecast.as_mut() {
+                f.seen_running = true;
+            }
             return Ok(None);
         }
-        if let Some(f) = self.forecast.as_ref().filter(|_| self.pending_seen) {
+        if let Some(f) = self.forecast.as_ref().filter(|f| f.seen_running) {
             f.observe(std::time::Instant::now());
         }
         Ok(self.bufs.take())
@@ -215,7 +213,6 @@ impl<C: DeviceBuffers> Drop for InFlight<C> {
                 bufs: Some(bufs),
                 retire: self.retire.take(),
                 forecast: None,
-                pending_seen: false,
             };
             f.detach(|_| {});
         }
