@@ -22,8 +22,9 @@ pub(crate) struct OwnWork<R: DeviceBuffers> {
     /// Polled before (the first poll may watch the op briefly).
     polled: bool,
     /// How long the first poll may watch the end event itself
-    /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin)).
-    spin: Duration,
+    /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin)), in ns
+    /// (a few µs: kept small, as a work moves on every await).
+    spin_ns: u32,
 }
 
 // Never pinned structurally: the buffers move in and out by value.
@@ -137,7 +138,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
             end,
             track: Some(Track::Held(Held(Some((op, completer))))),
             polled: false,
-            spin,
+            spin_ns: u32::try_from(spin.as_nanos()).unwrap_or(u32::MAX),
         }
     }
 
@@ -488,7 +489,7 @@ impl<R: DeviceBuffers> Future for OwnWork<R> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;
-            let spin = self.spin;
+            let spin = Duration::from_nanos(u64::from(self.spin_ns));
             if !spin.is_zero() && !self.inner.is_done() && !self.ends_after(spin) {
                 if let Some(bufs) = self.watch_briefly(spin) {
                     return Poll::Ready(Ok(bufs));
