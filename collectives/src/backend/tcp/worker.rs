@@ -385,6 +385,11 @@ impl Worker {
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
         if self.inner.peer_state(peer) != PeerState::Open {
+            // The peer may have closed because it found a mismatch in an
+            // earlier frame of this op: that is the better report.
+            if let Some(m) = self.mismatch_before_close(op, peer).await {
+                return Err(m);
+            }
             return Err(self.inner.lost_error(op.ctx, peer));
         }
         let hdr = Header {
@@ -426,8 +431,8 @@ impl Worker {
         })
     }
 
-    /// After a write to `peer` failed: the mismatch its frame for this op
-    /// shows, if the frame arrived before the connection ended (its reader
+    /// After `peer` closed or a write to it failed: the mismatch its frame
+    /// for this op shows, if the frame arrived before the connection ended (its reader
     /// delivers what came before the end, then closes the queue; waited for
     /// at most 200 ms).
     async fn mismatch_before_close(&mut self, op: &Active<'_>, peer: usize) -> Option<WorkError> {
