@@ -9,8 +9,9 @@
 #   runs against the machine's own driver; this copy only satisfies the
 #   link, and lets the tests that need no GPU start here.
 #
-# Expects TORCH_VENV; exports CUDA_HOME, PATH, CUDA_COMPUTE_CAP, RUSTFLAGS
-# and LD_LIBRARY_PATH for the build and the tests.
+# Expects TORCH_VENV; exports CUDA_HOME, PATH, CUDA_COMPUTE_CAP,
+# CUDAFORGE_THREADS, RUSTFLAGS and LD_LIBRARY_PATH for the build and the
+# tests.
 
 CUDA_PY_VERSION=13.0.88
 CUDA_HOME="$("$TORCH_VENV/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')"
@@ -53,5 +54,8 @@ export CUDA_HOME
 export PATH="$CUDA_HOME/bin:$PATH"
 # The H200's compute capability; there is no GPU here to ask.
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+# candle's build compiles its kernels on half the cores by default; they
+# are most of the adapter's build time, and nothing else builds meanwhile.
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 export RUSTFLAGS="${RUSTFLAGS:-} -L $CUDA_LINK_DIR"
 export LD_LIBRARY_PATH="$CUDA_LINK_DIR:$CUDA_HOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
