@@ -108,6 +108,7 @@ pub fn started_batch(
                 .collect()
         },
     )
+    .map(|(works, _)| works)
 }
 
 /// Prints the enqueue phases' medians of the ops profiled so far, when

@@ -43,27 +43,36 @@ pub(crate) fn cell<W>() -> Cell<W> {
 /// As for `W`: dropping it detaches the op, which still runs with its group.
 #[must_use = "the op runs with its group anyway, but its buffers come back only through the work"]
 pub struct Grouped<W> {
-    /// Where a TCP group's launch puts the work (`None`: the work is here
-    /// from staging on, a view of its NCCL group's one work).
-    cell: Option<Cell<W>>,
-    work: Option<W>,
-    /// Whether a work held from staging on has been launched.
-    launched: fn(&W) -> Result<(), WorkError>,
-    ctx: OpContext,
+    state: State<W>,
 }
 
-impl<W> std::fmt::Debug for Grouped<W> {
+enum State<W> {
+    /// A TCP group's launch puts the work (or why the op did not run) into
+    /// the cell.
+    Cell { cell: Cell<W>, ctx: OpContext },
+    /// The work: taken from its cell, or held from staging on (a view of
+    /// its NCCL group's one work), which `launched` says is launched (or
+    /// why not).
+    Work {
+        work: W,
+        launched: fn(&W) -> Result<(), WorkError>,
+    },
+}
+
+impl<W: std::fmt::Debug> std::fmt::Debug for Grouped<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grouped")
-            .field("op", &self.ctx)
-            .field(
-                "launched",
-                &self
-                    .work
-                    .as_ref()
-                    .is_some_and(|w| (self.launched)(w).is_ok()),
-            )
-            .finish()
+        match &self.state {
+            State::Cell { ctx, .. } => f
+                .debug_struct("Grouped")
+                .field("op", ctx)
+                .field("launched", &false)
+                .finish(),
+            State::Work { work, launched } => f
+                .debug_struct("Grouped")
+                .field("work", work)
+                .field("launched", &launched(work).is_ok())
+                .finish(),
+        }
     }
 }
 
@@ -71,34 +80,38 @@ impl<W> Grouped<W> {
     /// A work its group's launch delivers into `cell`.
     pub(crate) fn new(cell: Cell<W>, ctx: OpContext) -> Self {
         Grouped {
-            cell: Some(cell),
-            work: None,
-            launched: |_| Ok(()),
-            ctx,
+            state: State::Cell { cell, ctx },
         }
     }
 
     /// A work held from staging on, which `launched` says is launched
     /// (or why not).
-    pub(crate) fn held(work: W, launched: fn(&W) -> Result<(), WorkError>, ctx: OpContext) -> Self {
+    pub(crate) fn held(work: W, launched: fn(&W) -> Result<(), WorkError>) -> Self {
         Grouped {
-            cell: None,
-            work: Some(work),
-            launched,
-            ctx,
+            state: State::Work { work, launched },
         }
     }
 
-    fn fetch(&mut self) -> Option<Result<&mut W, WorkError>> {
-        if self.work.is_none() {
-            let cell = self.cell.as_ref()?;
-            match cell.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                Some(Ok(w)) => self.work = Some(w),
-                Some(Err(e)) => return Some(Err(e)),
-                None => return None,
+    /// The work once it is here; else why not (its group is not launched
+    /// yet, or the op did not run).
+    fn fetch(&mut self) -> Result<&mut W, WorkError> {
+        if let State::Cell { cell, ctx } = &self.state {
+            let taken = cell.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match taken {
+                Some(Ok(work)) => {
+                    self.state = State::Work {
+                        work,
+                        launched: |_| Ok(()),
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(not_launched(ctx)),
             }
         }
-        self.work.as_mut().map(Ok)
+        match &mut self.state {
+            State::Work { work, .. } => Ok(work),
+            State::Cell { ctx, .. } => Err(not_launched(ctx)),
+        }
     }
 
     /// The op's work, once its group was launched (for the levels `W`
@@ -110,14 +123,10 @@ impl<W> Grouped<W> {
     /// The group was not launched yet (the op still runs with its group if
     /// it is launched later), was dropped unlaunched, or failed to launch.
     pub fn into_work(mut self) -> Result<W, WorkError> {
-        let launched = self.launched;
-        match self.fetch() {
-            Some(Ok(w)) => {
-                launched(w)?;
-                self.work.take().ok_or_else(|| not_launched(&self.ctx))
-            }
-            Some(Err(e)) => Err(e),
-            None => Err(not_launched(&self.ctx)),
+        self.fetch()?;
+        match self.state {
+            State::Work { work, launched } => launched(&work).map(|()| work),
+            State::Cell { ctx, .. } => Err(not_launched(&ctx)),
         }
     }
 }
@@ -142,13 +151,9 @@ where
     /// its group was launched it fails at once (a group is launched on the
     /// thread that staged it, so waiting could never end).
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(w) = self.work.as_mut() {
-            return Pin::new(w).poll(cx);
-        }
         match self.fetch() {
-            Some(Ok(w)) => Pin::new(w).poll(cx),
-            Some(Err(e)) => Poll::Ready(Err(Failed::without_buffers(e))),
-            None => Poll::Ready(Err(Failed::without_buffers(not_launched(&self.ctx)))),
+            Ok(w) => Pin::new(w).poll(cx),
+            Err(e) => Poll::Ready(Err(Failed::without_buffers(e))),
         }
     }
 }

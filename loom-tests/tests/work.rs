@@ -327,7 +327,8 @@ fn batch_members_complete_vs_abort() {
                 })
             },
         )
-        .expect("registered");
+        .expect("registered")
+        .0;
         assert_eq!(reg.pending(), 2);
         let [(w1, c1), (w2, c2)] = pairs;
         let backends: Vec<_> = [c1, c2]

@@ -32,8 +32,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// group.
 pub(crate) struct GroupLead {
     end: Arc<EndEvent>,
-    /// Each op's context with its sequence number, from the launch on.
-    ops: OnceLock<Vec<OpContext>>,
+    /// Each op's context with its sequence number, from the launch on (the
+    /// list the group's registry entry keeps).
+    ops: OnceLock<Arc<[OpContext]>>,
     state: Mutex<LeadState>,
     /// The works polled while the group runs: the lead's work wakes them
     /// all (its end, an early wake before it, its failure).
@@ -89,7 +90,7 @@ impl GroupLead {
     pub(crate) fn launched(
         &self,
         bufs: Launched,
-        ops: Vec<OpContext>,
+        ops: Arc<[OpContext]>,
         work: (OpFuture<Option<NoBuffers>>, DeviceCompleter<NoBuffers>),
         failed: Option<&WorkError>,
         spin: Duration,

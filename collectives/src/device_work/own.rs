@@ -467,25 +467,10 @@ impl<R: DeviceBuffers> OwnWork<R> {
 impl<R: DeviceBuffers> Future for OwnWork<R> {
     type Output = Result<R, Failed<R>>;
 
-    /// GpuFinished: resolves once the op's end event completed.
-    ///
-    /// The first poll of an unfinished op watches it for a few microseconds
-    /// ([`NcclOptions::poll_spin`](crate::NcclOptions::poll_spin), default
-    /// 10; 0 turns it off; skipped when ops like it ran longer), querying the end
-    /// event itself: a small GPU op finishes within that, and resolving it
-    /// then (on this thread, without the completion reactor) saves the park
-    /// and wake-up of the awaiting thread (~5 µs), which otherwise
-    /// dominates the round trip. If the op is still running after that,
-    /// the poll hands it to the completion reactor, which wakes the future
-    /// when the end event completes, and returns `Pending`. When ops like
-    /// this one ended before, the reactor also wakes the future shortly
-    /// before this one is expected to end; that poll watches the end event
-    /// (for at most twice the reactor's `prewake_lead` and an eighth of the
-    /// op's expected length), napping in short steps until shortly before
-    /// the expected end and spinning from then on, so that the op's end
-    /// is seen within microseconds rather than after a parked thread's
-    /// wake-up, at the cost of a few system calls rather than a core for
-    /// the whole lead. Other polls never wait.
+    /// GpuFinished, as `DeviceWork`'s poll describes: the first poll's
+    /// brief watch (`spin_ns`, skipped when ops like it ran longer), then
+    /// the reactor, and a watch of its own once the reactor woke it ahead
+    /// of the op's expected end.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;

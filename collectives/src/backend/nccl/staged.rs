@@ -107,8 +107,8 @@ impl NcclStaged {
         };
         let index = self.ops.len();
         self.ops.push(StagedOp { op, name, meta });
-        let work = DeviceWork::member(Member::new(lead, index, ticket, ctx.clone()));
-        Ok(Grouped::held(work, DeviceWork::launched, ctx))
+        let work = DeviceWork::member(Member::new(lead, index, ticket, ctx));
+        Ok(Grouped::held(work, DeviceWork::launched))
     }
 
     /// Registers the staged ops in order as one batch standing for all of
@@ -128,21 +128,16 @@ impl NcclStaged {
         };
         let mut counters = seq.lock();
         let mut next = counters.clone();
-        let ctxs: Vec<OpContext> = ops
-            .iter()
-            .map(|o| {
-                let n = next.next(o.op);
-                next.bump(o.op, n);
-                seq.ctx(n, o.name)
-            })
-            .collect();
-        let Some(first) = ctxs.first().cloned() else {
+        let Some(head) = ops.first() else {
             return Ok(());
         };
+        let first = seq.ctx(next.next(head.op), head.name);
         // One launch, one clock reading.
         let now = Instant::now();
         // The group's end event tells the watchdog the ops finished.
         let probe: Arc<dyn FinishedProbe> = lead.end().clone();
+        // Each op takes its sequence number here; the registry keeps the
+        // list of them, which the group's works name themselves by.
         let registered = WorkBatch::register(
             seq.registry(),
             &first,
@@ -152,11 +147,14 @@ impl NcclStaged {
             Some(probe),
             |b| {
                 let mut work = None;
-                for (o, ctx) in ops.iter_mut().zip(&ctxs) {
+                for o in &mut ops {
+                    let n = next.next(o.op);
+                    next.bump(o.op, n);
+                    let ctx = seq.ctx(n, o.name);
                     let meta = std::mem::take(&mut o.meta);
                     let collective = o.op.is_collective();
                     if work.is_none() {
-                        work = Some(b.add::<Option<NoBuffers>>(ctx.clone(), collective, meta));
+                        work = Some(b.add::<Option<NoBuffers>>(ctx, collective, meta));
                     } else {
                         b.record(ctx, collective, meta);
                     }
@@ -164,9 +162,9 @@ impl NcclStaged {
                 work
             },
         );
-        let work = match registered {
-            Ok(Some(w)) => w,
-            Ok(None) => return Ok(()),
+        let (work, ctxs) = match registered {
+            Ok((Some(w), ctxs)) => (w, ctxs),
+            Ok((None, _)) => return Ok(()),
             Err(err) => {
                 drop(counters);
                 // Nothing ran: the buffers go with the batch.

@@ -47,7 +47,9 @@ impl WorkBatch<'_> {
     /// caller knows) as one batch, submitted and started at `now` (the
     /// launch's one clock reading), each due within `timeout`; `probe`
     /// (the launch's end event) tells the watchdog they finished. Returns
-    /// what `add` returns.
+    /// what `add` returns, and the batch's ops in the order they were
+    /// added: the one list the registry keeps too, for whoever names them
+    /// later (a group's works).
     ///
     /// # Errors
     ///
@@ -62,7 +64,7 @@ impl WorkBatch<'_> {
         timeout: Option<Duration>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
         add: impl FnOnce(&mut WorkBatch<'_>) -> R,
-    ) -> Result<R, WorkError> {
+    ) -> Result<(R, std::sync::Arc<[OpContext]>), WorkError> {
         let insert = registry.begin_batch(first, len, now)?;
         let mut batch = WorkBatch {
             registry,
@@ -71,8 +73,8 @@ impl WorkBatch<'_> {
         };
         let out = add(&mut batch);
         let deadline = timeout.and_then(|t| now.checked_add(t));
-        registry.commit_batch(batch.insert, now, deadline, probe);
-        Ok(out)
+        let ops = registry.commit_batch(batch.insert, now, deadline, probe);
+        Ok((out, ops))
     }
 
     /// Adds an op of the batch (`collective`: its sequence number is
@@ -83,7 +85,7 @@ impl WorkBatch<'_> {
         collective: bool,
         meta: OpMeta,
     ) -> (OpFuture<T>, Completer<T>) {
-        let rec = self.insert.record(&ctx, collective, meta);
+        let rec = self.insert.record(ctx.clone(), collective, meta);
         let shared = DynArc::new(Shared {
             ctx,
             id: self.insert.id(),
@@ -109,7 +111,7 @@ impl WorkBatch<'_> {
     /// work for every op of the group. It is recorded, counted as pending
     /// and listed among the pending ops like the others, and retired or
     /// failed with the batch.
-    pub fn record(&mut self, ctx: &OpContext, collective: bool, meta: OpMeta) {
+    pub fn record(&mut self, ctx: OpContext, collective: bool, meta: OpMeta) {
         self.insert.record(ctx, collective, meta);
     }
 }

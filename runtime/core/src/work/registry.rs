@@ -41,8 +41,9 @@ pub(crate) trait Fail: Send + Sync {
 struct BatchEntry {
     first: OpContext,
     /// Every op of the batch, in submission order (a member's work may
-    /// stand for several: a group's one work for all of its ops).
-    ops: Vec<OpContext>,
+    /// stand for several: a group's one work for all of its ops), shared
+    /// with whoever registered them ([`WorkBatch::register`]).
+    ops: std::sync::Arc<[OpContext]>,
     members: Vec<DynArc<dyn Fail>>,
 }
 
@@ -359,14 +360,14 @@ impl Registry {
     }
 
     /// Enters the batch begun with [`begin_batch`](Self::begin_batch) as
-    /// one entry (none if it has no member).
+    /// one entry (none if it has no member) and returns its ops.
     pub(crate) fn commit_batch(
         &self,
         batch: BatchInsert<'_>,
         submitted: Instant,
         deadline: Option<Instant>,
         probe: Option<std::sync::Arc<dyn FinishedProbe>>,
-    ) {
+    ) -> std::sync::Arc<[OpContext]> {
         let BatchInsert {
             mut inner,
             appender,
@@ -377,11 +378,12 @@ impl Registry {
             ..
         } = batch;
         drop(appender);
+        let ops: std::sync::Arc<[OpContext]> = ops.into();
         let Some(first) = ops.first().cloned() else {
-            return;
+            return ops;
         };
         if members.is_empty() {
-            return;
+            return ops;
         }
         inner.next_id += 1;
         let n = u32::try_from(ops.len()).unwrap_or(u32::MAX);
@@ -392,7 +394,7 @@ impl Registry {
                 deadline,
                 fail: DynArc::new(BatchEntry {
                     first,
-                    ops,
+                    ops: ops.clone(),
                     members,
                 }),
                 probe,
@@ -401,6 +403,7 @@ impl Registry {
                 batch: true,
             },
         );
+        ops
     }
 
     /// Retires entry `id` (a batch whose ops ended together) and marks its
@@ -564,18 +567,13 @@ impl BatchInsert<'_> {
 
     /// Enters op `ctx` of the batch, started at the batch's submission
     /// time, and records it; its flight-record id, if the registry records.
-    pub(crate) fn record(
-        &mut self,
-        ctx: &OpContext,
-        collective: bool,
-        meta: OpMeta,
-    ) -> Option<u64> {
+    pub(crate) fn record(&mut self, ctx: OpContext, collective: bool, meta: OpMeta) -> Option<u64> {
         let at = self.at_us;
         let rec = self
             .appender
             .as_mut()
             .map(|a| a.started(ctx.seq, ctx.op, collective, meta, at));
-        self.ops.push(ctx.clone());
+        self.ops.push(ctx);
         if self.first_rec.is_none() {
             self.first_rec = rec;
         }

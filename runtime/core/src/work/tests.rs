@@ -504,6 +504,7 @@ fn batch_of(
                 .collect()
         },
     )
+    .map(|(works, _)| works)
 }
 
 fn recorder_states(reg: &Registry) -> Vec<crate::flight_recorder::OpState> {
@@ -668,13 +669,19 @@ fn a_batch_with_one_work_for_its_recorded_ops_counts_lists_and_retires_them_all(
     let lead = |reg: &Arc<Registry>, first: u64| {
         WorkBatch::register(reg, &ctx(first), 3, Instant::now(), None, None, |b| {
             let pair = b.add::<u64>(ctx(first), true, OpMeta::default());
-            b.record(&ctx(first + 1), true, OpMeta::default());
-            b.record(&ctx(first + 2), true, OpMeta::default());
+            b.record(ctx(first + 1), true, OpMeta::default());
+            b.record(ctx(first + 2), true, OpMeta::default());
             pair
         })
         .unwrap()
     };
-    let (w, c) = lead(&reg, 1);
+    let ((w, c), ops) = lead(&reg, 1);
+    let listed: Vec<u64> = ops.iter().map(|c| c.seq).collect();
+    assert_eq!(
+        listed,
+        vec![1, 2, 3],
+        "the batch's ops, in order, for whoever names them"
+    );
     assert_eq!(reg.ring_len(), 1, "one entry for the three ops");
     assert_eq!(reg.pending(), 3, "each recorded op counts as pending");
     let seqs: Vec<u64> = reg.pending_ops().iter().map(|c| c.seq).collect();
@@ -687,7 +694,7 @@ fn a_batch_with_one_work_for_its_recorded_ops_counts_lists_and_retires_them_all(
 
     // Aborted, the one work fails as the batch's first op, and every
     // record is marked.
-    let (w, _c) = lead(&reg, 4);
+    let ((w, _c), _) = lead(&reg, 4);
     let cause = WorkError::Aborted {
         ctx: ctx(0),
         reason: "test".into(),
