@@ -127,7 +127,9 @@ pub use chorus_core::profile;
 pub mod test_util {
     pub use chorus_gpu::cuda::kernels::Kernels;
     pub use chorus_gpu::cuda::StreamHold;
-    pub use chorus_gpu::nccl::{end_events_created, in_progress_returns, prewake_counts};
+    pub use chorus_gpu::nccl::{
+        end_events_created, ended_without_query, in_progress_returns, prewake_counts,
+    };
 }
 
 // The README's Rust examples are compiled (and, where they can run alone,

@@ -713,3 +713,55 @@ fn gpu_works_dropped_out_of_order_free_nothing_early() {
     }
     assert!(!early.load(Ordering::SeqCst));
 }
+
+/// Ops awaited after the GPU already ran them all: the first one's query
+/// (and one of the newest op's end event) tells that the stream ran dry,
+/// and the others are known to have ended with no query of their own. Ops
+/// awaited while the GPU still runs them are never taken as ended early.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_ops_awaited_behind_the_gpu_are_known_ended_from_the_stream() {
+    let dev = device0();
+    let k = Kernels::load(&dev).unwrap();
+    let s = dev.new_stream(StreamPriority::Normal).unwrap();
+    let st = store();
+    let pg = group(&st, "stream-progress", Some(0));
+    let data: Vec<Vec<f32>> = (0..16)
+        .map(|i| (0..1024).map(|j| (i * 1024 + j) as f32).collect())
+        .collect();
+    for round in 0..3 {
+        let works: Vec<_> = data
+            .iter()
+            .map(|d| pg.all_reduce(upload(&s, d), ReduceOp::Sum).unwrap())
+            .collect();
+        works.last().unwrap().end_event().synchronize().unwrap();
+        let before = chorus::test_util::ended_without_query();
+        for (i, w) in works.into_iter().enumerate() {
+            let back = block_on(w).unwrap_or_else(|e| panic!("round {round} op {i}: {e}"));
+            assert_eq!(download(&back), data[i], "round {round} op {i}");
+        }
+        let known = chorus::test_util::ended_without_query() - before;
+        assert!(
+            known >= 15,
+            "round {round}: {known} of 16 ops known to have ended without a query (want 15)"
+        );
+    }
+    // Behind a long kernel, later ops still run when the first is awaited:
+    // each one's data is right and its end event complete when it returns.
+    for round in 0..3 {
+        k.spin(&s, Duration::from_millis(5)).unwrap();
+        let works: Vec<_> = data
+            .iter()
+            .map(|d| pg.all_reduce(upload(&s, d), ReduceOp::Sum).unwrap())
+            .collect();
+        for (i, w) in works.into_iter().enumerate() {
+            let ev = w.end_event_handle();
+            let back = block_on(w).unwrap_or_else(|e| panic!("spin round {round} op {i}: {e}"));
+            assert!(
+                ev.event().query().unwrap(),
+                "spin round {round} op {i}: returned before the GPU finished"
+            );
+            assert_eq!(download(&back), data[i], "spin round {round} op {i}");
+        }
+    }
+}

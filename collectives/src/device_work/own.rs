@@ -274,7 +274,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
         match &mut self.track {
             Some(Track::Held(held)) => {
                 let (f, _) = held.0.as_mut()?;
-                if !self.end.known_complete() {
+                if !f.known_ended() {
                     f.bind_device().ok()?;
                 }
                 let bufs = f.take_finished().ok().flatten()?;
@@ -399,9 +399,10 @@ impl<R: DeviceBuffers> OwnWork<R> {
             Some(Track::Held(held)) => {
                 let (f, _) = held.0.as_mut()?;
                 // The awaiting thread may never have used the device (not
-                // needed once the event is known complete, e.g. by another
-                // op of its group).
-                if !self.end.known_complete() {
+                // needed once the op is known to have ended: its group's
+                // end event seen by another of its ops, or a later op of
+                // its stream seen to end).
+                if !f.known_ended() {
                     f.bind_device().ok()?;
                 }
                 loop {

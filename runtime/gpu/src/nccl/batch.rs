@@ -194,6 +194,7 @@ impl Batch {
             Ok(()) => {
                 guard.ops += 1;
                 launched.order.1 = guard.ops;
+                comm.retire.progress.recorded(guard.ops, &end);
                 launched.forecast = forecast;
             }
             Err((e, reached_nccl)) => {
@@ -204,6 +205,7 @@ impl Batch {
                     if end.event().record(&comm.stream).is_ok() {
                         guard.ops += 1;
                         launched.order.1 = guard.ops;
+                        comm.retire.progress.recorded(guard.ops, &end);
                     } else {
                         tracing::error!("cannot order the release of a failed group's buffers after the stream; they are leaked");
                         std::mem::forget(self.items);
@@ -309,6 +311,7 @@ impl Communicator {
         };
         guard.ops += 1;
         let pos = guard.ops;
+        self.retire.progress.recorded(pos, &end);
         drop(guard);
         let inflight = InFlight {
             device: self.device.clone(),

@@ -180,6 +180,7 @@ impl Communicator {
                 }
                 guard.ops += 1;
                 let pos = guard.ops;
+                self.retire.progress.recorded(pos, &end);
                 drop(guard);
                 let queue = self.stream.as_raw() as u64;
                 let bytes = bufs.get(0).map_or(0, |b| b.count() * b.dtype().size()) as u64;

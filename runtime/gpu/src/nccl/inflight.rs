@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use super::buffer::{order_after, DeviceBuffers};
 use super::event_pool::EndEvent;
 use super::forecast::Forecast;
+use super::progress::StreamProgress;
 use super::retire::{Detached, Finished, RetireQueue};
 use super::watch::{register_or_wait, Cell, Entry, Watched};
 use crate::cuda::{CudaError, Device, Event, Stream};
@@ -70,10 +71,26 @@ impl<C: DeviceBuffers> InFlight<C> {
         self.device.bind_to_thread()
     }
 
+    /// True if the op is known to have ended without asking the driver:
+    /// its end event was found complete, or a later op of its stream was
+    /// (see `progress`).
+    pub fn known_ended(&self) -> bool {
+        self.end.known_complete() || self.progress().is_some_and(|p| p.ended(self.order.1))
+    }
+
+    fn progress(&self) -> Option<&StreamProgress> {
+        self.retire.as_deref().map(|q| &q.progress)
+    }
+
     /// GpuFinished without the reactor: if the end event has completed,
     /// takes the buffers. `Ok(None)` while the op runs, or when they were
-    /// taken before. The op's device must be current (see
+    /// taken before. Unless the op is [known to have
+    /// ended](Self::known_ended), the op's device must be current (see
     /// [`bind_device`](Self::bind_device)).
+    ///
+    /// An op found ended at its first look tells its stream's progress,
+    /// which then asks the newest op of the stream once whether it ended
+    /// too: ops awaited after it then need no query (see `progress`).
     ///
     /// # Errors
     ///
@@ -82,11 +99,20 @@ impl<C: DeviceBuffers> InFlight<C> {
         if self.bufs.is_none() {
             return Ok(None);
         }
-        if !self.end.is_complete()? {
-            if let Some(f) = self.forecast.as_mut() {
-                f.seen_running = true;
+        let pos = self.order.1;
+        if !self.progress().is_some_and(|p| p.known(pos)) {
+            if !self.end.is_complete()? {
+                if let Some(f) = self.forecast.as_mut() {
+                    f.seen_running = true;
+                }
+                return Ok(None);
             }
-            return Ok(None);
+            if let Some(p) = self.progress() {
+                p.saw_ended(pos);
+                if !self.forecast.is_some_and(|f| f.seen_running) {
+                    p.catch_up(pos);
+                }
+            }
         }
         if let Some(f) = self.forecast.as_ref().filter(|f| f.seen_running) {
             f.observe(std::time::Instant::now());
@@ -201,7 +227,7 @@ impl<C: DeviceBuffers> InFlight<C> {
 impl<C: DeviceBuffers> Drop for InFlight<C> {
     fn drop(&mut self) {
         if let Some(bufs) = self.bufs.take() {
-            if matches!(self.end.is_complete(), Ok(true)) {
+            if self.known_ended() || matches!(self.end.is_complete(), Ok(true)) {
                 return;
             }
             // Unfinished: the communicator's retire queue (or the reactor)

@@ -20,8 +20,8 @@
 //!   [`Graph`]: CUDA graph capture of NCCL ops.
 //!
 //! Files, lowest first (each uses only those before it): `error`, `types`,
-//! `buffer`, `event_pool`, `retire`, `watch`, `inflight`, `communicator`,
-//! `init`, `enqueue`, `batch`, `graph`.
+//! `buffer`, `event_pool`, `progress`, `retire`, `watch`, `inflight`,
+//! `communicator`, `init`, `enqueue`, `batch`, `graph`.
 
 mod batch;
 mod buffer;
@@ -33,6 +33,7 @@ mod forecast;
 mod graph;
 mod inflight;
 mod init;
+mod progress;
 mod retire;
 pub(crate) mod types;
 mod watch;
@@ -52,6 +53,8 @@ pub use event_pool::EndEvent;
 pub use graph::{Graph, GraphCapture};
 pub use inflight::InFlight;
 pub use init::{unique_id, PendingComm};
+#[cfg(feature = "test-util")]
+pub use progress::ended_without_query;
 pub use retire::Finished;
 #[cfg(feature = "test-util")]
 pub use watch::prewake_counts;

@@ -32,6 +32,7 @@ use smallvec::SmallVec;
 
 use super::buffer::DeviceBuffers;
 use super::event_pool::EndEvent;
+use super::progress::StreamProgress;
 use crate::cuda::{CudaError, Device};
 use crate::reactor::{self, Pending};
 
@@ -104,9 +105,12 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Retiring for Det
 
 /// A communicator's ops nobody waits for, oldest first: sorted by stream
 /// position, whatever order their works were let go in (see the module
-/// docs).
+/// docs). Every op of the communicator holds it, so it also keeps how far
+/// the stream is known to have run, for the ops that are awaited.
 #[derive(Default)]
 pub(crate) struct RetireQueue {
+    /// How far the communicator's stream is known to have run.
+    pub(super) progress: StreamProgress,
     state: Mutex<State>,
     /// Pushes so far (written under the lock, read without it): the
     /// sweeper leaves the queue alone while it moves.
