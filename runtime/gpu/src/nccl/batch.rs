@@ -192,9 +192,7 @@ impl Batch {
         };
         match res {
             Ok(()) => {
-                guard.ops += 1;
-                launched.order.1 = guard.ops;
-                comm.retire.progress.recorded(guard.ops, &end);
+                launched.order.1 = comm.recorded(&mut guard, &end);
                 launched.forecast = forecast;
             }
             Err((e, reached_nccl)) => {
@@ -203,9 +201,7 @@ impl Batch {
                     // The group may have enqueued part of its work: the
                     // buffers wait for the stream.
                     if end.event().record(&comm.stream).is_ok() {
-                        guard.ops += 1;
-                        launched.order.1 = guard.ops;
-                        comm.retire.progress.recorded(guard.ops, &end);
+                        launched.order.1 = comm.recorded(&mut guard, &end);
                     } else {
                         tracing::error!("cannot order the release of a failed group's buffers after the stream; they are leaked");
                         std::mem::forget(self.items);
@@ -309,9 +305,7 @@ impl Communicator {
                 Some(e)
             }
         };
-        guard.ops += 1;
-        let pos = guard.ops;
-        self.retire.progress.recorded(pos, &end);
+        let pos = self.recorded(&mut guard, &end);
         drop(guard);
         let inflight = InFlight {
             device: self.device.clone(),

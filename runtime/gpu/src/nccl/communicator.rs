@@ -286,6 +286,16 @@ impl Communicator {
         }
     }
 
+    /// Numbers an op whose end event `end` was just recorded on the stream
+    /// (under the enqueue lock `st`, never inside a graph capture) and
+    /// notes it as the stream's newest (see `progress`); returns its
+    /// position.
+    pub(super) fn recorded(&self, st: &mut EnqueueState, end: &Arc<EndEvent>) -> u64 {
+        st.ops += 1;
+        self.retire.progress.recorded(st.ops, end);
+        st.ops
+    }
+
     /// A free end event from the pool (see `EventPool`).
     pub(super) fn end_event(&self) -> Result<Arc<EndEvent>, CudaError> {
         self.pool

@@ -178,9 +178,7 @@ impl Communicator {
                 if prof {
                     chorus_core::profile::stamp(6);
                 }
-                guard.ops += 1;
-                let pos = guard.ops;
-                self.retire.progress.recorded(pos, &end);
+                let pos = self.recorded(&mut guard, &end);
                 drop(guard);
                 let queue = self.stream.as_raw() as u64;
                 let bytes = bufs.get(0).map_or(0, |b| b.count() * b.dtype().size()) as u64;
