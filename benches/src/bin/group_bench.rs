@@ -10,7 +10,10 @@
 //! same raw NCCL calls plus, per op (one by
 //! one) or per group, an input-ready event recorded on a producer stream,
 //! the communicator's stream waiting on it, and an end event recorded after
-//! the op(s); the total waits on the end event.
+//! the op(s); the total waits on the end event. One by one it is given
+//! twice: re-recording one end event after every op (which no per-op work
+//! can use: only the last op's end is ever known), and with an end event
+//! of its own per op ("raw+ev/op"), as per-op works need and chorus keeps.
 //!
 //! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
 #![forbid(unsafe_code)]
@@ -67,6 +70,8 @@ struct Raw {
     producer: Stream,
     ready: Event,
     end: Event,
+    /// One end event per op, for the per-op floor.
+    ends: Vec<Event>,
 }
 
 impl Raw {
@@ -76,6 +81,9 @@ impl Raw {
             producer: dev.new_stream(StreamPriority::Normal)?,
             ready: dev.new_event()?,
             end: dev.new_event()?,
+            ends: (0..width)
+                .map(|_| dev.new_event())
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -128,6 +136,25 @@ impl Raw {
         let _ = self.end.synchronize();
         (t1, Instant::now())
     }
+
+    /// `run_events(false)` with an end event per op; the total waits on
+    /// the last (the stream runs the ops in order).
+    fn run_events_per_op(&self) -> (Instant, Instant) {
+        let (p, ready) = (&self.producer, &self.ready);
+        let r = self.ends.iter().enumerate().try_for_each(|(i, end)| {
+            self.comm
+                .with_events(p, ready, end, |c| c.all_reduce(i))
+                .and_then(|r| r)
+        });
+        if let Err(e) = r {
+            eprintln!("events: {e}");
+        }
+        let t1 = Instant::now();
+        if let Some(last) = self.ends.last() {
+            let _ = last.synchronize();
+        }
+        (t1, Instant::now())
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -145,7 +172,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     producer.synchronize()?;
     println!(
-        "{:>5} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
+        "{:>5} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
         "width",
         "chorus seq sub/tot",
         "chorus grp sub/tot",
@@ -153,16 +180,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "raw seq sub/tot",
         "raw grp sub/tot",
         "raw+ev seq sub/tot",
+        "raw+ev/op seq sub/tot",
         "raw+ev grp sub/tot"
     );
     let mut rows = Vec::new();
     for &w in &args.widths {
+        // The works are kept in a vector made to size, as the raw loops
+        // keep nothing.
         let seq = measure(args.iters, || {
-            let works: Vec<_> = bufs[..w]
-                .iter_mut()
-                .filter_map(Option::take)
-                .filter_map(|b| pg.all_reduce(b, ReduceOp::Sum).ok())
-                .collect();
+            let mut works = Vec::with_capacity(w);
+            works.extend(
+                bufs[..w]
+                    .iter_mut()
+                    .filter_map(Option::take)
+                    .filter_map(|b| pg.all_reduce(b, ReduceOp::Sum).ok()),
+            );
             let t1 = Instant::now();
             for (slot, work) in bufs.iter_mut().zip(works) {
                 *slot = block_on(work).ok();
@@ -176,11 +208,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             let staged = {
                 let mut g = pg.group();
-                let ws: Vec<_> = bufs[..w]
-                    .iter_mut()
-                    .filter_map(Option::take)
-                    .filter_map(|b| g.all_reduce(b, ReduceOp::Sum).ok())
-                    .collect();
+                let mut ws = Vec::with_capacity(w);
+                ws.extend(
+                    bufs[..w]
+                        .iter_mut()
+                        .filter_map(Option::take)
+                        .filter_map(|b| g.all_reduce(b, ReduceOp::Sum).ok()),
+                );
                 stage_us.push(t0.elapsed().as_secs_f64() * 1e6);
                 let tl = Instant::now();
                 let _ = g.launch();
@@ -220,11 +254,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rseq = measure(args.iters, || raw.run(false));
         let rgrp = measure(args.iters, || raw.run(true));
         let eseq = measure(args.iters, || raw.run_events(false));
+        let eop = measure(args.iters, || raw.run_events_per_op());
         let egrp = measure(args.iters, || raw.run_events(true));
         drop(raw);
         println!(
-            "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
-            seq.0, seq.1, grp.0, grp.1, coal.0, coal.1, rseq.0, rseq.1, rgrp.0, rgrp.1, eseq.0, eseq.1, egrp.0, egrp.1
+            "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
+            seq.0, seq.1, grp.0, grp.1, coal.0, coal.1, rseq.0, rseq.1, rgrp.0, rgrp.1, eseq.0, eseq.1, eop.0, eop.1, egrp.0, egrp.1
         );
         println!(
             "{w:>5} chorus grp phases: stage {stage:.1} / launch {launch:.1} / await {:.1} us",
@@ -239,6 +274,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "raw_seq": {"submit_us": rseq.0, "total_us": rseq.1},
             "raw_grouped": {"submit_us": rgrp.0, "total_us": rgrp.1},
             "raw_events_seq": {"submit_us": eseq.0, "total_us": eseq.1},
+            "raw_events_per_op_seq": {"submit_us": eop.0, "total_us": eop.1},
             "raw_events_grouped": {"submit_us": egrp.0, "total_us": egrp.1},
         }));
     }

@@ -12,7 +12,8 @@
 //! registered as one batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::group`, each
 //! work awaited with `block_on`.
 //!
-//! One by one: (s1) raw calls with the two events per op; (s2)
+//! One by one: (s1) raw calls with the two events per op, one end event
+//! re-recorded; (s1e) the same with an end event per op; (s2)
 //! `Communicator::submit` per op, each op's buffer taken back once its end
 //! event completed; (s3) s2 plus a registered work per op; (s4)
 //! `ProcessGroup::all_reduce` per op, each work awaited.
@@ -147,6 +148,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             end.synchronize().expect("sync");
         },
     );
+    // As s1, with an end event of its own per op (what per-op works need:
+    // with one event re-recorded, only the last op's end can be known).
+    let ends: Vec<_> = (0..w).map(|_| dev.new_event()).collect::<Result<_, _>>()?;
+    layer(
+        &args.layers,
+        "s1e raw calls one by one, an end event per op",
+        iters,
+        || {
+            for (i, end) in ends.iter().enumerate() {
+                raw.with_events(&prod, &ready, end, |c| c.all_reduce(i))
+                    .and_then(|r| r)
+                    .expect("raw op");
+            }
+            if let Some(last) = ends.last() {
+                last.synchronize().expect("sync");
+            }
+        },
+    );
     drop(raw);
 
     let c = std::sync::Arc::new(communicator(&dev)?);
@@ -242,11 +261,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || {
             let works = {
                 let mut g = pg.group();
-                let ws: Vec<_> = slots
-                    .iter_mut()
-                    .filter_map(Option::take)
-                    .map(|b| g.all_reduce(b, ReduceOp::Sum).expect("stage"))
-                    .collect();
+                let mut ws = Vec::with_capacity(w);
+                ws.extend(
+                    slots
+                        .iter_mut()
+                        .filter_map(Option::take)
+                        .map(|b| g.all_reduce(b, ReduceOp::Sum).expect("stage")),
+                );
                 g.launch().expect("launch");
                 ws
             };
@@ -256,11 +277,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     let mut one_by_one = || {
-        let works: Vec<_> = slots
-            .iter_mut()
-            .filter_map(Option::take)
-            .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
-            .collect();
+        let mut works = Vec::with_capacity(w);
+        works.extend(
+            slots
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce")),
+        );
         for (slot, work) in slots.iter_mut().zip(works) {
             *slot = Some(block_on(work).expect("await"));
         }
