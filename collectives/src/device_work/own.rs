@@ -433,10 +433,11 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 // watcher is enough (a poll that returns `Pending` nudges
                 // it afterwards).
                 w.bind_device().ok()?;
-                // Far from the expected end, nap in short steps (the
-                // thread is awake already, so each ends on time); spin
-                // only for the last stretch.
-                let margin = reactor::global().config().watch_spin;
+                // Far from the expected end, nap (halving the way, then
+                // short steps: the thread is awake already, so each ends
+                // on time); spin only for the last stretch.
+                let config = reactor::global().config();
+                let (margin, longest) = (config.watch_spin, config.watch_nap);
                 let close = w.expected_end().and_then(|e| e.checked_sub(margin));
                 let mut doze: Option<Doze> = None;
                 let t0 = started();
@@ -450,7 +451,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
                     }
                     let napped = close.is_some_and(|at| {
                         let at = at.min(t0 + spin);
-                        doze.get_or_insert_with(Doze::new).nap_until(at)
+                        doze.get_or_insert_with(Doze::new).nap_until(at, longest)
                     });
                     if !napped {
                         for _ in 0..32 {

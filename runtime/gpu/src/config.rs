@@ -27,6 +27,11 @@ pub struct ReactorConfig {
     /// this long before the expected end, then spins; a value of
     /// `prewake_lead` or more makes it spin all the way.
     pub watch_spin: Duration,
+    /// The longest of those naps: they halve the way to `watch_spin`
+    /// before the expected end, in steps of at least
+    /// [`doze::STEP`](crate::doze::STEP) and at most this; a value of
+    /// `STEP` (40 µs) naps in even steps.
+    pub watch_nap: Duration,
 }
 
 impl Default for ReactorConfig {
@@ -38,6 +43,7 @@ impl Default for ReactorConfig {
             detached_poll: Duration::from_micros(50),
             prewake_lead: Duration::from_micros(500),
             watch_spin: Duration::from_micros(50),
+            watch_nap: Duration::from_micros(120),
         }
     }
 }
@@ -45,8 +51,9 @@ impl Default for ReactorConfig {
 impl ReactorConfig {
     /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
     /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US`,
-    /// `CHORUS_REACTOR_DETACHED_US`, `CHORUS_REACTOR_PREWAKE_US` and
-    /// `CHORUS_REACTOR_WATCH_SPIN_US` (microseconds).
+    /// `CHORUS_REACTOR_DETACHED_US`, `CHORUS_REACTOR_PREWAKE_US`,
+    /// `CHORUS_REACTOR_WATCH_SPIN_US` and `CHORUS_REACTOR_WATCH_NAP_US`
+    /// (microseconds).
     pub fn from_env() -> ReactorConfig {
         let us = |name: &str| micros(std::env::var(name).ok().as_deref());
         let d = ReactorConfig::default();
@@ -61,6 +68,7 @@ impl ReactorConfig {
                 .max(Duration::from_micros(1)),
             prewake_lead: us("CHORUS_REACTOR_PREWAKE_US").unwrap_or(d.prewake_lead),
             watch_spin: us("CHORUS_REACTOR_WATCH_SPIN_US").unwrap_or(d.watch_spin),
+            watch_nap: us("CHORUS_REACTOR_WATCH_NAP_US").unwrap_or(d.watch_nap),
         }
     }
 }

@@ -4,10 +4,11 @@
 //! A future woken ahead of its op's expected end has to see the end within
 //! microseconds, but spinning all the way to it costs the whole lead (half
 //! a millisecond per op, a few percent of a core for a stream of 30 ms
-//! ops). A thread that is already running can instead sleep in steps of a
-//! few dozen microseconds: the core it sleeps on stays in a shallow idle
-//! state, so each step ends within a few microseconds of its time, and the
-//! thread spins only for the last stretch before the expected end
+//! ops). A thread that is already running can instead nap: half the way
+//! to the expected end while it is far, then steps of a few dozen
+//! microseconds. The core it naps on stays in a shallow idle state, so
+//! each nap ends within a few microseconds of its time, and the thread
+//! spins only for the last stretch before the expected end
 //! (`ReactorConfig::watch_spin`, 50 µs by default: a nap's overshoot and
 //! the expectation's usual error). The
 //! default timer slack of a Linux thread (50 µs) would stretch every step,
@@ -55,17 +56,31 @@ impl Doze {
         }
     }
 
-    /// Sleeps towards `close`, at most [`STEP`]. Returns false (without
+    /// Sleeps towards `close`: half the way while that is more than
+    /// [`STEP`], then steps of [`STEP`], never longer than `longest` (a
+    /// `longest` of [`STEP`] naps in even steps). Returns false (without
     /// sleeping) once `close` has come: the caller should spin from then
     /// on.
-    pub fn nap_until(&mut self, close: Instant) -> bool {
+    ///
+    /// Halving keeps the wake-ups few (a handful for a 500 µs lead,
+    /// against a dozen in even steps) while the last naps, the ones an op
+    /// that ends early is most likely to fall into, stay short.
+    pub fn nap_until(&mut self, close: Instant, longest: Duration) -> bool {
         let left = close.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return false;
         }
-        std::thread::sleep(left.min(STEP));
+        std::thread::sleep(nap(left, longest));
         true
     }
+}
+
+/// The nap towards an instant `left` away (see [`Doze::nap_until`]).
+fn nap(left: Duration, longest: Duration) -> Duration {
+    (left / 2)
+        .max(STEP)
+        .min(left)
+        .min(longest.max(Duration::from_micros(1)))
 }
 
 impl Drop for Doze {
@@ -90,15 +105,35 @@ mod tests {
             let mut d = Doze::new();
             #[cfg(target_os = "linux")]
             assert_eq!(nix::sys::prctl::get_timerslack().expect("slack"), 1_000);
-            while d.nap_until(close) {}
+            while d.nap_until(close, Duration::from_secs(1)) {}
             assert!(Instant::now() >= close);
             // One nap is one step, not the way to a far instant.
             let t = Instant::now();
-            assert!(d.nap_until(t + Duration::from_secs(30)));
+            assert!(d.nap_until(t + Duration::from_secs(30), STEP));
             assert!(t.elapsed() < Duration::from_secs(10));
-            assert!(!d.nap_until(close));
+            assert!(!d.nap_until(close, STEP));
         }
         #[cfg(target_os = "linux")]
         assert_eq!(nix::sys::prctl::get_timerslack().expect("slack"), before);
+    }
+
+    #[test]
+    fn naps_halve_the_way_then_step_and_never_pass_the_longest() {
+        let us = Duration::from_micros;
+        let long = us(250);
+        // A 450 µs way: halved while far, then steps, then the rest.
+        let mut left = us(450);
+        let mut naps = Vec::new();
+        while !left.is_zero() {
+            let n = nap(left, long);
+            naps.push(n.as_micros());
+            left -= n;
+        }
+        assert_eq!(naps, [225, 112, 56, 40, 16]);
+        // Capped by the longest nap; even steps when that is STEP.
+        assert_eq!(nap(us(2000), long), long);
+        assert_eq!(nap(us(450), STEP), STEP);
+        assert_eq!(nap(us(30), STEP), us(30));
+        assert_eq!(nap(us(30), long), us(30));
     }
 }
