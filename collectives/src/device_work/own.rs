@@ -330,7 +330,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
             }
         }
         self.watch();
-        reactor::global().nudge();
+        self.nudge();
         // Sleep until the op is done, the deadline, or a little before the
         // op's expected end (then watch the end event closely): a parked
         // thread takes long to run again, a watching one sees the end at
@@ -380,6 +380,20 @@ impl<R: DeviceBuffers> OwnWork<R> {
         let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(ctx)));
         let r = inner.time_out(after);
         self.resolved(r)
+    }
+
+    /// Asks the reactor to look closely now (a future waits on the op),
+    /// unless the op is expected to end after its pre-wake: the reactor
+    /// wakes for that instant by itself, and a nudge would only wake it
+    /// early for nothing.
+    fn nudge(&self) {
+        let lead = reactor::global().config().prewake_lead;
+        let foreseen = !lead.is_zero()
+            && matches!(&self.track, Some(Track::Watched(w))
+                if w.expected_end().is_some_and(|e| e > std::time::Instant::now() + lead));
+        if !foreseen {
+            reactor::global().nudge();
+        }
     }
 
     /// True when the op, still held, is expected to end later than `after`
@@ -497,7 +511,7 @@ impl<R: DeviceBuffers> Future for OwnWork<R> {
         match Pin::new(&mut self.inner).poll(cx) {
             Poll::Ready(r) => Poll::Ready(self.resolved(r)),
             Poll::Pending => {
-                reactor::global().nudge();
+                self.nudge();
                 Poll::Pending
             }
         }

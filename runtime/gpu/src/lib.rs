@@ -25,6 +25,7 @@
 //! `nccl-sys`), each block with a `// SAFETY:` line.
 #![warn(missing_docs)]
 
+mod bell;
 mod config;
 pub mod cuda;
 pub mod doze;

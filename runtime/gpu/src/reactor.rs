@@ -32,7 +32,11 @@
 //! later, the thread skips the spin and sleeps until the first pre-wake
 //! (looking in every eight `max_sleep`s: each look costs the thread tens of
 //! microseconds of a cold wake-up), so a long op costs a handful of
-//! wake-ups. With nothing to watch
+//! wake-ups. Registering such an op does not wake a sleeping thread: it
+//! brings the thread's sleep forward to the op's pre-wake if the sleep
+//! would end later (the thread sleeps on a timer others can re-arm,
+//! `crate::bell`), so the thread wakes once for the op, at its pre-wake.
+//! With nothing to watch
 //! it spins the same way and yields for at most 1 ms (so a stream of ops
 //! finds it awake and needs no unpark system call), then parks and uses no
 //! CPU until the next registration unparks it — at once when the op that
@@ -64,9 +68,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use crate::bell::Bell;
 use crate::exit_gate;
 
 pub use crate::config::ReactorConfig;
@@ -165,13 +169,15 @@ struct Shared {
     completed: Padded<AtomicU64>,
     parks: AtomicU64,
     config: ReactorConfig,
+    /// The thread's sleep (made when the thread starts).
+    bell: OnceLock<Bell>,
 }
 
 /// A completion reactor: a thread that completes registered [`Pending`]
 /// entries. Most code uses the process-wide one, [`global`].
 pub struct Reactor {
     shared: Arc<Shared>,
-    thread: OnceLock<Result<Thread, String>>,
+    thread: OnceLock<Result<(), String>>,
 }
 
 impl std::fmt::Debug for Reactor {
@@ -223,6 +229,7 @@ impl Reactor {
                 completed: Padded(AtomicU64::new(0)),
                 parks: AtomicU64::new(0),
                 config,
+                bell: OnceLock::new(),
             }),
             thread: OnceLock::new(),
         }
@@ -233,20 +240,27 @@ impl Reactor {
         self.shared.config
     }
 
-    fn thread(&self) -> Result<&Thread, ReactorError> {
+    fn thread(&self) -> Result<(), ReactorError> {
         self.thread
             .get_or_init(|| {
+                let bell = Bell::new().map_err(|e| format!("its timer: {e}"))?;
+                let _ = self.shared.bell.set(bell);
                 let shared = self.shared.clone();
                 std::thread::Builder::new()
                     .name("chorus-reactor".into())
                     .spawn(move || run(shared))
-                    .map(|h| h.thread().clone())
+                    .map(drop)
                     .map_err(|e| e.to_string())
             })
-            .as_ref()
-            .map_err(|reason| ReactorError {
-                reason: reason.clone(),
-            })
+            .clone()
+            .map_err(|reason| ReactorError { reason })
+    }
+
+    /// Ends the thread's sleep now.
+    fn ring(&self) {
+        if let Some(b) = self.shared.bell.get() {
+            b.ring();
+        }
     }
 
     /// Hands `entry` to the reactor thread, which polls it until it
@@ -261,10 +275,20 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
-        let thread = self.push(&self.shared.incoming, entry)?;
+        // An op expected to end later needs the thread only at its
+        // pre-wake: a sleeping thread is then not woken before that.
+        let lead = self.shared.config.prewake_lead;
+        let prewake = entry
+            .expected_end()
+            .filter(|_| !lead.is_zero())
+            .and_then(|end| end.checked_sub(lead));
+        self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
-            thread.unpark();
+            match (prewake, self.shared.bell.get()) {
+                (Some(at), Some(bell)) if at > Instant::now() => bell.ring_by(at),
+                _ => self.ring(),
+            }
         }
         Ok(())
     }
@@ -281,12 +305,12 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
-        let thread = self.push(&self.shared.detached, entry)?;
+        self.push(&self.shared.detached, entry)?;
         // Pairs with the thread's `parked` store before its final check of
         // `detached`: either it sees the entry, or this sees it parked.
         if self.shared.parked.load(Ordering::SeqCst) {
             self.shared.wake.store(true, Ordering::SeqCst);
-            thread.unpark();
+            self.ring();
         }
         Ok(())
     }
@@ -298,14 +322,13 @@ impl Reactor {
         &self,
         queue: &Mutex<Vec<Box<dyn Pending>>>,
         entry: Box<dyn Pending>,
-    ) -> Result<&Thread, (ReactorError, Box<dyn Pending>)> {
-        let thread = match self.thread() {
-            Ok(t) => t,
-            Err(e) => return Err((e, entry)),
-        };
+    ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        if let Err(e) = self.thread() {
+            return Err((e, entry));
+        }
         self.shared.registered.fetch_add(1, Ordering::Relaxed);
         lock_vec(queue).push(entry);
-        Ok(thread)
+        Ok(())
     }
 
     /// Asks the thread to spin again (a future is being awaited and wants a
@@ -315,9 +338,7 @@ impl Reactor {
             self.shared.wake.store(true, Ordering::SeqCst);
         }
         if self.shared.sleeping.load(Ordering::SeqCst) {
-            if let Some(Ok(t)) = self.thread.get() {
-                t.unpark();
-            }
+            self.ring();
         }
     }
 
@@ -425,6 +446,11 @@ fn run(shared: Arc<Shared>) {
     let mut next_slow = last_progress;
     // The last round slept: the ops being watched had run long.
     let mut slept = false;
+    let Some(bell) = shared.bell.get() else {
+        // `Reactor::thread` made it before starting this thread.
+        tracing::error!("the completion reactor has no timer; it stops");
+        stop_for_exit();
+    };
     // The last completion ended such a long wait: no stream of short ops
     // is running, so there is no next one to stay awake for.
     let mut after_long = false;
@@ -451,7 +477,7 @@ fn run(shared: Arc<Shared>) {
                 // Only detached entries: sleep until their next check.
                 shared.sleeping.store(true, Ordering::SeqCst);
                 if !shared.wake.load(Ordering::SeqCst) {
-                    std::thread::park_timeout(next_slow.saturating_duration_since(now));
+                    bell.sleep(Some(next_slow));
                 }
                 shared.sleeping.store(false, Ordering::SeqCst);
                 continue;
@@ -473,7 +499,7 @@ fn run(shared: Arc<Shared>) {
             let detached = !lock_vec(&shared.detached).is_empty();
             if !detached && !shared.wake.load(Ordering::SeqCst) {
                 shared.parks.fetch_add(1, Ordering::Relaxed);
-                std::thread::park();
+                bell.sleep(None);
             }
             shared.parked.store(false, Ordering::SeqCst);
             shared.sleeping.store(false, Ordering::SeqCst);
@@ -560,7 +586,7 @@ fn run(shared: Arc<Shared>) {
             }
             shared.sleeping.store(true, Ordering::SeqCst);
             if !shared.wake.load(Ordering::SeqCst) {
-                std::thread::park_timeout(d);
+                bell.sleep(Some(now + d));
             }
             shared.sleeping.store(false, Ordering::SeqCst);
         }
@@ -1014,5 +1040,81 @@ mod tests {
             1,
             "the thread did not park after a long op"
         );
+    }
+
+    /// An entry with an expected end that notes when it was first polled
+    /// and when pre-woken.
+    struct Foreseen {
+        end: Instant,
+        expected: Option<Instant>,
+        first_poll: Arc<Mutex<Option<Instant>>>,
+        prewoken: Arc<Mutex<Option<Instant>>>,
+    }
+
+    impl Pending for Foreseen {
+        fn poll_complete(&mut self) -> bool {
+            let now = Instant::now();
+            self.first_poll.lock().unwrap().get_or_insert(now);
+            now >= self.end
+        }
+        fn expected_end(&self) -> Option<Instant> {
+            self.expected
+        }
+        fn prewake(&mut self, _lead: Duration) {
+            self.expected = None;
+            *self.prewoken.lock().unwrap() = Some(Instant::now());
+        }
+    }
+
+    #[test]
+    fn a_registration_expected_to_end_later_leaves_the_thread_asleep_until_its_prewake() {
+        let lead = Duration::from_millis(5);
+        // Look-ins every 8 s: the thread sleeps unless woken.
+        let r = Reactor::new(ReactorConfig {
+            prewake_lead: lead,
+            max_sleep: Duration::from_secs(1),
+            ..ReactorConfig::default()
+        });
+        let noted = || Arc::new(Mutex::new(None));
+        // Puts the thread to sleep towards a far pre-wake.
+        let far = Instant::now() + Duration::from_secs(600);
+        let first = noted();
+        r.register(Box::new(Foreseen {
+            end: far,
+            expected: Some(far),
+            first_poll: first.clone(),
+            prewoken: noted(),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        while first.lock().unwrap().is_none() || !r.shared.sleeping.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Registered while the thread sleeps, expected in 60 ms.
+        let (polled, prewoken) = (noted(), noted());
+        let end = Instant::now() + Duration::from_millis(60);
+        r.register(Box::new(Foreseen {
+            end,
+            expected: Some(end),
+            first_poll: polled.clone(),
+            prewoken: prewoken.clone(),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let t0 = Instant::now();
+        while prewoken.lock().unwrap().is_none() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let p = prewoken.lock().unwrap().expect("never pre-woken");
+        let seen = polled.lock().unwrap().expect("never polled");
+        // The thread first looked at the entry at its pre-wake, not at its
+        // registration (without a timer to re-arm it is woken at once).
+        #[cfg(target_os = "linux")]
+        assert!(
+            seen >= end - lead,
+            "woken {:?} before the pre-wake",
+            end - lead - seen
+        );
+        assert!(p >= seen && p < end + Duration::from_secs(10));
     }
 }
