@@ -525,24 +525,19 @@ fn run(shared: Arc<Shared>) {
         if !cfg.prewake_lead.is_zero() {
             for e in local.iter_mut() {
                 let Some(end) = e.expected_end() else {
-                    // Watched by its woken future: look in when that watch
-                    // is over, unless a nudge comes first.
-                    match e.quiet_until() {
-                        Some(q) if q > now => {
-                            next_prewake = Some(next_prewake.map_or(q, |n| n.min(q)));
-                        }
-                        _ => all_expected = false,
+                    // Watched by its woken future, which nudges the thread
+                    // if its watch ends before the op: no reason to wake
+                    // for it (its bookkeeping waits for the next round).
+                    if e.quiet_until().is_none_or(|q| q <= now) {
+                        all_expected = false;
                     }
                     continue;
                 };
                 let at = end.checked_sub(cfg.prewake_lead).unwrap_or(now);
                 if at <= now {
                     e.prewake(cfg.prewake_lead);
-                    match e.quiet_until() {
-                        Some(q) if q > now => {
-                            next_prewake = Some(next_prewake.map_or(q, |n| n.min(q)));
-                        }
-                        _ => all_expected = false,
+                    if e.quiet_until().is_none_or(|q| q <= now) {
+                        all_expected = false;
                     }
                 } else {
                     next_prewake = Some(next_prewake.map_or(at, |n| n.min(at)));
@@ -1116,5 +1111,37 @@ mod tests {
             end - lead - seen
         );
         assert!(p >= seen && p < end + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_watched_op_costs_no_wake_up_at_the_end_of_its_watch() {
+        // Look-ins every 8 s: the thread sleeps unless woken.
+        let r = Reactor::new(ReactorConfig {
+            max_sleep: Duration::from_secs(1),
+            ..ReactorConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        // Pre-woken at registration, watched by its future for 30 ms; it
+        // ends after 10 ms, which the future (not the reactor) sees.
+        let t0 = Instant::now();
+        r.register(Box::new(Watched {
+            end: t0 + Duration::from_millis(10),
+            expected: t0,
+            quiet: Duration::from_millis(30),
+            quiet_until: None,
+            prewoken: false,
+            polls: polls.clone(),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        // Looked at once, at registration: not at the watch's end.
+        assert_eq!(polls.load(Ordering::Relaxed), 1);
+        assert!(rx.try_recv().is_err());
+        // The next round (here a nudge) completes it.
+        r.nudge();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
     }
 }
