@@ -115,17 +115,23 @@ impl Raw {
 
     /// The floor of the two events per launch: `run` plus the input-ready
     /// record and stream wait and the end record, per op (`grouped` false)
-    /// or once around the group; the total waits on the end event.
-    fn run_events(&self, grouped: bool) -> (Instant, Instant) {
-        let (p, ready, end) = (&self.producer, &self.ready, &self.end);
+    /// or once around the group; the total waits on the end event. With
+    /// `per_op`, each op records an end event of its own and the total
+    /// waits on the last (the stream runs the ops in order).
+    fn run_events(&self, grouped: bool, per_op: bool) -> (Instant, Instant) {
+        let (p, ready) = (&self.producer, &self.ready);
+        let end_of = |i: usize| match per_op {
+            true => self.ends.get(i).unwrap_or(&self.end),
+            false => &self.end,
+        };
         let r = if grouped {
             self.comm
-                .with_events(p, ready, end, |c| c.group(Self::each))
+                .with_events(p, ready, &self.end, |c| c.group(Self::each))
                 .and_then(|r| r)
         } else {
             (0..self.comm.width()).try_for_each(|i| {
                 self.comm
-                    .with_events(p, ready, end, |c| c.all_reduce(i))
+                    .with_events(p, ready, end_of(i), |c| c.all_reduce(i))
                     .and_then(|r| r)
             })
         };
@@ -133,26 +139,7 @@ impl Raw {
             eprintln!("events: {e}");
         }
         let t1 = Instant::now();
-        let _ = self.end.synchronize();
-        (t1, Instant::now())
-    }
-
-    /// `run_events(false)` with an end event per op; the total waits on
-    /// the last (the stream runs the ops in order).
-    fn run_events_per_op(&self) -> (Instant, Instant) {
-        let (p, ready) = (&self.producer, &self.ready);
-        let r = self.ends.iter().enumerate().try_for_each(|(i, end)| {
-            self.comm
-                .with_events(p, ready, end, |c| c.all_reduce(i))
-                .and_then(|r| r)
-        });
-        if let Err(e) = r {
-            eprintln!("events: {e}");
-        }
-        let t1 = Instant::now();
-        if let Some(last) = self.ends.last() {
-            let _ = last.synchronize();
-        }
+        let _ = end_of(self.comm.width().saturating_sub(1)).synchronize();
         (t1, Instant::now())
     }
 }
@@ -253,9 +240,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let raw = Raw::new(&dev, w, args.count)?;
         let rseq = measure(args.iters, || raw.run(false));
         let rgrp = measure(args.iters, || raw.run(true));
-        let eseq = measure(args.iters, || raw.run_events(false));
-        let eop = measure(args.iters, || raw.run_events_per_op());
-        let egrp = measure(args.iters, || raw.run_events(true));
+        let eseq = measure(args.iters, || raw.run_events(false, false));
+        let eop = measure(args.iters, || raw.run_events(false, true));
+        let egrp = measure(args.iters, || raw.run_events(true, false));
         drop(raw);
         println!(
             "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",

@@ -973,6 +973,29 @@ mod tests {
         }
     }
 
+    /// Registers a [`Watched`] that is expected at once and ends at `end`,
+    /// its future watching for `quiet`: its poll count and completions.
+    fn register_watched(
+        r: &Reactor,
+        end: Instant,
+        quiet: Duration,
+    ) -> (Arc<AtomicU64>, mpsc::Receiver<Instant>) {
+        let (tx, rx) = mpsc::channel();
+        let polls = Arc::new(AtomicU64::new(0));
+        r.register(Box::new(Watched {
+            end,
+            expected: Instant::now(),
+            quiet,
+            quiet_until: None,
+            prewoken: false,
+            polls: polls.clone(),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        (polls, rx)
+    }
+
     #[test]
     fn an_op_its_woken_future_watches_gets_no_spin_from_the_reactor() {
         // A spin phase of a minute: a reactor that spun for the watched op
@@ -981,22 +1004,14 @@ mod tests {
             spin: Duration::from_secs(60),
             ..ReactorConfig::default()
         });
-        let (tx, rx) = mpsc::channel();
-        let polls = Arc::new(AtomicU64::new(0));
         // Expected at once, so pre-woken at registration; it ends 20 ms
         // later, while its future still watches (40 ms).
         let t0 = Instant::now();
-        r.register(Box::new(Watched {
-            end: t0 + Duration::from_millis(20),
-            expected: t0,
-            quiet: Duration::from_millis(40),
-            quiet_until: None,
-            prewoken: false,
-            polls: polls.clone(),
-            tx,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
+        let (polls, rx) = register_watched(
+            &r,
+            t0 + Duration::from_millis(20),
+            Duration::from_millis(40),
+        );
         let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(done >= t0 + Duration::from_millis(20));
         // The reactor only looks in (every 8 ms by default) while the
@@ -1120,22 +1135,10 @@ mod tests {
             max_sleep: Duration::from_secs(1),
             ..ReactorConfig::default()
         });
-        let (tx, rx) = mpsc::channel();
-        let polls = Arc::new(AtomicU64::new(0));
         // Pre-woken at registration, watched by its future for 30 ms; it
         // ends after 10 ms, which the future (not the reactor) sees.
-        let t0 = Instant::now();
-        r.register(Box::new(Watched {
-            end: t0 + Duration::from_millis(10),
-            expected: t0,
-            quiet: Duration::from_millis(30),
-            quiet_until: None,
-            prewoken: false,
-            polls: polls.clone(),
-            tx,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
+        let end = Instant::now() + Duration::from_millis(10);
+        let (polls, rx) = register_watched(&r, end, Duration::from_millis(30));
         std::thread::sleep(Duration::from_millis(100));
         // Looked at once, at registration: not at the watch's end.
         assert_eq!(polls.load(Ordering::Relaxed), 1);
