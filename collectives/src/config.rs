@@ -12,7 +12,7 @@
 //! | variable | default | fills |
 //! |---|---|---|
 //! | `CHORUS_WATCHDOG` | `1` | [`WatchdogConfig::enabled`] (`0`: no watchdog) |
-//! | `CHORUS_WATCHDOG_INTERVAL_MS` | `10` | [`WatchdogConfig::interval`] |
+//! | `CHORUS_WATCHDOG_INTERVAL_MS` | `100` | [`WatchdogConfig::interval`] |
 //! | `CHORUS_HEARTBEAT_TIMEOUT_S` | `60` | [`WatchdogConfig::heartbeat_timeout`] |
 //! | `CHORUS_TRACE_DIR` | temp folder | [`WatchdogConfig::dump_dir`] |
 //! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |

@@ -4,6 +4,16 @@
 //! the heartbeat monitor, notices a watchdog that stopped making progress
 //! (stuck in a driver call) and acts in its place.
 //!
+//! # When it wakes
+//!
+//! The watchdog fails each op at its deadline, not on a beat: it sleeps
+//! until the earliest deadline pending, and every group's registry tells
+//! it each new op's deadline as the op is entered, so one earlier than the
+//! thread's next wake-up brings that wake-up forward (`alarm`). The
+//! backends' asynchronous-error checks run every
+//! [`WatchdogConfig::interval`]. A job whose ops end in time wakes the
+//! thread once per interval, whatever its rate of ops.
+//!
 //! Both threads are chorus's own: a blocked user executor cannot stop error
 //! detection.
 //!
@@ -53,6 +63,10 @@ use chorus_core::flight_recorder::{Dump, GroupDump};
 use chorus_core::Registry;
 use chorus_core::{OpContext, WorkError};
 
+mod alarm;
+
+use alarm::Alarm;
+
 /// What a group does when one of its ops times out or its backend reports an
 /// error.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,8 +84,10 @@ pub enum ErrorPolicy {
 /// Watchdog settings.
 #[derive(Clone, Debug)]
 pub struct WatchdogConfig {
-    /// How often the watchdog checks (detection latency is at most about
-    /// this, plus the time a backend's error check takes).
+    /// How often the watchdog polls the backends' asynchronous errors
+    /// (their detection latency is at most about this, plus the time a
+    /// backend's error check takes). Timeouts do not wait for it: the
+    /// watchdog wakes at each op's deadline.
     pub interval: Duration,
     /// How long the watchdog may make no progress before the heartbeat
     /// monitor acts.
@@ -86,11 +102,12 @@ pub struct WatchdogConfig {
 }
 
 impl Default for WatchdogConfig {
-    /// A check every 10 ms, a 60 s heartbeat timeout, dumps into the system
-    /// temp folder, a dump on SIGUSR1, the watchdog on.
+    /// Error checks every 100 ms (as PyTorch's watchdog), a 60 s heartbeat
+    /// timeout, dumps into the system temp folder, a dump on SIGUSR1, the
+    /// watchdog on.
     fn default() -> Self {
         WatchdogConfig {
-            interval: Duration::from_millis(10),
+            interval: Duration::from_millis(100),
             heartbeat_timeout: Duration::from_secs(60),
             dump_dir: std::env::temp_dir(),
             dump_on_sigusr1: true,
@@ -140,6 +157,8 @@ struct State {
     errors: AtomicU64,
     /// Rounds are skipped while set (benchmarks' in-process A/B only).
     paused: std::sync::atomic::AtomicBool,
+    /// The watchdog thread's next wake-up, brought forward by deadlines.
+    alarm: Alarm,
 }
 
 static STATE: OnceLock<Arc<State>> = OnceLock::new();
@@ -170,6 +189,7 @@ fn state() -> &'static Arc<State> {
             timeouts: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             paused: std::sync::atomic::AtomicBool::new(false),
+            alarm: Alarm::new(),
         });
         if st.config.enabled {
             start_threads(&st);
@@ -234,6 +254,12 @@ pub fn watch(group: WatchedGroup) {
     // The world group names the process's dump; otherwise the first group.
     if &*group.name == "world" || st.process_rank.load(Ordering::Relaxed) == u64::MAX {
         st.process_rank.store(group.rank as u64, Ordering::Relaxed);
+    }
+    // Each op's deadline, as it is entered, may bring the next round
+    // forward; ops entered before are seen by that round's scan.
+    if let Some(reg) = group.registry.upgrade() {
+        let st = st.clone();
+        reg.set_deadline_hook(move |d| st.alarm.ring_by(d));
     }
     st.groups
         .lock()
@@ -357,19 +383,49 @@ fn dump_logged(reason: &str) -> String {
     }
 }
 
+/// The shortest sleep after a round that left a deadline already past (an
+/// op timed out while its group was being failed by another thread): the
+/// next round looks again without spinning.
+const MIN_NAP: Duration = Duration::from_millis(1);
+
+/// Rounds: the asynchronous-error checks every [`WatchdogConfig::interval`],
+/// and a look at the deadlines whenever the earliest pending one comes
+/// (the [`Alarm`] brings the wake-up forward when an op with an earlier
+/// deadline is entered), and at least every quarter of the heartbeat
+/// timeout, so that the heartbeat keeps moving.
 fn watchdog_loop(st: &Arc<State>) {
+    st.alarm.attach();
+    let interval = st.config.interval;
+    let most = (st.config.heartbeat_timeout / 4).max(MIN_NAP);
+    let mut checks_due = Instant::now() + interval;
+    let mut wake = checks_due;
     loop {
-        std::thread::sleep(st.config.interval);
-        if !st.paused.load(Ordering::Relaxed) {
-            round(st);
+        st.alarm.sleep_until(wake);
+        let now = Instant::now();
+        let checks = now >= checks_due;
+        if checks {
+            checks_due = now + interval;
         }
+        // From here on, deadlines entered ring: the scan below may have
+        // passed their registry.
+        st.alarm.awake();
+        let next = match st.paused.load(Ordering::Relaxed) {
+            false => round(st, now, checks),
+            true => None,
+        };
         st.heartbeat.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        wake = checks_due.min(now + most);
+        if let Some(d) = next {
+            wake = wake.min(d.max(now + MIN_NAP));
+        }
     }
 }
 
-/// One watchdog round over every group.
-fn round(st: &State) {
-    let now = Instant::now();
+/// One watchdog round over every group at `now`: the backends'
+/// asynchronous-error checks if `checks`, then the ops past their
+/// deadline. Returns the earliest deadline still pending.
+fn round(st: &State, now: Instant, checks: bool) -> Option<Instant> {
     // Work on a snapshot of live registries, so that policy actions (which
     // may run backend abort hooks) happen without the group list locked.
     let mut live = Vec::new();
@@ -382,44 +438,60 @@ fn round(st: &State) {
             }
         }
     }
+    let mut next: Option<Instant> = None;
     for (reg, name, rank, policy, check) in live {
         if reg.errored().is_some() {
             continue;
         }
-        // Asynchronous backend errors first. The check runs with no lock
-        // held: if it gets stuck, the heartbeat monitor can still act.
-        if let Some(check) = check {
-            if let Some(msg) = check() {
-                st.errors.fetch_add(1, Ordering::Relaxed);
-                let ctx = OpContext {
-                    rank,
-                    group: name.clone(),
-                    seq: 0,
-                    op: "watchdog",
-                };
-                let err = WorkError::Backend { ctx, msg };
-                let path = dump_logged("error");
-                tracing::error!(group = %name, error = %err, dump = %path, "backend reported an asynchronous error");
-                apply(policy, &reg, &err, &[]);
-                continue;
-            }
+        group_round(st, &reg, &name, rank, policy, check.filter(|_| checks), now);
+        if let Some(d) = reg.next_deadline() {
+            next = Some(next.map_or(d, |n| n.min(d)));
         }
-        let expired = reg.expired(now);
-        if expired.is_empty() {
-            continue;
-        }
-        st.timeouts
-            .fetch_add(expired.len() as u64, Ordering::Relaxed);
-        let (_, ctx, after) = &expired[0];
-        let err = WorkError::OpTimeout {
-            ctx: ctx.clone(),
-            after: *after,
-        };
-        let path = dump_logged("timeout");
-        tracing::error!(group = %name, error = %err, dump = %path, ?policy, "op timed out");
-        let ids: Vec<(u64, OpContext, Duration)> = expired;
-        apply(policy, &reg, &err, &ids);
     }
+    next
+}
+
+/// One group's part of a round: its backend's asynchronous-error check
+/// (if given), then its ops past their deadline.
+fn group_round(
+    st: &State,
+    reg: &Registry,
+    name: &Arc<str>,
+    rank: usize,
+    policy: ErrorPolicy,
+    check: Option<AsyncErrorCheck>,
+    now: Instant,
+) {
+    // Asynchronous backend errors first. The check runs with no lock
+    // held: if it gets stuck, the heartbeat monitor can still act.
+    if let Some(msg) = check.and_then(|check| check()) {
+        st.errors.fetch_add(1, Ordering::Relaxed);
+        let ctx = OpContext {
+            rank,
+            group: name.clone(),
+            seq: 0,
+            op: "watchdog",
+        };
+        let err = WorkError::Backend { ctx, msg };
+        let path = dump_logged("error");
+        tracing::error!(group = %name, error = %err, dump = %path, "backend reported an asynchronous error");
+        apply(policy, reg, &err, &[]);
+        return;
+    }
+    let expired = reg.expired(now);
+    if expired.is_empty() {
+        return;
+    }
+    st.timeouts
+        .fetch_add(expired.len() as u64, Ordering::Relaxed);
+    let (_, ctx, after) = &expired[0];
+    let err = WorkError::OpTimeout {
+        ctx: ctx.clone(),
+        after: *after,
+    };
+    let path = dump_logged("timeout");
+    tracing::error!(group = %name, error = %err, dump = %path, ?policy, "op timed out");
+    apply(policy, reg, &err, &expired);
 }
 
 fn apply(

@@ -82,6 +82,7 @@ struct Entry {
 
 type AbortHook = Box<dyn Fn(&WorkError) + Send + Sync>;
 type ErrorHook = Box<dyn Fn(&WorkError) + Send + Sync>;
+type DeadlineHook = Box<dyn Fn(Instant) + Send + Sync>;
 
 /// The pending entries by registry-local id, in submission order (sequence
 /// numbers are per op family and may repeat between collectives and P2P
@@ -178,6 +179,17 @@ struct Inner {
     next_id: u64,
     /// Set once the group failed or was aborted; later submissions fail with it.
     errored: Option<WorkError>,
+    /// Told each new entry's deadline (see [`Registry::set_deadline_hook`]).
+    deadline_hook: Option<DeadlineHook>,
+}
+
+impl Inner {
+    fn push(&mut self, id: u64, e: Entry) {
+        if let (Some(hook), Some(d)) = (&self.deadline_hook, e.deadline) {
+            hook(d);
+        }
+        self.entries.push(id, e);
+    }
 }
 
 /// Registry of the in-flight ops of one group.
@@ -217,6 +229,7 @@ impl Registry {
                 entries: Entries::default(),
                 next_id: 0,
                 errored: None,
+                deadline_hook: None,
             }),
             abort_hook: Mutex::new(None),
             error_hook: Mutex::new(None),
@@ -252,6 +265,15 @@ impl Registry {
     /// must not call [`abort`](Self::abort) or [`fail_all`](Self::fail_all).
     pub fn set_error_hook(&self, hook: impl Fn(&WorkError) + Send + Sync + 'static) {
         *lock(&self.error_hook) = Some(Box::new(hook));
+    }
+
+    /// Sets what is told the deadline of every op entered from now on, as
+    /// it is entered (the watchdog: so that it can sleep until the earliest
+    /// deadline instead of looking in on a fixed beat). It runs under the
+    /// registry's lock, on the submitting thread: it must be cheap, must
+    /// not block and must not call back into the registry.
+    pub fn set_deadline_hook(&self, hook: impl Fn(Instant) + Send + Sync + 'static) {
+        lock(&self.inner).deadline_hook = Some(Box::new(hook));
     }
 
     /// Marks the group failed with `cause` unless it already is (first
@@ -308,7 +330,7 @@ impl Registry {
         let id = inner.next_id;
         inner.next_id += 1;
         let shared = make(ctx, id, rec);
-        inner.entries.push(
+        inner.push(
             id,
             Entry {
                 submitted,
@@ -387,7 +409,7 @@ impl Registry {
         }
         inner.next_id += 1;
         let n = u32::try_from(ops.len()).unwrap_or(u32::MAX);
-        inner.entries.push(
+        inner.push(
             id,
             Entry {
                 submitted,
@@ -507,6 +529,12 @@ impl Registry {
             }
         }
         out
+    }
+
+    /// The earliest deadline of a pending op, if any has one.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let inner = lock(&self.inner);
+        inner.entries.iter().filter_map(|(_, e)| e.deadline).min()
     }
 
     /// Fails one pending op (by registry id) with `err`, if it is still
