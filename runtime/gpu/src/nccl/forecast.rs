@@ -18,6 +18,13 @@
 //! deviation (early rather than late: an early wake costs a little
 //! watching, a late one the whole wake-up latency). Without history there
 //! is no expectation and the reactor's ordinary back-off applies.
+//!
+//! An op found already done tells only that it ended no later than then.
+//! Such a bound is learned when it lies before the average, and only then:
+//! it cannot move the expectation past the true end, and it is what pulls
+//! the expectation back when ops of a kind get shorter. (Otherwise a
+//! too-late expectation would keep itself: the woken future would always
+//! find the op done, which alone teaches nothing.)
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -88,10 +95,25 @@ impl Forecast {
     pub(crate) fn observe(&self, end: Instant) {
         let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
         let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
-        if t.len() >= MAX_KEYS && !t.contains_key(&self.key) {
+        Self::learn(&mut t, self.key, ns);
+    }
+
+    /// The op was found done at `end`: it ended no later than that. Learned
+    /// only if that is earlier than ops like it took on average (see the
+    /// module docs).
+    pub(crate) fn observe_by(&self, end: Instant) {
+        let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
+        let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+        if t.get(&self.key).is_some_and(|s| ns < s.mean) {
+            Self::learn(&mut t, self.key, ns);
+        }
+    }
+
+    fn learn(t: &mut HashMap<Key, Stat>, key: Key, ns: f64) {
+        if t.len() >= MAX_KEYS && !t.contains_key(&key) {
             t.clear();
         }
-        let s = t.entry(self.key).or_insert(Stat {
+        let s = t.entry(key).or_insert(Stat {
             mean: ns,
             dev: 0.0,
             seen: 0,
@@ -160,6 +182,35 @@ mod tests {
             "jitter should move the expectation earlier: {j:?} vs {s:?}"
         );
         assert!(s > Duration::from_micros(4900), "{s:?}");
+    }
+
+    #[test]
+    fn a_bound_before_the_average_pulls_the_expectation_below_it() {
+        let f = forecast(6006);
+        for _ in 0..10 {
+            f.observe(at(&f, 30_000));
+        }
+        // Found done: later than the average teaches nothing.
+        f.observe_by(at(&f, 40_000));
+        let e = f.expected_end().unwrap().duration_since(f.submitted);
+        assert!(e > Duration::from_micros(29_000), "{e:?}");
+        // Ops of the kind now end by 1 ms: a few bounds bring the
+        // expectation under it, so that the next wake comes before the end.
+        let mut n = 0;
+        while f.expected_end().unwrap().duration_since(f.submitted) > Duration::from_micros(1000) {
+            f.observe_by(at(&f, 1000));
+            n += 1;
+            assert!(
+                n < 20,
+                "still {:?}",
+                f.expected_end().unwrap().duration_since(f.submitted)
+            );
+        }
+        // A bound teaches only what is before the average.
+        let g = forecast(7007);
+        g.observe_by(at(&g, 500));
+        g.observe_by(at(&g, 500));
+        assert_eq!(g.expected_end(), None, "no history from bounds alone");
     }
 
     #[test]

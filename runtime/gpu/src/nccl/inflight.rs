@@ -114,8 +114,12 @@ impl<C: DeviceBuffers> InFlight<C> {
                 }
             }
         }
-        if let Some(f) = self.forecast.as_ref().filter(|f| f.seen_running) {
-            f.observe(std::time::Instant::now());
+        if let Some(f) = &self.forecast {
+            match f.seen_running {
+                true => f.observe(std::time::Instant::now()),
+                // Found done at once: it ended no later than now.
+                false => f.observe_by(std::time::Instant::now()),
+            }
         }
         Ok(self.bufs.take())
     }

@@ -77,6 +77,16 @@ impl<C> Cell<C> {
             }
         }
     }
+
+    /// Tells the forecast table the op ended no later than `end` (once;
+    /// see `Forecast::observe_by`).
+    fn observe_by(&self, end: Instant) {
+        if let Some(f) = &self.forecast {
+            if !self.observed.swap(true, Ordering::Relaxed) {
+                f.observe_by(end);
+            }
+        }
+    }
 }
 
 /// A reactor poll that found the op pending less than this long before the
@@ -131,10 +141,14 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
         };
         // Seen closely: the end is now. Otherwise it lies between the last
         // poll that found the op running and this one: take the middle.
-        self.cell.observe(match self.last_pending {
-            Some(t) if now.duration_since(t) > CLOSE => t + now.duration_since(t) / 2,
-            _ => now,
-        });
+        // Never seen running: it ended no later than now.
+        match self.last_pending {
+            Some(t) if now.duration_since(t) > CLOSE => {
+                self.cell.observe(t + now.duration_since(t) / 2)
+            }
+            Some(_) => self.cell.observe(now),
+            None => self.cell.observe_by(now),
+        }
         let bufs = self
             .cell
             .bufs
@@ -189,10 +203,9 @@ impl<C: DeviceBuffers> Watched<C> {
         if self.cell.watch_pending.load(Ordering::Relaxed) {
             self.cell.observe(Instant::now());
         } else {
-            // Found done at once: the end is only bounded from above, no
-            // sample (and none later from the reactor, which would be later
-            // still).
-            self.cell.observed.store(true, Ordering::Relaxed);
+            // Found done at once: the end is only bounded from above (and
+            // the reactor's bound would be later still).
+            self.cell.observe_by(Instant::now());
         }
         if self.cell.prewoken_seen.load(Ordering::Relaxed) {
             PREWAKE_HITS.fetch_add(1, Ordering::Relaxed);
