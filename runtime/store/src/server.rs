@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,14 @@ use crate::wire::{self, status, Encoder, FrameStatus, Request};
 /// Most waiting operations (get, wait, multi_get whose keys are missing)
 /// one connection may have in flight; more get an error reply.
 const MAX_WAITS_PER_CONN: usize = 16_384;
+
+/// After answering, how long a connection keeps reading its socket itself
+/// (yielding to the runtime between reads) before it waits for readiness.
+/// A client with one request in flight sends its next one as soon as it
+/// has read the reply; found within this window, it costs no wake-up of
+/// the server's thread, which would otherwise have gone to sleep in
+/// `epoll_wait` in between (the wake-up is most of a loopback round trip).
+const SERVE_WATCH: Duration = Duration::from_micros(30);
 /// Options of [`TcpStoreServer::bind`].
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -68,6 +77,31 @@ impl ServerOptions {
 struct Shared {
     kv: Arc<Kv>,
     opts: ServerOptions,
+    /// A connection is watching its socket after an answer (one at a
+    /// time: with several clients busy the threads have work anyway).
+    watching: std::sync::atomic::AtomicBool,
+    /// Which connection answered last, and when (µs since `epoch`): a
+    /// connection watches only when no other answered just before it.
+    last_answer: std::sync::atomic::AtomicU64,
+    epoch: Instant,
+    next_conn: std::sync::atomic::AtomicU64,
+}
+
+/// Another connection's answer less than this long before one's own says
+/// several clients are busy: no watch then.
+const OTHERS_BUSY: Duration = Duration::from_micros(500);
+
+impl Shared {
+    /// Notes that connection `conn` answered now; true if another one
+    /// answered within [`OTHERS_BUSY`] before.
+    fn answered_alone(&self, conn: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let us = (self.epoch.elapsed().as_micros() as u64) & ((1 << 40) - 1);
+        let prev = self.last_answer.swap((conn << 40) | us, Ordering::Relaxed);
+        let (who, at) = (prev >> 40, prev & ((1 << 40) - 1));
+        who == conn & ((1 << 24) - 1)
+            || us.wrapping_sub(at) & ((1 << 40) - 1) >= OTHERS_BUSY.as_micros() as u64
+    }
 }
 
 /// The store server: serves one key-value table to many [`TcpStore`]
@@ -136,6 +170,10 @@ impl TcpStoreServer {
         let shared = Arc::new(Shared {
             kv: Arc::clone(store.kv()),
             opts,
+            watching: std::sync::atomic::AtomicBool::new(false),
+            last_answer: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
+            next_conn: std::sync::atomic::AtomicU64::new(1),
         });
         let (stop, stop_rx) = watch::channel(());
         let task = handle.spawn(accept_loop(listener, shared, stop_rx));
@@ -237,6 +275,8 @@ enum End {
 }
 
 struct Conn {
+    /// This connection among the server's (see `Shared::answered_alone`).
+    id: u64,
     shared: Arc<Shared>,
     peer: SocketAddr,
     authed: bool,
@@ -247,7 +287,13 @@ struct Conn {
 
 async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, stop: watch::Receiver<()>) {
     let authed = shared.opts.token.is_none();
+    // Ids fit the 24 bits `Shared::last_answer` keeps of them (they wrap).
+    let id = shared
+        .next_conn
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        & ((1 << 24) - 1);
     let mut conn = Conn {
+        id,
         shared,
         peer,
         authed,
@@ -255,7 +301,16 @@ async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, stop: wat
         out: OutBuf::default(),
         waits: FuturesUnordered::new(),
     };
-    if let Err(End::Fatal(id, e)) = conn.run(&sock, stop).await {
+    // The same open socket (non-blocking like tokio's), read during the
+    // watch after each answer without tokio's readiness.
+    let raw = match sock.as_fd().try_clone_to_owned() {
+        Ok(fd) => Some(std::net::TcpStream::from(fd)),
+        Err(e) => {
+            tracing::debug!(peer = %peer, error = %e, "store server: no second handle on the socket; no watch after answers");
+            None
+        }
+    };
+    if let Err(End::Fatal(id, e)) = conn.run(&sock, raw.as_ref(), stop).await {
         tracing::warn!(peer = %conn.peer, error = %e, "store server: dropping client");
         wire::encode_error(conn.out.buf(), id, &e);
         // Best effort, bounded: the client may not be reading.
@@ -276,16 +331,53 @@ async fn serve(sock: TcpStream, peer: SocketAddr, shared: Arc<Shared>, stop: wat
 }
 
 impl Conn {
-    async fn run(&mut self, sock: &TcpStream, mut stop: watch::Receiver<()>) -> Result<(), End> {
+    async fn run(
+        &mut self,
+        sock: &TcpStream,
+        raw: Option<&std::net::TcpStream>,
+        mut stop: watch::Receiver<()>,
+    ) -> Result<(), End> {
         let started = Instant::now();
         let mut partial_since: Option<Instant> = None;
         let mut progressed = false;
+        // Frames answered by the last read: one is a client with one
+        // request in flight, which the watch is for (a pipelining client
+        // keeps the connection busy by itself).
+        let mut answered = 0usize;
         loop {
             // Send replies.
             if self.out.pending() > 0 {
                 if let Err(e) = self.out.flush(sock) {
                     tracing::debug!(peer = %self.peer, error = %e, "store server: write failed");
                     return Ok(());
+                }
+            }
+            // Everything asked so far is answered: watch for the next
+            // request a little before waiting for readiness.
+            if let Some(raw) = raw.filter(|_| {
+                answered == 1
+                    && self.shared.answered_alone(self.id)
+                    && self.authed
+                    && self.out.pending() == 0
+                    && self.inbuf.is_empty()
+                    && self.waits.is_empty()
+            }) {
+                answered = 0;
+                match self.watch(raw, &mut progressed, &mut answered).await {
+                    Ok(false) => {
+                        if progressed {
+                            continue;
+                        }
+                    }
+                    Ok(true) => {
+                        let _ = self.out.flush(sock);
+                        return Ok(());
+                    }
+                    Err(ReadErr::Io(e)) => {
+                        tracing::debug!(peer = %self.peer, error = %e, "store server: read failed");
+                        return Ok(());
+                    }
+                    Err(ReadErr::End(end)) => return Err(end),
                 }
             }
             // A frame must complete within frame_timeout of the first of its
@@ -317,8 +409,10 @@ impl Conn {
                     let out = &mut self.out;
                     let waits = &mut self.waits;
                     let progress = &mut progressed;
+                    answered = 0;
+                    let frames = &mut answered;
                     let eof = match self.inbuf.read_ready(sock, 16, |inb| {
-                        process(inb, shared, authed, out, waits, progress)
+                        process(inb, shared, authed, out, waits, progress, frames)
                     }) {
                         Ok(eof) => eof,
                         Err(ReadErr::Io(e)) => {
@@ -363,6 +457,65 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Reads `raw` for up to [`SERVE_WATCH`], yielding between reads, and
+    /// answers what arrives (`progressed` then set, `answered` counting
+    /// the frames). True at EOF. Does nothing while another connection of
+    /// the server watches.
+    async fn watch(
+        &mut self,
+        raw: &std::net::TcpStream,
+        progressed: &mut bool,
+        answered: &mut usize,
+    ) -> Result<bool, ReadErr> {
+        use std::sync::atomic::Ordering;
+        *progressed = false;
+        let shared = self.shared.clone();
+        if shared.watching.swap(true, Ordering::Acquire) {
+            return Ok(false);
+        }
+        let r = self.watch_alone(raw, progressed, answered).await;
+        shared.watching.store(false, Ordering::Release);
+        r
+    }
+
+    async fn watch_alone(
+        &mut self,
+        raw: &std::net::TcpStream,
+        progressed: &mut bool,
+        answered: &mut usize,
+    ) -> Result<bool, ReadErr> {
+        let until = Instant::now() + SERVE_WATCH;
+        loop {
+            match self.inbuf.read_from(&mut &*raw) {
+                Ok(0) => return Ok(true),
+                Ok(_) => {
+                    process(
+                        &mut self.inbuf,
+                        &self.shared,
+                        &mut self.authed,
+                        &mut self.out,
+                        &mut self.waits,
+                        progressed,
+                        answered,
+                    )?;
+                    return Ok(false);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 /// Errors of the read path.
 enum ReadErr {
     Io(std::io::Error),
@@ -396,6 +549,7 @@ fn process(
     out: &mut OutBuf,
     waits: &mut FuturesUnordered<WaitFuture>,
     progressed: &mut bool,
+    frames: &mut usize,
 ) -> Result<(), ReadErr> {
     let mut pos = 0;
     let result = loop {
@@ -417,6 +571,7 @@ fn process(
                 if let Err(e) = handle(shared, authed, out.buf(), waits, id, req) {
                     break Err(e);
                 }
+                *frames += 1;
                 pos += total;
             }
         }
