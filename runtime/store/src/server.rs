@@ -92,14 +92,20 @@ struct Shared {
 const OTHERS_BUSY: Duration = Duration::from_micros(500);
 
 impl Shared {
-    /// Notes that connection `conn` answered now; true if another one
-    /// answered within [`OTHERS_BUSY`] before.
+    /// Notes that connection `conn` answered now; false if another one
+    /// answered less than [`OTHERS_BUSY`] before.
     fn answered_alone(&self, conn: u64) -> bool {
+        self.answered_alone_at(conn, self.epoch.elapsed().as_micros() as u64)
+    }
+
+    /// [`answered_alone`](Self::answered_alone) at `us` µs after `epoch`.
+    fn answered_alone_at(&self, conn: u64, us: u64) -> bool {
         use std::sync::atomic::Ordering;
-        let us = (self.epoch.elapsed().as_micros() as u64) & ((1 << 40) - 1);
+        const LOW: u64 = (1 << 40) - 1;
+        let us = us & LOW;
         let prev = self.last_answer.swap((conn << 40) | us, Ordering::Relaxed);
-        let (who, at) = (prev >> 40, prev & ((1 << 40) - 1));
-        who == conn || us.wrapping_sub(at) & ((1 << 40) - 1) >= OTHERS_BUSY.as_micros() as u64
+        let (who, at) = (prev >> 40, prev & LOW);
+        who == conn || us.wrapping_sub(at) & LOW >= OTHERS_BUSY.as_micros() as u64
     }
 }
 
@@ -467,23 +473,11 @@ impl Conn {
         progressed: &mut bool,
         answered: &mut usize,
     ) -> Result<bool, ReadErr> {
-        use std::sync::atomic::Ordering;
         *progressed = false;
         let shared = self.shared.clone();
-        if shared.watching.swap(true, Ordering::Acquire) {
+        let Some(_turn) = WatchTurn::take(&shared.watching) else {
             return Ok(false);
-        }
-        let r = self.watch_alone(raw, progressed, answered).await;
-        shared.watching.store(false, Ordering::Release);
-        r
-    }
-
-    async fn watch_alone(
-        &mut self,
-        raw: &std::net::TcpStream,
-        progressed: &mut bool,
-        answered: &mut usize,
-    ) -> Result<bool, ReadErr> {
+        };
         let until = Instant::now() + SERVE_WATCH;
         loop {
             match self.inbuf.read_from(&mut &*raw) {
@@ -512,6 +506,23 @@ impl Conn {
             }
             tokio::task::yield_now().await;
         }
+    }
+}
+
+/// The server's one watch, held by a connection until dropped (also when
+/// the connection's task is cancelled mid-watch).
+struct WatchTurn<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> WatchTurn<'a> {
+    fn take(flag: &'a std::sync::atomic::AtomicBool) -> Option<Self> {
+        let taken = flag.swap(true, std::sync::atomic::Ordering::Acquire);
+        (!taken).then_some(WatchTurn(flag))
+    }
+}
+
+impl Drop for WatchTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -776,7 +787,40 @@ fn push_wait(
 
 #[cfg(test)]
 mod tests {
-    use super::ct_eq;
+    use super::{ct_eq, Shared, WatchTurn, OTHERS_BUSY};
+
+    #[test]
+    fn one_watch_per_server_given_back_when_dropped() {
+        let flag = std::sync::atomic::AtomicBool::new(false);
+        let turn = WatchTurn::take(&flag).expect("free");
+        assert!(WatchTurn::take(&flag).is_none(), "taken");
+        drop(turn);
+        assert!(WatchTurn::take(&flag).is_some(), "given back");
+    }
+
+    #[test]
+    fn a_connection_answers_alone_unless_another_answered_just_before() {
+        let shared = Shared {
+            kv: Default::default(),
+            opts: Default::default(),
+            watching: Default::default(),
+            last_answer: Default::default(),
+            epoch: std::time::Instant::now(),
+            next_conn: Default::default(),
+        };
+        let busy = OTHERS_BUSY.as_micros() as u64;
+        let t = 10 * busy;
+        assert!(shared.answered_alone_at(1, t), "nobody answered before");
+        assert!(shared.answered_alone_at(1, t + 1), "only itself");
+        assert!(
+            !shared.answered_alone_at(2, t + 2),
+            "connection 1 just answered"
+        );
+        assert!(
+            shared.answered_alone_at(1, t + 2 + busy),
+            "connection 2 answered long ago"
+        );
+    }
 
     #[test]
     fn constant_time_compare() {
