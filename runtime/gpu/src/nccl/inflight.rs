@@ -100,7 +100,8 @@ impl<C: DeviceBuffers> InFlight<C> {
             return Ok(None);
         }
         let pos = self.order.1;
-        if !self.progress().is_some_and(|p| p.known(pos)) {
+        let known = self.progress().is_some_and(|p| p.known(pos));
+        if !known {
             if !self.end.is_complete()? {
                 if let Some(f) = self.forecast.as_mut() {
                     f.seen_running = true;
@@ -115,10 +116,14 @@ impl<C: DeviceBuffers> InFlight<C> {
             }
         }
         if let Some(f) = &self.forecast {
-            match f.seen_running {
-                true => f.observe(std::time::Instant::now()),
-                // Found done at once: it ended no later than now.
-                false => f.observe_by(std::time::Instant::now()),
+            match (f.seen_running, known) {
+                (true, _) => f.observe(std::time::Instant::now()),
+                // Found done at its own first query: it ended no later
+                // than now. (Known ended from a later op of its stream,
+                // it ended long before: the bound would teach nothing,
+                // and ops awaited in a row would each pay for it.)
+                (false, false) => f.observe_by(std::time::Instant::now()),
+                (false, true) => {}
             }
         }
         Ok(self.bufs.take())
