@@ -359,9 +359,12 @@ impl Conn {
             }
             // Everything asked so far is answered: watch for the next
             // request a little before waiting for readiness.
+            // Every answer is noted (a pipelining connection keeps others
+            // from watching too); only a lone one may be watched after.
+            let alone = answered > 0 && self.shared.answered_alone(self.id);
             if let Some(raw) = raw.filter(|_| {
-                answered == 1
-                    && self.shared.answered_alone(self.id)
+                alone
+                    && answered == 1
                     && self.authed
                     && self.out.pending() == 0
                     && self.inbuf.is_empty()
