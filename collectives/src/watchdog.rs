@@ -443,8 +443,8 @@ fn round(st: &State, now: Instant, checks: bool) -> Option<Instant> {
         if reg.errored().is_some() {
             continue;
         }
-        group_round(st, &reg, &name, rank, policy, check.filter(|_| checks), now);
-        if let Some(d) = reg.next_deadline() {
+        let after = group_round(st, &reg, &name, rank, policy, check.filter(|_| checks), now);
+        if let Some(d) = after {
             next = Some(next.map_or(d, |n| n.min(d)));
         }
     }
@@ -452,7 +452,8 @@ fn round(st: &State, now: Instant, checks: bool) -> Option<Instant> {
 }
 
 /// One group's part of a round: its backend's asynchronous-error check
-/// (if given), then its ops past their deadline.
+/// (if given), then its ops past their deadline. Returns the earliest
+/// deadline still ahead (none once the group failed).
 fn group_round(
     st: &State,
     reg: &Registry,
@@ -461,7 +462,7 @@ fn group_round(
     policy: ErrorPolicy,
     check: Option<AsyncErrorCheck>,
     now: Instant,
-) {
+) -> Option<Instant> {
     // Asynchronous backend errors first. The check runs with no lock
     // held: if it gets stuck, the heartbeat monitor can still act.
     if let Some(msg) = check.and_then(|check| check()) {
@@ -476,11 +477,11 @@ fn group_round(
         let path = dump_logged("error");
         tracing::error!(group = %name, error = %err, dump = %path, "backend reported an asynchronous error");
         apply(policy, reg, &err, &[]);
-        return;
+        return None;
     }
-    let expired = reg.expired(now);
+    let (expired, next) = reg.expired_and_next(now);
     if expired.is_empty() {
-        return;
+        return next;
     }
     st.timeouts
         .fetch_add(expired.len() as u64, Ordering::Relaxed);
@@ -492,6 +493,7 @@ fn group_round(
     let path = dump_logged("timeout");
     tracing::error!(group = %name, error = %err, dump = %path, ?policy, "op timed out");
     apply(policy, reg, &err, &expired);
+    next
 }
 
 fn apply(

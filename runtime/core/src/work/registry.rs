@@ -501,11 +501,22 @@ impl Registry {
     /// marked completed (its work completes when polled or dropped; nothing
     /// is failed).
     pub fn expired(&self, now: Instant) -> Vec<(u64, OpContext, std::time::Duration)> {
+        self.expired_and_next(now).0
+    }
+
+    /// [`expired`](Self::expired), and the earliest deadline after `now`
+    /// of an op still pending (one look at the entries for both).
+    pub fn expired_and_next(
+        &self,
+        now: Instant,
+    ) -> (Vec<(u64, OpContext, std::time::Duration)>, Option<Instant>) {
         let mut inner = lock(&self.inner);
         let mut out = Vec::new();
         let mut retired = Vec::new();
+        let mut next: Option<Instant> = None;
         for (id, e) in inner.entries.iter() {
             match e.deadline {
+                Some(d) if d > now => next = Some(next.map_or(d, |n| n.min(d))),
                 Some(d) if d <= now => {
                     if e.probe.as_ref().is_some_and(|p| p.finished()) {
                         retired.push(id);
@@ -528,13 +539,7 @@ impl Registry {
                 }
             }
         }
-        out
-    }
-
-    /// The earliest deadline of a pending op, if any has one.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        let inner = lock(&self.inner);
-        inner.entries.iter().filter_map(|(_, e)| e.deadline).min()
+        (out, next)
     }
 
     /// Fails one pending op (by registry id) with `err`, if it is still
