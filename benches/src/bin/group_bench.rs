@@ -21,6 +21,7 @@
 use std::time::Instant;
 
 use chorus::{Device, DeviceBuffer, Event, ReduceOp, Stream, StreamPriority};
+use chorus_benches::submit_each;
 use chorus_gpu::floor::RawComm;
 use clap::Parser;
 use futures::executor::block_on;
@@ -175,13 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The works are kept in a vector made to size, as the raw loops
         // keep nothing.
         let seq = measure(args.iters, || {
-            let mut works = Vec::with_capacity(w);
-            works.extend(
-                bufs[..w]
-                    .iter_mut()
-                    .filter_map(Option::take)
-                    .filter_map(|b| pg.all_reduce(b, ReduceOp::Sum).ok()),
-            );
+            let works = submit_each(&mut bufs[..w], w, |b| pg.all_reduce(b, ReduceOp::Sum).ok());
             let t1 = Instant::now();
             for (slot, work) in bufs.iter_mut().zip(works) {
                 *slot = block_on(work).ok();
@@ -195,13 +190,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             let staged = {
                 let mut g = pg.group();
-                let mut ws = Vec::with_capacity(w);
-                ws.extend(
-                    bufs[..w]
-                        .iter_mut()
-                        .filter_map(Option::take)
-                        .filter_map(|b| g.all_reduce(b, ReduceOp::Sum).ok()),
-                );
+                let ws = submit_each(&mut bufs[..w], w, |b| g.all_reduce(b, ReduceOp::Sum).ok());
                 stage_us.push(t0.elapsed().as_secs_f64() * 1e6);
                 let tl = Instant::now();
                 let _ = g.launch();

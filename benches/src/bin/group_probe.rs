@@ -24,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use chorus::{DeviceBuffer, ReduceOp, StreamPriority};
+use chorus_benches::submit_each;
 use chorus_core::Op;
 use chorus_gpu::cuda::Device;
 use chorus_gpu::floor::RawComm;
@@ -261,13 +262,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         || {
             let works = {
                 let mut g = pg.group();
-                let mut ws = Vec::with_capacity(w);
-                ws.extend(
-                    slots
-                        .iter_mut()
-                        .filter_map(Option::take)
-                        .map(|b| g.all_reduce(b, ReduceOp::Sum).expect("stage")),
-                );
+                let ws = submit_each(&mut slots, w, |b| {
+                    Some(g.all_reduce(b, ReduceOp::Sum).expect("stage"))
+                });
                 g.launch().expect("launch");
                 ws
             };
@@ -277,13 +274,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     let mut one_by_one = || {
-        let mut works = Vec::with_capacity(w);
-        works.extend(
-            slots
-                .iter_mut()
-                .filter_map(Option::take)
-                .map(|b| pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce")),
-        );
+        let works = submit_each(&mut slots, w, |b| {
+            Some(pg.all_reduce(b, ReduceOp::Sum).expect("all_reduce"))
+        });
         for (slot, work) in slots.iter_mut().zip(works) {
             *slot = Some(block_on(work).expect("await"));
         }
