@@ -20,6 +20,9 @@
 //! * [`calls`]: the requests of a pipelined client connection that await
 //!   their replies, shared by the caller that reads its own reply and the
 //!   driver on the I/O threads that watches the socket and the clock.
+//! * [`relay`]: a future run by a host task on the I/O threads that a
+//!   waiting caller may poll in its stead for a while (the TCP backend's
+//!   worker and readers), with no lost wake-up and no double poll.
 //! * [`comm_cache`]: the per-group communicator cache with its
 //!   in-initialization map (lazy single-flight init, store-key choice,
 //!   abort), generic over the communicator.
@@ -40,6 +43,7 @@ pub mod error;
 pub mod flight_recorder;
 pub mod op;
 pub mod profile;
+pub mod relay;
 pub(crate) mod sync;
 pub mod work;
 
