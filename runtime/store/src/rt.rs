@@ -11,6 +11,18 @@ use std::sync::OnceLock;
 use tokio::runtime::{Builder, Handle, Runtime};
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+thread_local! {
+    /// Set on chorus's own I/O threads.
+    static IO_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True on one of chorus's I/O threads: code that would otherwise spin
+/// there waiting for I/O (which those very threads must do) leaves the
+/// waiting to them.
+pub fn on_io_thread() -> bool {
+    IO_THREAD.with(std::cell::Cell::get)
+}
 static CONFIGURED: OnceLock<usize> = OnceLock::new();
 
 /// Sets the number of I/O threads (the builder equivalent of
@@ -58,6 +70,7 @@ pub fn handle() -> Result<Handle, String> {
             Builder::new_multi_thread()
                 .worker_threads(io_threads())
                 .thread_name("chorus-io")
+                .on_thread_start(|| IO_THREAD.with(|t| t.set(true)))
                 .enable_all()
                 .build()
                 .map_err(|e| format!("cannot start chorus I/O threads: {e}"))
