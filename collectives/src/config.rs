@@ -22,6 +22,7 @@
 //! | `CHORUS_REJOIN_TIMEOUT_MS` | `60000` | [`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout) |
 //! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
 //! | `CHORUS_LIVENESS_TIMEOUT_S` | `10` | [`TcpOptions::liveness_timeout`] (`0`: off) |
+//! | `CHORUS_TCP_SPIN_US` | `100` where ranks have a core each, else `0` | [`TcpOptions::caller_spin`] |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
 //! | `CHORUS_POLL_SPIN_US` | `10` | [`NcclOptions::poll_spin`] |
 //! | `CHORUS_NCCL_PROFILE` | `0` | `chorus_core::profile::set_enabled` (feature `profile`) |
@@ -74,15 +75,19 @@ impl WatchdogConfig {
 }
 
 impl TcpOptions {
-    /// The defaults, with `CHORUS_SHM=0` turning shared memory off and
+    /// The defaults, with `CHORUS_SHM=0` turning shared memory off,
     /// `CHORUS_LIVENESS_TIMEOUT_S` setting the liveness timeout in seconds
-    /// (`0`: off).
+    /// (`0`: off) and `CHORUS_TCP_SPIN_US` the caller spin in microseconds
+    /// (at most 10,000; `0`: off).
     pub fn from_env() -> TcpOptions {
         let d = TcpOptions::default();
         TcpOptions {
             shared_memory: switch("CHORUS_SHM", d.shared_memory),
             liveness_timeout: number("CHORUS_LIVENESS_TIMEOUT_S")
                 .map_or(d.liveness_timeout, Duration::from_secs),
+            caller_spin: number("CHORUS_TCP_SPIN_US")
+                .map(|us| Duration::from_micros(us.min(10_000)))
+                .or(d.caller_spin),
             ..d
         }
     }
@@ -116,6 +121,12 @@ pub(crate) fn peer_liveness() -> Duration {
         crate::liveness::DEFAULT_PEER_LIVENESS,
         Duration::from_millis,
     )
+}
+
+/// How many ranks of this job run on this host, as the launcher says
+/// (`LOCAL_WORLD_SIZE`, set by chorus-run and torchrun).
+pub(crate) fn local_world_size() -> Option<usize> {
+    number("LOCAL_WORLD_SIZE").and_then(|n| usize::try_from(n).ok())
 }
 
 /// How many times the launcher restarted this rank in place

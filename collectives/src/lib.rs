@@ -59,7 +59,7 @@ pub mod watchdog;
 mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions};
-pub use backend::tcp::TcpOptions;
+pub use backend::tcp::{TcpOptions, CALLER_SPIN};
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;
 pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};

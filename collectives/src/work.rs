@@ -1,8 +1,10 @@
 //! [`Work`], the future of an op on host buffers (the TCP backend).
 
+use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -41,15 +43,43 @@ pub struct Work<R> {
     /// A coalesced op's buffer lengths: its one result buffer is cut back
     /// into these. Empty otherwise.
     split: Vec<usize>,
+    /// Runs the op on the caller's thread at the first wait that finds it
+    /// pending (a small TCP op); taken then.
+    assist: Option<Arc<dyn Assist>>,
     _out: PhantomData<fn() -> R>,
 }
 
+/// A backend that can make progress on the thread of a caller about to
+/// wait for an op: the TCP backend runs a small op there (reading the
+/// sockets, reducing, completing) rather than hand it from thread to
+/// thread (docs/ARCHITECTURE.md, "A small TCP op without hand-offs").
+pub(crate) trait Assist: Send + Sync + fmt::Debug {
+    /// Makes progress on the calling thread until `done()` says the op is
+    /// done or the backend's budget ran out; whatever is left, the
+    /// backend's own threads finish.
+    fn assist(&self, done: &dyn Fn() -> bool);
+}
+
 impl<R: HostBuffers> Work<R> {
-    pub(crate) fn new(inner: OpFuture<Vec<HostBuffer>>, split: Vec<usize>) -> Self {
+    pub(crate) fn new(
+        inner: OpFuture<Vec<HostBuffer>>,
+        split: Vec<usize>,
+        assist: Option<Arc<dyn Assist>>,
+    ) -> Self {
         Work {
             inner,
             split,
+            assist,
             _out: PhantomData,
+        }
+    }
+
+    /// Runs the op on this thread for a while, if its backend can and it
+    /// has not yet.
+    fn help(&mut self) {
+        if let Some(a) = self.assist.take() {
+            let inner = &self.inner;
+            a.assist(&|| inner.is_done());
         }
     }
 
@@ -84,7 +114,8 @@ impl<R: HostBuffers> Work<R> {
     /// # Errors
     ///
     /// The op's error, or the timeout, with the buffers.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<R, Failed<R>> {
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
+        self.help();
         let ctx = self.inner.context().clone();
         let r = self.inner.wait_timeout(timeout);
         convert(&ctx, &self.split, r)
@@ -123,7 +154,12 @@ impl<R: HostBuffers> Future for Work<R> {
     type Output = Result<R, Failed<R>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let r = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        let mut r = Pin::new(&mut self.inner).poll(cx);
+        if r.is_pending() && self.assist.is_some() {
+            self.help();
+            r = Pin::new(&mut self.inner).poll(cx);
+        }
+        let r = std::task::ready!(r);
         Poll::Ready(convert(self.inner.context(), &self.split, r))
     }
 }

@@ -3,10 +3,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use chorus_core::flight_recorder::OpMeta;
+use chorus_core::relay::Relay;
 use chorus_core::{Element, HostBuffer, HostBuffers, Op, OpContext, OpFuture, WorkError};
 use chorus_store::Store;
 use futures::future::BoxFuture;
@@ -16,12 +17,12 @@ use super::options::{TcpOptions, MAX_CHUNK};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState};
-use super::{conn, group, setup, wire, worker};
+use super::{conn, drive, group, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::error::{Error, Rejected};
 use crate::grouped::{self, Grouped};
 use crate::sequence::{Counters, Sequencer};
-use crate::work::Work;
+use crate::work::{Assist, Work};
 
 /// The TCP backend of one group. See the [module docs](super).
 pub(crate) struct TcpBackend {
@@ -31,6 +32,8 @@ pub(crate) struct TcpBackend {
     close: watch::Sender<bool>,
     /// Set by the worker once it has stopped (after its goodbyes).
     done: watch::Receiver<bool>,
+    /// Runs small ops on their callers' threads.
+    driver: Arc<drive::Driver>,
 }
 
 impl fmt::Debug for TcpBackend {
@@ -113,6 +116,7 @@ impl TcpBackend {
             lost: Mutex::new(None),
             peers: Mutex::new(vec![PeerState::Open; size]),
             readers: Mutex::new(Vec::new()),
+            idle: AtomicBool::new(false),
             shm_frames: AtomicU64::new(0),
             shm_full: AtomicU64::new(0),
         });
@@ -122,6 +126,7 @@ impl TcpBackend {
         let mut p2p = Vec::with_capacity(size);
         let mut readers = Vec::new();
         let mut shm_peers = 0;
+        let mut local_peers = 0;
         let mut bcast_ok = vec![false; size];
         for (peer, c) in mesh.conns.into_iter().enumerate() {
             let Some(c) = c else {
@@ -131,13 +136,21 @@ impl TcpBackend {
                 p2p.push(None);
                 continue;
             };
-            let (rd, wr) = c.stream.split();
+            local_peers += usize::from(matches!(c.stream, setup::Stream::Unix(_)));
+            let (rd, wr) = c.stream.split().map_err(|e| Error::Setup {
+                group: inner.group.to_string(),
+                rank,
+                msg: format!(
+                    "cannot duplicate the connection to rank {peer}: {e} (each peer takes four \
+                     descriptors: is the open-file limit, ulimit -n, too low?)"
+                ),
+            })?;
             shm_peers += usize::from(c.shm.tx.is_some());
             shm_tx.push(c.shm.tx);
             bcast_ok[peer] = c.shm.bcast_ok;
             let (ctx, crx) = mpsc::unbounded_channel();
             let (ptx, prx) = mpsc::unbounded_channel();
-            let h = handle.spawn(conn::reader(
+            let reader = Arc::new(Relay::new(conn::reader(
                 peer,
                 rd,
                 ctx,
@@ -145,13 +158,14 @@ impl TcpBackend {
                 c.shm.rx,
                 c.shm.brx,
                 inner.clone(),
-            ));
-            readers.push(h.abort_handle());
+            )));
+            drive::host(&handle, &reader);
+            readers.push(reader);
             writers.push(Some(conn::Writer::new(wr)));
             coll.push(Some(crx));
             p2p.push(Some(prx));
         }
-        *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers;
+        *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);
@@ -162,16 +176,30 @@ impl TcpBackend {
             all_local: mesh.all_local,
         };
         let w = worker::Worker::new(inner.clone(), writers, shm, coll, p2p);
-        handle.spawn(async move {
+        let worker = Arc::new(Relay::new(async move {
             w.run(rx, stop_rx, close_rx).await;
             done_tx.send_replace(true);
-        });
-        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, "TCP backend connected");
+        }));
+        drive::host(&handle, &worker);
+        let local_ranks = crate::config::local_world_size()
+            .unwrap_or(0)
+            .max(local_peers + 1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = inner.opts.spin_for(local_ranks, cores);
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, "TCP backend connected");
+        let driver = Arc::new(drive::Driver::new(
+            inner.clone(),
+            worker,
+            readers,
+            handle,
+            spin,
+        ));
         Ok(Arc::new(TcpBackend {
             inner,
             tx,
             close,
             done,
+            driver,
         }))
     }
 
@@ -208,6 +236,13 @@ impl TcpBackend {
     /// Queues `req` for the worker; fails it at once when the backend has
     /// failed or its worker has stopped.
     pub(super) fn enqueue(&self, req: OpRequest) {
+        // Whatever the worker finds queued is not for a caller to start.
+        self.inner.idle.store(false, Ordering::Release);
+        self.push(req);
+    }
+
+    /// Queues `req` for the worker (see [`enqueue`](Self::enqueue)).
+    fn push(&self, req: OpRequest) {
         if let Some(cause) = self.inner.failure() {
             let err = cause.for_op(req.ctx.clone());
             req.completer.fail(err, req.bufs);
@@ -264,6 +299,44 @@ impl TcpBackend {
             completer,
         };
         Ok((work, req))
+    }
+}
+
+impl TcpBackend {
+    /// Hands a registered op to the worker and lets go of the submission
+    /// lock `counters`. A small op that finds the worker waiting is
+    /// started on this thread (see `drive`); its work then gets the driver,
+    /// to run the rest on the awaiting caller's thread.
+    fn start(&self, req: OpRequest, counters: MutexGuard<'_, Counters>) -> Option<Arc<dyn Assist>> {
+        self.start_then(req, || drop(counters))
+    }
+
+    /// [`start`](Self::start), with `unlock` letting go of whatever
+    /// ordered the submission, once the op is queued.
+    pub(super) fn start_then(
+        &self,
+        req: OpRequest,
+        unlock: impl FnOnce(),
+    ) -> Option<Arc<dyn Assist>> {
+        let bytes: usize = req.bufs.iter().map(|b| b.as_bytes().len()).sum();
+        if !self.driver.is_small(bytes) {
+            self.enqueue(req);
+            unlock();
+            return None;
+        }
+        let claim = self.driver.claim_idle_worker();
+        if claim.is_some() {
+            self.push(req);
+        } else {
+            self.enqueue(req);
+        }
+        unlock();
+        if let Some(c) = claim {
+            self.driver.kick(c);
+        }
+        self.driver
+            .spins()
+            .then(|| self.driver.clone() as Arc<dyn Assist>)
     }
 }
 
@@ -420,9 +493,8 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
             bufs.into_host(),
         ) {
             Ok((work, req)) => {
-                self.enqueue(req);
-                drop(counters);
-                Ok(Work::new(work, Vec::new()))
+                let assist = self.start(req, counters);
+                Ok(Work::new(work, Vec::new(), assist))
             }
             Err((error, host)) => {
                 drop(counters);
@@ -451,7 +523,9 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
             ctx: ctx.clone(),
             meta: Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0)),
             bufs: bufs.into_host(),
-            deliver: Box::new(move |r| grouped::put(&into, r.map(|w| Work::new(w, Vec::new())))),
+            deliver: Box::new(move |r| {
+                grouped::put(&into, r.map(|w| Work::new(w, Vec::new(), None)))
+            }),
         });
         Ok(Grouped::new(cell, ctx))
     }
@@ -488,9 +562,8 @@ impl<T: Element> Coalesces<Vec<T>> for TcpBackend {
         let mut counters = seq.lock();
         match Self::register(seq, &mut counters, timeout, op, name, meta, fused) {
             Ok((work, req)) => {
-                self.enqueue(req);
-                drop(counters);
-                Ok(Work::new(work, lens))
+                let assist = self.start(req, counters);
+                Ok(Work::new(work, lens, assist))
             }
             Err((error, host)) => {
                 drop(counters);

@@ -29,7 +29,30 @@
 //!   as one batch: its sends first, and runs of all_reduces with one dtype
 //!   and reduction fused into one all_reduce.
 //! * Everything runs on chorus's own runtime ([`chorus_store::rt`]), never
-//!   on the caller's executor.
+//!   on the caller's executor — except a small op, which the submitting
+//!   and awaiting thread runs itself when it can (below).
+//!
+//! # Small ops on the caller's thread
+//!
+//! Handing a small op from thread to thread costs more than the exchange
+//! itself: each wake-up of a sleeping thread is about a loopback round
+//! trip on a small VM. So the worker and the readers are relays
+//! ([`chorus_core::relay`]) that a caller may poll in their host tasks'
+//! stead (see `drive`):
+//!
+//! * an op of at most `crossover_bytes` that finds the worker waiting is
+//!   started on the submitting thread (its first frames leave from there);
+//! * the first poll (or `wait_timeout`) that finds such an op pending
+//!   polls the readers and the worker itself — reading the sockets,
+//!   reducing, completing — for up to [`TcpOptions::caller_spin`]
+//!   (100 µs by default where this host's ranks have a core each, zero
+//!   where they outnumber its cores), yielding the core between rounds;
+//! * then it parks, and the I/O threads finish whatever is left.
+//!
+//! The sockets are read and written with plain non-blocking calls from
+//! whichever thread runs them, and registered with the I/O driver only for
+//! what a task waits on there (`halves`): frames that a spinning caller
+//! reads itself wake no other thread.
 //!
 //! # Checks
 //!
@@ -173,7 +196,9 @@
 mod algo;
 mod backend;
 mod conn;
+mod drive;
 mod group;
+mod halves;
 mod options;
 mod pool;
 mod request;
@@ -190,4 +215,4 @@ mod worker;
 mod tests;
 
 pub(crate) use backend::{TcpBackend, TcpStaged};
-pub use options::TcpOptions;
+pub use options::{TcpOptions, CALLER_SPIN};

@@ -43,6 +43,36 @@ pub struct TcpOptions {
     /// at least 1 s; zero turns it off. Default 10 s
     /// (`CHORUS_LIVENESS_TIMEOUT_S`, see `TcpOptions::from_env`).
     pub liveness_timeout: Duration,
+    /// How long the caller that awaits a small op (at most
+    /// `crossover_bytes`) runs it on its own thread — reading the peers'
+    /// frames from the sockets, reducing, completing — before it parks and
+    /// leaves the rest to chorus's I/O threads (see "Small ops on the
+    /// caller's thread" in the module docs). `None` (the default) picks
+    /// [`CALLER_SPIN`] when this host's ranks have a core each, zero
+    /// otherwise; zero turns it off (the op's first frames still leave from
+    /// the submitting thread). `CHORUS_TCP_SPIN_US` sets it, see
+    /// `TcpOptions::from_env`.
+    pub caller_spin: Option<Duration>,
+}
+
+/// The default [`TcpOptions::caller_spin`] where this host's ranks have a
+/// core each: a little more than a round trip through a peer whose thread
+/// has to wake up on a small VM, so that a peer that is a moment late is
+/// still met without a wake-up, and a peer much later costs at most this
+/// much of the caller's core.
+pub const CALLER_SPIN: Duration = Duration::from_micros(100);
+
+impl TcpOptions {
+    /// The caller spin for a host where `local_ranks` ranks share `cores`
+    /// cores: [`caller_spin`](Self::caller_spin) if set, else
+    /// [`CALLER_SPIN`] when every rank has a core of its own, else zero.
+    pub(super) fn spin_for(&self, local_ranks: usize, cores: usize) -> Duration {
+        self.caller_spin.unwrap_or(if local_ranks <= cores {
+            CALLER_SPIN
+        } else {
+            Duration::ZERO
+        })
+    }
 }
 
 impl Default for TcpOptions {
@@ -55,6 +85,7 @@ impl Default for TcpOptions {
             local_unix_sockets: true,
             shared_memory: true,
             liveness_timeout: Duration::from_secs(10),
+            caller_spin: None,
         }
     }
 }

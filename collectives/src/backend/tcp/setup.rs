@@ -21,6 +21,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
+use super::halves::{ReadHalf, Sock, WriteHalf};
 use super::options::TcpOptions;
 use super::shm;
 use super::wire::{Hello, HELLO_BCAST, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
@@ -138,11 +139,6 @@ impl Conn {
     }
 }
 
-/// The read half of a [`Stream`].
-pub(super) type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
-/// The write half of a [`Stream`].
-pub(super) type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
-
 /// Socket buffer size asked for on Unix sockets: a chunk or more fits, so a
 /// write rarely waits for the reader (the kernel caps it at
 /// `net.core.wmem_max` / `rmem_max`).
@@ -164,17 +160,18 @@ impl Stream {
         }
     }
 
-    pub(super) fn split(self) -> (ReadHalf, WriteHalf) {
-        match self {
-            Stream::Tcp(s) => {
-                let (r, w) = s.into_split();
-                (Box::new(r), Box::new(w))
-            }
-            Stream::Unix(s) => {
-                let (r, w) = s.into_split();
-                (Box::new(r), Box::new(w))
-            }
-        }
+    /// The connection's two halves, taken out of tokio's hands (see
+    /// `halves`).
+    ///
+    /// # Errors
+    ///
+    /// The OS error if the socket cannot be duplicated or registered.
+    pub(super) fn split(self) -> std::io::Result<(ReadHalf, WriteHalf)> {
+        let sock = match self {
+            Stream::Tcp(s) => Sock::Tcp(s.into_std()?),
+            Stream::Unix(s) => Sock::Unix(s.into_std()?),
+        };
+        sock.split()
     }
 }
 

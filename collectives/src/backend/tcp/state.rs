@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use chorus_core::relay::Relay;
 use chorus_core::{OpContext, WorkError};
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 use super::options::TcpOptions;
 use super::pool::Pool;
@@ -74,7 +74,10 @@ pub(super) struct Inner {
     /// that followed it); an op that needs more from it fails at once.
     pub(super) lost: Mutex<Option<(usize, PeerState)>>,
     pub(super) peers: Mutex<Vec<PeerState>>,
-    pub(super) readers: Mutex<Vec<AbortHandle>>,
+    /// Each peer's reader (ended by `stop_readers`).
+    pub(super) readers: Mutex<Vec<Arc<Relay>>>,
+    /// The worker waits for its next op (set while its queue is empty).
+    pub(super) idle: AtomicBool,
     /// Frames sent through shared memory.
     pub(super) shm_frames: AtomicU64,
     /// Frames that could have gone through shared memory but found every
@@ -192,19 +195,22 @@ impl Inner {
             .unwrap_or(PeerState::Open)
     }
 
-    /// The error for an op that needs `peer` after its connection ended.
+    /// The error for an op that needs `peer` after its connection ended:
+    /// the group's failure if it has one (a failed or aborted group ends
+    /// its readers itself, and the cause is the failure, not the close),
+    /// else how the connection ended.
     pub(super) fn lost_error(&self, ctx: &OpContext, peer: usize) -> WorkError {
-        self.peer_state(peer).error(ctx, peer)
+        match self.failure() {
+            Some(cause) => cause.for_op(ctx.clone()),
+            None => self.peer_state(peer).error(ctx, peer),
+        }
     }
 
     pub(super) fn stop_readers(&self) {
-        for h in self
-            .readers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
-            h.abort();
+        let readers =
+            std::mem::take(&mut *self.readers.lock().unwrap_or_else(PoisonError::into_inner));
+        for r in readers {
+            r.cancel();
         }
     }
 }

@@ -22,6 +22,7 @@ use super::options::TcpOptions;
 use super::request::OpRequest;
 use crate::backend::Backend;
 use crate::reduce::{reference_reduce, Reducible};
+use crate::work::Assist;
 
 /// The buffers an op comes back with.
 type OpOutput = Vec<HostBuffer>;
@@ -191,6 +192,33 @@ impl Rank {
             completer,
         });
         work
+    }
+
+    /// Submits a collective with the next collective seq the way the
+    /// group's submit does: a small op that finds the worker waiting is
+    /// started on this thread, and comes with the driver that runs the
+    /// rest on the caller's thread.
+    fn coll_assisted(&mut self, kind: Call) -> (OpFuture<OpOutput>, Option<Arc<dyn Assist>>) {
+        self.seq += 1;
+        let (op, bufs) = kind.into_parts();
+        let ctx = OpContext {
+            rank: self.rank(),
+            group: self.group.clone(),
+            seq: self.seq,
+            op: op.name(),
+        };
+        let reg = Arc::new(Registry::new());
+        let (work, completer) =
+            OpFuture::new(ctx.clone(), &reg, None).expect("registry refused the op");
+        let req = OpRequest {
+            ctx,
+            op,
+            bufs,
+            timeout: TIMEOUT,
+            completer,
+        };
+        let assist = self.be.start_then(req, || ());
+        (work, assist)
     }
 
     /// Submits a collective with the next collective seq.
@@ -1050,6 +1078,120 @@ fn ops_complete_in_submission_order() {
         // 39 % 3 == 0: the last op has one element.
         assert_eq!(out[0], HostBuffer::I32(vec![78]));
         assert!(v.iter().all(|wk| wk.is_done()), "an earlier op is not done");
+    }
+}
+
+/// Rank `r`'s input to the `i`-th op of the caller-thread tests, and the
+/// sum of both ranks' inputs.
+fn pair_input(i: i64, r: i64) -> HostBuffer {
+    HostBuffer::I64(vec![(i * 7919) % 1009 - 500 + r, r - i])
+}
+
+fn pair_sum(i: i64) -> HostBuffer {
+    let v = 2 * ((i * 7919) % 1009 - 500) + 1;
+    HostBuffer::I64(vec![v, 1 - 2 * i])
+}
+
+/// Two ranks on threads of their own, both at each small op together: the
+/// awaiting caller runs it (reads the peer's frame, reduces, completes)
+/// on its own thread, so the op is done when the caller's assist returns,
+/// not later through chorus's I/O thread. A driver that did nothing would
+/// leave every op pending at that point (the peer's frame needs a round
+/// trip). Results are checked on every op.
+#[test]
+fn small_ops_complete_on_the_callers_thread() {
+    let opts = TcpOptions {
+        caller_spin: Some(Duration::from_millis(200)),
+        ..TcpOptions::default()
+    };
+    let ops = 200;
+    let inline: Vec<usize> = std::thread::scope(|s| {
+        let ranks: Vec<_> = world(2, &opts)
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut rk)| {
+                s.spawn(move || {
+                    let mut inline = 0;
+                    for i in 0..ops {
+                        let (work, assist) = rk.coll_assisted(Call::AllReduce {
+                            buf: pair_input(i, r as i64),
+                            op: ReduceOp::Sum,
+                        });
+                        let assist = assist.expect("a small op comes with the driver");
+                        assist.assist(&|| work.is_done());
+                        inline += usize::from(work.is_done());
+                        let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
+                        assert_eq!(out, vec![pair_sum(i)], "op {i} on rank {r}");
+                    }
+                    inline
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, n) in inline.iter().enumerate() {
+        assert!(
+            *n >= ops as usize / 2,
+            "rank {r}: only {n} of {ops} ops were done when the caller's assist returned"
+        );
+    }
+}
+
+/// A caller whose spin runs out before its peer comes lets go: the op is
+/// finished by chorus's I/O threads once the peer arrives (the sockets the
+/// spin took out of the I/O driver are back in it), again and again.
+#[test]
+fn a_spin_that_gives_up_hands_the_op_to_the_io_threads() {
+    let opts = TcpOptions {
+        caller_spin: Some(Duration::from_millis(2)),
+        ..TcpOptions::default()
+    };
+    let mut w = world(2, &opts);
+    let mut late = w.pop().unwrap();
+    let mut early = w.pop().unwrap();
+    for i in 0..3 {
+        let (work, assist) = early.coll_assisted(Call::AllReduce {
+            buf: pair_input(i, 0),
+            op: ReduceOp::Sum,
+        });
+        assist.expect("driver").assist(&|| work.is_done());
+        assert!(!work.is_done(), "done without its peer");
+        let peer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let (work, _) = late.coll_assisted(Call::AllReduce {
+                buf: pair_input(i, 1),
+                op: ReduceOp::Sum,
+            });
+            assert_eq!(block_on(work).unwrap(), vec![pair_sum(i)]);
+            late
+        });
+        assert_eq!(block_on(work).unwrap(), vec![pair_sum(i)]);
+        late = peer.join().unwrap();
+    }
+}
+
+/// A small op started on the submitting thread whose caller never polls
+/// nor waits: it completes all the same (chorus's I/O threads take over
+/// from the submit), and so does the next one.
+#[test]
+fn a_caller_that_stops_polling_stops_nothing() {
+    let mut w = world(2, &TcpOptions::default());
+    for i in 0..2 {
+        let (idle, _) = w[0].coll_assisted(Call::AllReduce {
+            buf: pair_input(i, 0),
+            op: ReduceOp::Sum,
+        });
+        let (awaited, _) = w[1].coll_assisted(Call::AllReduce {
+            buf: pair_input(i, 1),
+            op: ReduceOp::Sum,
+        });
+        assert_eq!(block_on(awaited).unwrap(), vec![pair_sum(i)]);
+        let t = Instant::now();
+        while !idle.is_done() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(idle.is_done(), "an op nobody polled did not complete");
+        assert_eq!(block_on(idle).unwrap(), vec![pair_sum(i)]);
     }
 }
 

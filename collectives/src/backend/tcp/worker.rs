@@ -130,12 +130,16 @@ impl Worker {
         let timer = tokio::time::sleep(Duration::from_secs(3600));
         tokio::pin!(timer);
         let graceful = loop {
+            // Idle when nothing is queued: a small op submitted now may be
+            // started on its caller's thread (see `drive`).
+            inner.idle.store(rx.is_empty(), Ordering::Release);
             let next = tokio::select! {
                 biased;
                 () = stopped(&mut stop) => None,
                 r = rx.recv() => Some(r),
                 () = stopped(&mut close) => Some(None),
             };
+            inner.idle.store(false, Ordering::Release);
             let req = match next {
                 None => break false,
                 Some(None) => break true,

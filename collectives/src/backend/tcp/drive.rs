@@ -1,0 +1,142 @@
+//! A small op run on the caller's own thread: the worker and the readers
+//! are [`Relay`]s, which the submitting thread and the awaiting caller may
+//! poll in the stead of their host tasks on chorus's I/O threads.
+//!
+//! * **Submit.** A small op that finds the worker waiting for work is
+//!   handed to it with the worker claimed (the queue's wake-up goes to the
+//!   claim, not to the I/O thread), and the worker is polled once on the
+//!   submitting thread: the op's first frames leave from there, at once.
+//! * **Await.** The first poll of a small op's work that finds it pending
+//!   claims the worker and the readers and polls them in turn — the
+//!   readers read the sockets themselves (see `halves`), the worker takes
+//!   their frames and completes the op — until the op is done or
+//!   [`TcpOptions::caller_spin`] has passed, yielding the core between
+//!   rounds. Then it lets go: whatever it did not finish, the host tasks
+//!   take over (the claims hand them any wake-up they did not serve), so a
+//!   caller that stops polling stops nothing.
+//!
+//! A round trip then wakes no thread at all when both ranks' callers are
+//! at the op together; the cost is up to `caller_spin` of the caller's
+//! core per op when a peer comes late. Where this host's ranks outnumber
+//! its cores, a spinning caller would take the core a peer needs, so the
+//! default spin is zero there (only the submit-time poll remains).
+//!
+//! docs/ARCHITECTURE.md, "A small TCP op without hand-offs", tells the
+//! whole path.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chorus_core::relay::{Claim, Relay, Step};
+use tokio::runtime::Handle;
+
+use super::halves;
+use super::state::Inner;
+use crate::work::Assist;
+
+/// The caller's way into a group's worker and readers.
+pub(super) struct Driver {
+    inner: Arc<Inner>,
+    worker: Arc<Relay>,
+    readers: Vec<Arc<Relay>>,
+    handle: Handle,
+    /// How long an awaiting caller drives a small op itself.
+    spin: Duration,
+}
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("readers", &self.readers.len())
+            .field("spin", &self.spin)
+            .finish()
+    }
+}
+
+/// Hosts `relay` on the I/O runtime: polls it whenever it is woken and no
+/// caller is polling it, until its future ends.
+pub(super) fn host(handle: &Handle, relay: &Arc<Relay>) {
+    let r = relay.clone();
+    handle.spawn(std::future::poll_fn(move |cx| r.poll_host(cx)));
+}
+
+impl Driver {
+    pub(super) fn new(
+        inner: Arc<Inner>,
+        worker: Arc<Relay>,
+        readers: Vec<Arc<Relay>>,
+        handle: Handle,
+        spin: Duration,
+    ) -> Driver {
+        Driver {
+            inner,
+            worker,
+            readers,
+            handle,
+            spin,
+        }
+    }
+
+    /// Whether an op of `bytes` runs on the caller's thread.
+    pub(super) fn is_small(&self, bytes: usize) -> bool {
+        bytes <= self.inner.opts.crossover_bytes
+    }
+
+    /// Whether awaiting callers drive small ops.
+    pub(super) fn spins(&self) -> bool {
+        !self.spin.is_zero()
+    }
+
+    /// Claims the worker before a small op is queued, if the worker waits
+    /// for work and no one else holds it; then [`kick`](Self::kick) it
+    /// once the op is queued.
+    pub(super) fn claim_idle_worker(&self) -> Option<Claim<'_>> {
+        if !self.inner.idle.load(Ordering::Acquire) || chorus_store::rt::on_io_thread() {
+            return None;
+        }
+        self.worker.claim()
+    }
+
+    /// Polls the claimed worker once, which takes the queued op and sends
+    /// what it can; the claim's drop hands anything left to the host.
+    pub(super) fn kick(&self, claim: Claim<'_>) {
+        let _rt = self.handle.enter();
+        claim.poll();
+    }
+}
+
+impl Assist for Driver {
+    fn assist(&self, done: &dyn Fn() -> bool) {
+        if self.spin.is_zero() || chorus_store::rt::on_io_thread() {
+            return;
+        }
+        let Some(worker) = self.worker.claim() else {
+            return;
+        };
+        let readers: Vec<Claim<'_>> = self.readers.iter().filter_map(|r| r.claim()).collect();
+        let rt = self.handle.enter();
+        let start = Instant::now();
+        let round = || {
+            for r in &readers {
+                r.poll();
+            }
+            worker.poll()
+        };
+        halves::while_spinning(|| loop {
+            if round() == Step::Finished || done() || start.elapsed() >= self.spin {
+                break;
+            }
+            // Let a thread this core owes time to run (a peer rank's
+            // caller, or an I/O thread).
+            std::thread::yield_now();
+        });
+        // One more round, not spinning: the sockets go back to the I/O
+        // driver with their wakers registered, for the host tasks.
+        round();
+        drop(rt);
+        drop(readers);
+        drop(worker);
+    }
+}

@@ -1,0 +1,486 @@
+//! The two halves of a connection: readable and writable from any thread
+//! without chorus's I/O thread, and registered with its I/O driver only
+//! while a task waits on them there, for what it waits on.
+//!
+//! * **Any thread.** tokio reads or writes a socket only once its I/O
+//!   driver reported it ready: a caller polling the worker or a reader
+//!   (see `drive`) while the I/O thread sleeps would find a frame that
+//!   arrived unread until that thread woke up. So each half first tries a
+//!   plain non-blocking `recv` or `send` on a descriptor of its own, and
+//!   waits on the driver's readiness only when that would block (a
+//!   readiness the plain call made stale is cleared by the call made
+//!   through it, so the next edge wakes the waiter; new bytes or new room
+//!   always raise a new edge, so nothing is lost).
+//! * **For what it waits on.** tokio's own streams register a socket for
+//!   reading and writing at once. Then every frame the peer reads gives
+//!   the sender's Unix socket room again: an edge that wakes the sender's
+//!   I/O thread for nothing, once per frame. Here the read half registers
+//!   for reading only, and the write half for writing only, and only
+//!   while a write would block.
+//! * **Only while waited on there.** Every frame that arrives at a
+//!   registered socket wakes the I/O thread, even when a spinning caller
+//!   reads the frame itself: on a small VM that wake-up takes a core from
+//!   the two spinning ranks. So a read half polled by a spinning caller
+//!   ([`while_spinning`]) that finds nothing takes its socket out of the
+//!   driver and returns pending without a waker (the caller polls again);
+//!   the caller's last poll, not spinning, puts it back (a socket that
+//!   became readable meanwhile is reported at once) and registers the
+//!   waker, so the host task takes over with nothing missed.
+//!
+//! Dropping the write half shuts the connection's sending side down (the
+//! peer reads the end), as tokio's owned write halves do.
+
+use std::cell::Cell;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+thread_local! {
+    /// This thread is a caller spinning on a small op (see `drive`).
+    static SPINNING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` as a spinning caller: read halves that find nothing leave the
+/// I/O driver instead of registering a waker (see the module docs).
+pub(super) fn while_spinning<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            SPINNING.with(|s| s.set(self.0));
+        }
+    }
+    let _reset = Reset(SPINNING.with(|s| s.replace(true)));
+    f()
+}
+
+fn spinning() -> bool {
+    SPINNING.with(Cell::get)
+}
+
+/// A connected socket, non-blocking (tokio made it so; the flag belongs
+/// to the socket, so every descriptor of it is non-blocking).
+#[derive(Debug)]
+pub(super) enum Sock {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl AsRawFd for Sock {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
+/// Retries `f` while it is interrupted by a signal.
+fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
+fn would_block<T>(r: &io::Result<T>) -> bool {
+    matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl Sock {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        retry(|| match self {
+            Sock::Tcp(s) => (&*s).read(buf),
+            Sock::Unix(s) => (&*s).read(buf),
+        })
+    }
+
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        retry(|| match self {
+            Sock::Tcp(s) => (&*s).write(buf),
+            Sock::Unix(s) => (&*s).write(buf),
+        })
+    }
+
+    fn write_vectored(&self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        retry(|| match self {
+            Sock::Tcp(s) => (&*s).write_vectored(bufs),
+            Sock::Unix(s) => (&*s).write_vectored(bufs),
+        })
+    }
+
+    fn try_clone(&self) -> io::Result<Sock> {
+        Ok(match self {
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+        })
+    }
+
+    fn shutdown_write(&self) {
+        let _ = match self {
+            Sock::Tcp(s) => s.shutdown(Shutdown::Write),
+            Sock::Unix(s) => s.shutdown(Shutdown::Write),
+        };
+    }
+
+    /// The connection's two halves (four descriptors of the socket: each
+    /// half's own, and each half's second one to register).
+    ///
+    /// # Errors
+    ///
+    /// The OS error if the descriptor cannot be duplicated.
+    pub(super) fn split(self) -> io::Result<(ReadHalf, WriteHalf)> {
+        let read = self.try_clone()?;
+        let write = self.try_clone()?;
+        let spare = self.try_clone()?;
+        Ok((
+            ReadHalf {
+                sock: read,
+                wait: Wait::new(self, Interest::READABLE),
+            },
+            WriteHalf {
+                sock: write,
+                wait: Wait::new(spare, Interest::WRITABLE),
+            },
+        ))
+    }
+}
+
+/// A half's second descriptor: out of the I/O driver, or registered for
+/// the half's one interest while the half waits there.
+#[derive(Debug)]
+struct Wait {
+    interest: Interest,
+    state: WaitState,
+}
+
+#[derive(Debug)]
+enum WaitState {
+    Out(Sock),
+    In(AsyncFd<Sock>),
+    /// The descriptor was lost when a registration failed.
+    Lost,
+}
+
+impl Wait {
+    fn new(sock: Sock, interest: Interest) -> Wait {
+        Wait {
+            interest,
+            state: WaitState::Out(sock),
+        }
+    }
+
+    /// The registered descriptor, registering it first (with the I/O
+    /// driver of the runtime this is called in) if it is out.
+    fn registered(&mut self) -> io::Result<&AsyncFd<Sock>> {
+        if let WaitState::Out(_) = self.state {
+            let WaitState::Out(sock) = std::mem::replace(&mut self.state, WaitState::Lost) else {
+                return Err(lost());
+            };
+            // tokio's safe constructor, deprecated because it cannot know
+            // that the descriptor stays open and the same while registered.
+            // Here it does: the `AsyncFd` owns the `Sock`, which owns the
+            // descriptor, and neither closes nor swaps it until the
+            // registration is dropped or taken apart (`leave`).
+            #[allow(deprecated)]
+            let fd = AsyncFd::with_interest(sock, self.interest)?;
+            self.state = WaitState::In(fd);
+        }
+        match &self.state {
+            WaitState::In(fd) => Ok(fd),
+            WaitState::Out(_) | WaitState::Lost => Err(lost()),
+        }
+    }
+
+    /// Takes the descriptor out of the I/O driver, if it is in.
+    fn leave(&mut self) {
+        if let WaitState::In(_) = self.state {
+            if let WaitState::In(fd) = std::mem::replace(&mut self.state, WaitState::Lost) {
+                self.state = WaitState::Out(fd.into_inner());
+            }
+        }
+    }
+
+    /// Waits until the driver says the socket is ready, then runs `f`; a
+    /// readiness that `f` finds stale (it would block) is cleared and
+    /// waited for again.
+    fn poll_io<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut f: impl FnMut() -> io::Result<R>,
+    ) -> Poll<io::Result<R>> {
+        let readable = self.interest.is_readable();
+        let fd = self.registered()?;
+        loop {
+            let mut ready = if readable {
+                ready!(fd.poll_read_ready(cx))?
+            } else {
+                ready!(fd.poll_write_ready(cx))?
+            };
+            if let Ok(r) = ready.try_io(|_| f()) {
+                return Poll::Ready(r);
+            }
+        }
+    }
+}
+
+fn lost() -> io::Error {
+    io::Error::other("the connection's descriptor was lost when a registration failed")
+}
+
+/// The read half of a connection (see the module docs).
+#[derive(Debug)]
+pub(super) struct ReadHalf {
+    /// Read with plain calls, from any thread.
+    sock: Sock,
+    wait: Wait,
+}
+
+impl AsyncRead for ReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let r = this.sock.read(buf.initialize_unfilled());
+        let n = if !would_block(&r) {
+            r?
+        } else if spinning() {
+            // The spinning caller polls again, and registers at its last
+            // poll (see the module docs).
+            this.wait.leave();
+            return Poll::Pending;
+        } else {
+            let sock = &this.sock;
+            ready!(this
+                .wait
+                .poll_io(cx, || sock.read(buf.initialize_unfilled())))?
+        };
+        buf.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The write half of a connection (see the module docs).
+#[derive(Debug)]
+pub(super) struct WriteHalf {
+    /// Written with plain calls, from any thread.
+    sock: Sock,
+    /// Registered for room while a write would block.
+    wait: Wait,
+}
+
+impl WriteHalf {
+    /// Writes with `f`; when the socket is full, waits for room through
+    /// the driver, and stops hearing about room once a write went through.
+    fn poll_with(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: impl Fn(&Sock) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        let r = f(&self.sock);
+        let n = if would_block(&r) {
+            let sock = &self.sock;
+            ready!(self.wait.poll_io(cx, || f(sock)))?
+        } else {
+            r?
+        };
+        self.wait.leave();
+        Poll::Ready(Ok(n))
+    }
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_with(cx, |s| s.write(buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_with(cx, |s| s.write_vectored(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.sock.shutdown_write();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for WriteHalf {
+    fn drop(&mut self) {
+        self.sock.shutdown_write();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn woken_within(count: &Count, d: Duration) -> bool {
+        let t = Instant::now();
+        while count.0.load(Ordering::SeqCst) == 0 && t.elapsed() < d {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        count.0.load(Ordering::SeqCst) > 0
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_io()
+            .build()
+            .expect("a runtime")
+    }
+
+    fn pair() -> (Sock, UnixStream) {
+        let (a, b) = UnixStream::pair().expect("a socket pair");
+        a.set_nonblocking(true).expect("non-blocking");
+        (Sock::Unix(a), b)
+    }
+
+    /// A spinning caller's poll that finds nothing takes the socket out of
+    /// the driver and registers no waker; the next poll, not spinning,
+    /// puts it back with its waker, which a frame then wakes; the frame is
+    /// read whole.
+    #[test]
+    fn a_read_half_leaves_the_driver_while_spinning_and_hears_the_next_frame_after() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let (a, mut b) = pair();
+        let (mut rd, _wr) = a.split().expect("halves");
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 4];
+
+        let mut rb = ReadBuf::new(&mut buf);
+        let spun = while_spinning(|| Pin::new(&mut rd).poll_read(&mut cx, &mut rb));
+        assert!(spun.is_pending());
+        assert!(
+            matches!(rd.wait.state, WaitState::Out(_)),
+            "still registered"
+        );
+
+        let mut rb = ReadBuf::new(&mut buf);
+        assert!(Pin::new(&mut rd).poll_read(&mut cx, &mut rb).is_pending());
+        assert!(matches!(rd.wait.state, WaitState::In(_)), "not registered");
+
+        b.write_all(b"ping").expect("write");
+        assert!(
+            woken_within(&count, Duration::from_secs(5)),
+            "the frame woke nobody"
+        );
+        let mut rb = ReadBuf::new(&mut buf);
+        match Pin::new(&mut rd).poll_read(&mut cx, &mut rb) {
+            Poll::Ready(Ok(())) => assert_eq!(rb.filled(), b"ping"),
+            other => panic!("expected the frame, got {other:?}"),
+        }
+    }
+
+    /// A frame that arrives while the socket is out of the driver is read
+    /// by the next poll, spinning or not.
+    #[test]
+    fn a_frame_that_arrived_out_of_the_driver_is_read_at_once() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let (a, mut b) = pair();
+        let (mut rd, _wr) = a.split().expect("halves");
+        let waker = Waker::from(Arc::new(Count::default()));
+        let mut cx = Context::from_waker(&waker);
+        let mut buf = [0u8; 4];
+        let mut rb = ReadBuf::new(&mut buf);
+        let spun = while_spinning(|| Pin::new(&mut rd).poll_read(&mut cx, &mut rb));
+        assert!(spun.is_pending());
+        b.write_all(b"pong").expect("write");
+        let mut rb = ReadBuf::new(&mut buf);
+        match Pin::new(&mut rd).poll_read(&mut cx, &mut rb) {
+            Poll::Ready(Ok(())) => assert_eq!(rb.filled(), b"pong"),
+            other => panic!("expected the frame, got {other:?}"),
+        }
+    }
+
+    /// A write half registers for room only while its socket is full: a
+    /// full socket's write is pending and registered, the peer's read
+    /// wakes it, and the write that then goes through leaves the driver.
+    #[test]
+    fn a_write_half_waits_for_room_only_while_full() {
+        let rt = runtime();
+        let _rt = rt.enter();
+        let (a, mut b) = pair();
+        let (_rd, mut wr) = a.split().expect("halves");
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let chunk = [7u8; 4096];
+        let mut sent = 0usize;
+        let blocked = loop {
+            match Pin::new(&mut wr).poll_write(&mut cx, &chunk) {
+                Poll::Ready(Ok(n)) => {
+                    sent += n;
+                    assert!(matches!(wr.wait.state, WaitState::Out(_)));
+                }
+                Poll::Ready(Err(e)) => panic!("write failed: {e}"),
+                Poll::Pending => break true,
+            }
+            assert!(sent < 64 << 20, "the socket never filled");
+        };
+        assert!(blocked);
+        assert!(matches!(wr.wait.state, WaitState::In(_)), "not registered");
+        let mut sink = vec![0u8; sent];
+        std::io::Read::read_exact(&mut b, &mut sink).expect("drain");
+        assert!(
+            woken_within(&count, Duration::from_secs(5)),
+            "room woke nobody"
+        );
+        match Pin::new(&mut wr).poll_write(&mut cx, &chunk) {
+            Poll::Ready(Ok(n)) => assert!(n > 0),
+            other => panic!("expected room, got {other:?}"),
+        }
+        assert!(
+            matches!(wr.wait.state, WaitState::Out(_)),
+            "still registered"
+        );
+    }
+}
