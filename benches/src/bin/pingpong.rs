@@ -8,6 +8,11 @@
 //! Prints one JSON line per transport and size: round-trip median and p99
 //! in µs.
 //!
+//! `unix-spin` is the same over a Unix socket with both sides spinning on
+//! non-blocking calls instead of sleeping in them: the floor of an exchange
+//! in which no thread ever sleeps (what chorus's small ops do while both
+//! ranks' callers are at the op together, each on a core of its own).
+//!
 //! Between two hosts (`--listen ADDR` on one, `--connect ADDR` on the
 //! other, e.g. in two network namespaces) it measures the same over real
 //! TCP, and with `--exchange-bytes` the floor of a large all_reduce: both
@@ -15,7 +20,7 @@
 //! reader thread per side), median time and GB/s each way. The connecting
 //! side drives and prints.
 //!
-//! `pingpong [--transports unix,tcp] [--sizes 4,65536] [--budget-s 1]`
+//! `pingpong [--transports unix,tcp,unix-spin] [--sizes 4,65536] [--budget-s 1]`
 //! `pingpong --listen 10.0.0.1:29614` / `pingpong --connect 10.0.0.1:29614 [--sizes ..] [--exchange-bytes 16777216]`
 #![forbid(unsafe_code)]
 
@@ -30,7 +35,8 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "blocking ping-pong floor over a Unix socket and loopback TCP")]
 struct Args {
-    /// Transports: unix (abstract Unix socket), tcp (loopback).
+    /// Transports: unix (abstract Unix socket), tcp (loopback), unix-spin
+    /// (a Unix socket, both sides spinning instead of sleeping).
     #[arg(long, value_delimiter = ',', default_value = "unix,tcp")]
     transports: Vec<String>,
     /// Message sizes in bytes (each way).
@@ -88,6 +94,36 @@ fn measure<S: Read + Write + Send + 'static>(
         .map_err(|_| std::io::Error::other("echo thread panicked"))??;
     samples.sort_by(f64::total_cmp);
     Ok(samples)
+}
+
+/// A non-blocking stream whose reads and writes spin until they go
+/// through.
+struct Spin<S>(S);
+
+impl<S: Read> Read for Spin<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            match self.0.read(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                r => return r,
+            }
+        }
+    }
+}
+
+impl<S: Write> Write for Spin<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            match self.0.write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                r => return r,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 fn unix_pair(tag: usize) -> std::io::Result<(UnixStream, UnixStream)> {
@@ -268,7 +304,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let (c, s) = tcp_pair()?;
                     measure(c, s, bytes, budget)?
                 }
-                other => return Err(format!("unknown transport {other} (unix, tcp)").into()),
+                "unix-spin" => {
+                    let (c, s) = unix_pair(i)?;
+                    c.set_nonblocking(true)?;
+                    s.set_nonblocking(true)?;
+                    measure(Spin(c), Spin(s), bytes, budget)?
+                }
+                other => {
+                    return Err(format!("unknown transport {other} (unix, tcp, unix-spin)").into())
+                }
             };
             let q = |p: f64| s[((s.len() - 1) as f64 * p) as usize];
             println!(
