@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_core::relay::{Claim, Relay, Step};
+use smallvec::SmallVec;
 use tokio::runtime::Handle;
 
 use super::halves;
@@ -115,7 +116,8 @@ impl Assist for Driver {
         let Some(worker) = self.worker.claim() else {
             return;
         };
-        let readers: Vec<Claim<'_>> = self.readers.iter().filter_map(|r| r.claim()).collect();
+        let readers: SmallVec<[Claim<'_>; 8]> =
+            self.readers.iter().filter_map(|r| r.claim()).collect();
         let rt = self.handle.enter();
         let start = Instant::now();
         let round = || {
