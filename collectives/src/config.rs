@@ -123,12 +123,6 @@ pub(crate) fn peer_liveness() -> Duration {
     )
 }
 
-/// How many ranks of this job run on this host, as the launcher says
-/// (`LOCAL_WORLD_SIZE`, set by chorus-run and torchrun).
-pub(crate) fn local_world_size() -> Option<usize> {
-    number("LOCAL_WORLD_SIZE").and_then(|n| usize::try_from(n).ok())
-}
-
 /// How many times the launcher restarted this rank in place
 /// (`CHORUS_RANK_RESTARTS`, set by `chorus-run`; 0 when unset).
 pub(crate) fn rank_restarts() -> u64 {

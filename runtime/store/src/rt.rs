@@ -43,12 +43,18 @@ fn io_threads() -> usize {
         .or_else(crate::config::io_threads)
         .unwrap_or_else(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let local = std::env::var("LOCAL_WORLD_SIZE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1);
-            default_io_threads(cores, local)
+            default_io_threads(cores, local_ranks().unwrap_or(1))
         })
+}
+
+/// How many ranks of the job run on this host, as its launcher says
+/// (`LOCAL_WORLD_SIZE`, set by chorus-run and torchrun); `None` when unset.
+/// What each rank's threads can count on having to themselves.
+pub fn local_ranks() -> Option<usize> {
+    std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| n > 0)
 }
 
 /// The default I/O thread count for `local` ranks sharing `cores` cores.

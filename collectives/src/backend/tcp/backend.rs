@@ -181,7 +181,7 @@ impl TcpBackend {
             done_tx.send_replace(true);
         }));
         drive::host(&handle, &worker);
-        let local_ranks = crate::config::local_world_size()
+        let local_ranks = chorus_store::rt::local_ranks()
             .unwrap_or(0)
             .max(local_peers + 1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
