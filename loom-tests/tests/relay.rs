@@ -64,8 +64,16 @@ impl Future for WaitFor {
     }
 }
 
-fn host(relay: Arc<Relay>) -> thread::JoinHandle<()> {
-    thread::spawn(move || block_on(poll_fn(|cx| relay.poll_host(cx))))
+/// An event, a relay of a future waiting for it, and the relay's host
+/// running on a thread of its own.
+fn hosted() -> (Arc<Event>, Arc<Relay>, thread::JoinHandle<()>) {
+    let ev = Arc::new(Event::default());
+    let relay = Arc::new(Relay::new(WaitFor(ev.clone())));
+    let host = {
+        let relay = relay.clone();
+        thread::spawn(move || block_on(poll_fn(|cx| relay.poll_host(cx))))
+    };
+    (ev, relay, host)
 }
 
 /// The event fires while a caller claims the relay, polls it and lets go,
@@ -75,9 +83,7 @@ fn host(relay: Arc<Relay>) -> thread::JoinHandle<()> {
 #[test]
 fn an_event_during_a_claim_is_never_lost() {
     model(|| {
-        let ev = Arc::new(Event::default());
-        let relay = Arc::new(Relay::new(WaitFor(ev.clone())));
-        let h = host(relay.clone());
+        let (ev, relay, h) = hosted();
         let fire = {
             let ev = ev.clone();
             thread::spawn(move || ev.fire())
@@ -98,9 +104,7 @@ fn an_event_during_a_claim_is_never_lost() {
 #[test]
 fn one_claim_at_a_time_and_one_poll_at_a_time() {
     model(|| {
-        let ev = Arc::new(Event::default());
-        let relay = Arc::new(Relay::new(WaitFor(ev.clone())));
-        let h = host(relay.clone());
+        let (ev, relay, h) = hosted();
         let claims = Arc::new(AtomicUsize::new(0));
         let other = {
             let (relay, claims) = (relay.clone(), claims.clone());
@@ -129,9 +133,7 @@ fn one_claim_at_a_time_and_one_poll_at_a_time() {
 #[test]
 fn a_future_finished_by_a_caller_ends_the_host() {
     model(|| {
-        let ev = Arc::new(Event::default());
-        let relay = Arc::new(Relay::new(WaitFor(ev.clone())));
-        let h = host(relay.clone());
+        let (ev, relay, h) = hosted();
         if let Some(claim) = relay.claim() {
             // Fired while claimed: the wake-up goes to the claim, and the
             // claim's poll serves it.
@@ -151,9 +153,7 @@ fn a_future_finished_by_a_caller_ends_the_host() {
 #[test]
 fn cancel_ends_the_host() {
     model(|| {
-        let ev = Arc::new(Event::default());
-        let relay = Arc::new(Relay::new(WaitFor(ev.clone())));
-        let h = host(relay.clone());
+        let (_never_fired, relay, h) = hosted();
         relay.cancel();
         h.join().unwrap();
         assert!(relay.is_finished());

@@ -374,6 +374,20 @@ mod tests {
             .expect("a runtime")
     }
 
+    /// One poll of `rd` for up to 4 bytes, spinning or not: the bytes read,
+    /// or `None` while pending.
+    fn read4(rd: &mut ReadHalf, cx: &mut Context<'_>, spin: bool) -> Option<Vec<u8>> {
+        let mut buf = [0u8; 4];
+        let mut rb = ReadBuf::new(&mut buf);
+        let mut poll = || Pin::new(&mut *rd).poll_read(cx, &mut rb);
+        let r = if spin { while_spinning(poll) } else { poll() };
+        match r {
+            Poll::Ready(Ok(())) => Some(rb.filled().to_vec()),
+            Poll::Ready(Err(e)) => panic!("read failed: {e}"),
+            Poll::Pending => None,
+        }
+    }
+
     fn pair() -> (Sock, UnixStream) {
         let (a, b) = UnixStream::pair().expect("a socket pair");
         a.set_nonblocking(true).expect("non-blocking");
@@ -393,18 +407,13 @@ mod tests {
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut buf = [0u8; 4];
-
-        let mut rb = ReadBuf::new(&mut buf);
-        let spun = while_spinning(|| Pin::new(&mut rd).poll_read(&mut cx, &mut rb));
-        assert!(spun.is_pending());
+        assert_eq!(read4(&mut rd, &mut cx, true), None);
         assert!(
             matches!(rd.wait.state, WaitState::Out(_)),
             "still registered"
         );
 
-        let mut rb = ReadBuf::new(&mut buf);
-        assert!(Pin::new(&mut rd).poll_read(&mut cx, &mut rb).is_pending());
+        assert_eq!(read4(&mut rd, &mut cx, false), None);
         assert!(matches!(rd.wait.state, WaitState::In(_)), "not registered");
 
         b.write_all(b"ping").expect("write");
@@ -412,11 +421,10 @@ mod tests {
             woken_within(&count, Duration::from_secs(5)),
             "the frame woke nobody"
         );
-        let mut rb = ReadBuf::new(&mut buf);
-        match Pin::new(&mut rd).poll_read(&mut cx, &mut rb) {
-            Poll::Ready(Ok(())) => assert_eq!(rb.filled(), b"ping"),
-            other => panic!("expected the frame, got {other:?}"),
-        }
+        assert_eq!(
+            read4(&mut rd, &mut cx, false).as_deref(),
+            Some(&b"ping"[..])
+        );
     }
 
     /// A frame that arrives while the socket is out of the driver is read
@@ -429,16 +437,12 @@ mod tests {
         let (mut rd, _wr) = a.split().expect("halves");
         let waker = Waker::from(Arc::new(Count::default()));
         let mut cx = Context::from_waker(&waker);
-        let mut buf = [0u8; 4];
-        let mut rb = ReadBuf::new(&mut buf);
-        let spun = while_spinning(|| Pin::new(&mut rd).poll_read(&mut cx, &mut rb));
-        assert!(spun.is_pending());
+        assert_eq!(read4(&mut rd, &mut cx, true), None);
         b.write_all(b"pong").expect("write");
-        let mut rb = ReadBuf::new(&mut buf);
-        match Pin::new(&mut rd).poll_read(&mut cx, &mut rb) {
-            Poll::Ready(Ok(())) => assert_eq!(rb.filled(), b"pong"),
-            other => panic!("expected the frame, got {other:?}"),
-        }
+        assert_eq!(
+            read4(&mut rd, &mut cx, false).as_deref(),
+            Some(&b"pong"[..])
+        );
     }
 
     /// A write half registers for room only while its socket is full: a
