@@ -31,6 +31,17 @@ use chorus_core::{Failed, HostBuffer, HostBuffers, OpContext, OpFuture, WorkErro
 /// returned, or one whose group shut down under it. `?` turns a `Failed`
 /// into [`WorkError`] or [`Error`](crate::Error), dropping the buffers.
 ///
+/// # Polling
+///
+/// A small op (its buffers at most
+/// [`TcpOptions::crossover_bytes`](crate::TcpOptions::crossover_bytes))
+/// is run by the first poll (or [`wait_timeout`](Self::wait_timeout))
+/// that finds it pending, on the polling thread, for up to
+/// [`TcpOptions::caller_spin`](crate::TcpOptions::caller_spin) (100 µs by
+/// default where this host's ranks have a core each, else zero): a
+/// round trip then wakes no other thread. That poll may hold its thread
+/// that long; later polls return at once.
+///
 /// # Cancel safety
 ///
 /// Dropping a `Work` detaches it: the op still runs to completion on the
