@@ -140,10 +140,7 @@ impl TcpBackend {
             let (rd, wr) = c.stream.split().map_err(|e| Error::Setup {
                 group: inner.group.to_string(),
                 rank,
-                msg: format!(
-                    "cannot duplicate the connection to rank {peer}: {e} (each peer takes four \
-                     descriptors: is the open-file limit, ulimit -n, too low?)"
-                ),
+                msg: format!("cannot take the connection to rank {peer} from tokio: {e}"),
             })?;
             shm_peers += usize::from(c.shm.tx.is_some());
             shm_tx.push(c.shm.tx);

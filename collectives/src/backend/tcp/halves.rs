@@ -6,8 +6,8 @@
 //!   driver reported it ready: a caller polling the worker or a reader
 //!   (see `drive`) while the I/O thread sleeps would find a frame that
 //!   arrived unread until that thread woke up. So each half first tries a
-//!   plain non-blocking `recv` or `send` on a descriptor of its own, and
-//!   waits on the driver's readiness only when that would block (a
+//!   plain non-blocking `recv` or `send` on the connection's descriptor,
+//!   and waits on the driver's readiness only when that would block (a
 //!   readiness the plain call made stale is cleared by the call made
 //!   through it, so the next edge wakes the waiter; new bytes or new room
 //!   always raise a new edge, so nothing is lost).
@@ -16,7 +16,10 @@
 //!   the sender's Unix socket room again: an edge that wakes the sender's
 //!   I/O thread for nothing, once per frame. Here the read half registers
 //!   for reading only, and the write half for writing only, and only
-//!   while a write would block.
+//!   while a write would block (through a duplicate of the descriptor,
+//!   closed again once a write goes through: a driver takes a descriptor
+//!   once). In steady state a connection holds one descriptor, as a tokio
+//!   stream does.
 //! * **Only while waited on there.** Every frame that arrives at a
 //!   registered socket wakes the I/O thread, even when a spinning caller
 //!   reads the frame itself: on a small VM that wake-up takes a core from
@@ -35,6 +38,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
@@ -129,31 +133,23 @@ impl Sock {
         };
     }
 
-    /// The connection's two halves (four descriptors of the socket: each
-    /// half's own, and each half's second one to register).
-    ///
-    /// # Errors
-    ///
-    /// The OS error if the descriptor cannot be duplicated.
-    pub(super) fn split(self) -> io::Result<(ReadHalf, WriteHalf)> {
-        let read = self.try_clone()?;
-        let write = self.try_clone()?;
-        let spare = self.try_clone()?;
-        Ok((
+    /// The connection's two halves, sharing its one descriptor.
+    pub(super) fn split(self) -> (ReadHalf, WriteHalf) {
+        let sock = Arc::new(self);
+        (
             ReadHalf {
-                sock: read,
-                wait: Wait::new(self, Interest::READABLE),
+                wait: Wait::new(sock.clone(), Interest::READABLE),
             },
             WriteHalf {
-                sock: write,
-                wait: Wait::new(spare, Interest::WRITABLE),
+                wait: Wait::new(sock, Interest::WRITABLE),
             },
-        ))
+        )
     }
 }
 
-/// A half's second descriptor: out of the I/O driver, or registered for
-/// the half's one interest while the half waits there.
+/// A half's descriptor: out of the I/O driver, or registered for the
+/// half's one interest while the half waits there. Plain calls go through
+/// it either way.
 #[derive(Debug)]
 struct Wait {
     interest: Interest,
@@ -162,68 +158,110 @@ struct Wait {
 
 #[derive(Debug)]
 enum WaitState {
-    Out(Sock),
-    In(AsyncFd<Sock>),
-    /// The descriptor was lost when a registration failed.
+    Out(Arc<Sock>),
+    /// Registered: the read half's own descriptor, or, for the write half,
+    /// a duplicate made for the wait (the read half may be registered
+    /// with the same driver, which takes a descriptor once).
+    In {
+        fd: AsyncFd<Registrable>,
+        sock: Arc<Sock>,
+    },
+    /// A registration failed after the descriptor was handed over.
     Lost,
 }
 
+/// What a half registers: the shared socket itself (read half), or a
+/// duplicate of its descriptor (write half).
+#[derive(Debug)]
+enum Registrable {
+    Shared(Arc<Sock>),
+    Dup(Sock),
+}
+
+impl AsRawFd for Registrable {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Registrable::Shared(s) => s.as_raw_fd(),
+            Registrable::Dup(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 impl Wait {
-    fn new(sock: Sock, interest: Interest) -> Wait {
+    fn new(sock: Arc<Sock>, interest: Interest) -> Wait {
         Wait {
             interest,
             state: WaitState::Out(sock),
         }
     }
 
-    /// The registered descriptor, registering it first (with the I/O
-    /// driver of the runtime this is called in) if it is out.
-    fn registered(&mut self) -> io::Result<&AsyncFd<Sock>> {
+    /// The socket, for plain calls.
+    fn sock(&self) -> io::Result<&Sock> {
+        match &self.state {
+            WaitState::Out(s) | WaitState::In { sock: s, .. } => Ok(s),
+            WaitState::Lost => Err(lost()),
+        }
+    }
+
+    /// The registration, made first (with the I/O driver of the runtime
+    /// this is called in) if the half is out.
+    fn registered(&mut self) -> io::Result<&AsyncFd<Registrable>> {
         if let WaitState::Out(_) = self.state {
             let WaitState::Out(sock) = std::mem::replace(&mut self.state, WaitState::Lost) else {
                 return Err(lost());
             };
+            let what = if self.interest.is_readable() {
+                Registrable::Shared(sock.clone())
+            } else {
+                Registrable::Dup(sock.try_clone()?)
+            };
             // tokio's safe constructor, deprecated because it cannot know
             // that the descriptor stays open and the same while registered.
-            // Here it does: the `AsyncFd` owns the `Sock`, which owns the
-            // descriptor, and neither closes nor swaps it until the
-            // registration is dropped or taken apart (`leave`).
+            // Here it does: the `AsyncFd` owns an `Arc` of the `Sock` (or a
+            // `Sock` of its own), which owns the descriptor and neither
+            // closes nor swaps it until the registration is dropped.
             #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(sock, self.interest)?;
-            self.state = WaitState::In(fd);
+            let fd = AsyncFd::with_interest(what, self.interest)?;
+            self.state = WaitState::In { fd, sock };
         }
         match &self.state {
-            WaitState::In(fd) => Ok(fd),
+            WaitState::In { fd, .. } => Ok(fd),
             WaitState::Out(_) | WaitState::Lost => Err(lost()),
         }
     }
 
-    /// Takes the descriptor out of the I/O driver, if it is in.
+    /// Takes the half out of the I/O driver, if it is in (a duplicate made
+    /// for the wait is closed).
     fn leave(&mut self) {
-        if let WaitState::In(_) = self.state {
-            if let WaitState::In(fd) = std::mem::replace(&mut self.state, WaitState::Lost) {
-                self.state = WaitState::Out(fd.into_inner());
+        if let WaitState::In { .. } = self.state {
+            if let WaitState::In { fd, sock } = std::mem::replace(&mut self.state, WaitState::Lost)
+            {
+                drop(fd);
+                self.state = WaitState::Out(sock);
             }
         }
     }
 
-    /// Waits until the driver says the socket is ready, then runs `f`; a
-    /// readiness that `f` finds stale (it would block) is cleared and
-    /// waited for again.
+    /// Waits until the driver says the socket is ready, then runs `f` on
+    /// it; a readiness that `f` finds stale (it would block) is cleared
+    /// and waited for again.
     fn poll_io<R>(
         &mut self,
         cx: &mut Context<'_>,
-        mut f: impl FnMut() -> io::Result<R>,
+        mut f: impl FnMut(&Sock) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
         let readable = self.interest.is_readable();
-        let fd = self.registered()?;
+        self.registered()?;
+        let WaitState::In { fd, sock } = &self.state else {
+            return Poll::Ready(Err(lost()));
+        };
         loop {
             let mut ready = if readable {
                 ready!(fd.poll_read_ready(cx))?
             } else {
                 ready!(fd.poll_write_ready(cx))?
             };
-            if let Ok(r) = ready.try_io(|_| f()) {
+            if let Ok(r) = ready.try_io(|_| f(sock)) {
                 return Poll::Ready(r);
             }
         }
@@ -237,8 +275,6 @@ fn lost() -> io::Error {
 /// The read half of a connection (see the module docs).
 #[derive(Debug)]
 pub(super) struct ReadHalf {
-    /// Read with plain calls, from any thread.
-    sock: Sock,
     wait: Wait,
 }
 
@@ -252,7 +288,7 @@ impl AsyncRead for ReadHalf {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
-        let r = this.sock.read(buf.initialize_unfilled());
+        let r = this.wait.sock()?.read(buf.initialize_unfilled());
         let n = if !would_block(&r) {
             r?
         } else if spinning() {
@@ -261,10 +297,7 @@ impl AsyncRead for ReadHalf {
             this.wait.leave();
             return Poll::Pending;
         } else {
-            let sock = &this.sock;
-            ready!(this
-                .wait
-                .poll_io(cx, || sock.read(buf.initialize_unfilled())))?
+            ready!(this.wait.poll_io(cx, |s| s.read(buf.initialize_unfilled())))?
         };
         buf.advance(n);
         Poll::Ready(Ok(()))
@@ -274,9 +307,8 @@ impl AsyncRead for ReadHalf {
 /// The write half of a connection (see the module docs).
 #[derive(Debug)]
 pub(super) struct WriteHalf {
-    /// Written with plain calls, from any thread.
-    sock: Sock,
-    /// Registered for room while a write would block.
+    /// Registered for room (through a duplicate) while a write would
+    /// block.
     wait: Wait,
 }
 
@@ -288,10 +320,9 @@ impl WriteHalf {
         cx: &mut Context<'_>,
         f: impl Fn(&Sock) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
-        let r = f(&self.sock);
+        let r = f(self.wait.sock()?);
         let n = if would_block(&r) {
-            let sock = &self.sock;
-            ready!(self.wait.poll_io(cx, || f(sock)))?
+            ready!(self.wait.poll_io(cx, &f))?
         } else {
             r?
         };
@@ -326,14 +357,18 @@ impl AsyncWrite for WriteHalf {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.sock.shutdown_write();
+        if let Ok(s) = self.wait.sock() {
+            s.shutdown_write();
+        }
         Poll::Ready(Ok(()))
     }
 }
 
 impl Drop for WriteHalf {
     fn drop(&mut self) {
-        self.sock.shutdown_write();
+        if let Ok(s) = self.wait.sock() {
+            s.shutdown_write();
+        }
     }
 }
 
@@ -403,7 +438,7 @@ mod tests {
         let rt = runtime();
         let _rt = rt.enter();
         let (a, mut b) = pair();
-        let (mut rd, _wr) = a.split().expect("halves");
+        let (mut rd, _wr) = a.split();
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
@@ -414,7 +449,10 @@ mod tests {
         );
 
         assert_eq!(read4(&mut rd, &mut cx, false), None);
-        assert!(matches!(rd.wait.state, WaitState::In(_)), "not registered");
+        assert!(
+            matches!(rd.wait.state, WaitState::In { .. }),
+            "not registered"
+        );
 
         b.write_all(b"ping").expect("write");
         assert!(
@@ -434,7 +472,7 @@ mod tests {
         let rt = runtime();
         let _rt = rt.enter();
         let (a, mut b) = pair();
-        let (mut rd, _wr) = a.split().expect("halves");
+        let (mut rd, _wr) = a.split();
         let waker = Waker::from(Arc::new(Count::default()));
         let mut cx = Context::from_waker(&waker);
         assert_eq!(read4(&mut rd, &mut cx, true), None);
@@ -445,15 +483,24 @@ mod tests {
         );
     }
 
+    /// Descriptors this process has open.
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+    }
+
     /// A write half registers for room only while its socket is full: a
-    /// full socket's write is pending and registered, the peer's read
-    /// wakes it, and the write that then goes through leaves the driver.
+    /// full socket's write is pending and registered (through one more
+    /// descriptor), the peer's read wakes it, and the write that then goes
+    /// through leaves the driver and closes that descriptor again; the two
+    /// halves share the connection's one descriptor.
     #[test]
     fn a_write_half_waits_for_room_only_while_full() {
         let rt = runtime();
         let _rt = rt.enter();
         let (a, mut b) = pair();
-        let (_rd, mut wr) = a.split().expect("halves");
+        let before = open_fds();
+        let (_rd, mut wr) = a.split();
+        assert_eq!(open_fds(), before, "splitting opened descriptors");
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
@@ -471,7 +518,11 @@ mod tests {
             assert!(sent < 64 << 20, "the socket never filled");
         };
         assert!(blocked);
-        assert!(matches!(wr.wait.state, WaitState::In(_)), "not registered");
+        assert!(
+            matches!(wr.wait.state, WaitState::In { .. }),
+            "not registered"
+        );
+        assert_eq!(open_fds(), before + 1, "a blocked write holds one more");
         let mut sink = vec![0u8; sent];
         std::io::Read::read_exact(&mut b, &mut sink).expect("drain");
         assert!(
@@ -486,5 +537,6 @@ mod tests {
             matches!(wr.wait.state, WaitState::Out(_)),
             "still registered"
         );
+        assert_eq!(open_fds(), before, "the wait's descriptor stayed open");
     }
 }

@@ -165,13 +165,13 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// The OS error if the socket cannot be duplicated or registered.
+    /// The OS error if tokio cannot let go of the socket.
     pub(super) fn split(self) -> std::io::Result<(ReadHalf, WriteHalf)> {
         let sock = match self {
             Stream::Tcp(s) => Sock::Tcp(s.into_std()?),
             Stream::Unix(s) => Sock::Unix(s.into_std()?),
         };
-        sock.split()
+        Ok(sock.split())
     }
 }
 
