@@ -6,7 +6,9 @@
 //!   driver reported it ready: a caller polling the worker or a reader
 //!   (see `drive`) while the I/O thread sleeps would find a frame that
 //!   arrived unread until that thread woke up. So each half first tries a
-//!   plain non-blocking `recv` or `send` on the connection's descriptor,
+//!   plain non-blocking `recv` or `send` on the connection's descriptor
+//!   (a read half that the host task waits on through the driver reads
+//!   when the driver says so, as a tokio stream does),
 //!   and waits on the driver's readiness only when that would block (a
 //!   readiness the plain call made stale is cleared by the call made
 //!   through it, so the next edge wakes the waiter; new bytes or new room
@@ -203,6 +205,10 @@ impl Wait {
         }
     }
 
+    fn is_registered(&self) -> bool {
+        matches!(self.state, WaitState::In { .. })
+    }
+
     /// The registration, made first (with the I/O driver of the runtime
     /// this is called in) if the half is out.
     fn registered(&mut self) -> io::Result<&AsyncFd<Registrable>> {
@@ -288,10 +294,20 @@ impl AsyncRead for ReadHalf {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
+        // Registered and waited on by the host task, the driver's
+        // readiness says when to read (as in a tokio stream: no read that
+        // is sure to find nothing); out of the driver, or spinning, read
+        // first.
+        let spin = spinning();
+        if !spin && this.wait.is_registered() {
+            let n = ready!(this.wait.poll_io(cx, |s| s.read(buf.initialize_unfilled())))?;
+            buf.advance(n);
+            return Poll::Ready(Ok(()));
+        }
         let r = this.wait.sock()?.read(buf.initialize_unfilled());
         let n = if !would_block(&r) {
             r?
-        } else if spinning() {
+        } else if spin {
             // The spinning caller polls again, and registers at its last
             // poll (see the module docs).
             this.wait.leave();
