@@ -149,27 +149,17 @@ impl Sock {
     }
 }
 
-/// A half's descriptor: out of the I/O driver, or registered for the
-/// half's one interest while the half waits there. Plain calls go through
-/// it either way.
+/// A half's socket, and its registration with the I/O driver (for the
+/// half's one interest) while the half waits there. Plain calls go
+/// through the socket either way.
 #[derive(Debug)]
 struct Wait {
     interest: Interest,
-    state: WaitState,
-}
-
-#[derive(Debug)]
-enum WaitState {
-    Out(Arc<Sock>),
-    /// Registered: the read half's own descriptor, or, for the write half,
-    /// a duplicate made for the wait (the read half may be registered
-    /// with the same driver, which takes a descriptor once).
-    In {
-        fd: AsyncFd<Registrable>,
-        sock: Arc<Sock>,
-    },
-    /// A registration failed after the descriptor was handed over.
-    Lost,
+    sock: Arc<Sock>,
+    /// The read half's own descriptor, or, for the write half, a duplicate
+    /// made for the wait (the read half may be registered with the same
+    /// driver, which takes a descriptor once).
+    fd: Option<AsyncFd<Registrable>>,
 }
 
 /// What a half registers: the shared socket itself (read half), or a
@@ -189,80 +179,57 @@ impl AsRawFd for Registrable {
     }
 }
 
+/// Registers `sock` for `interest` with the I/O driver of the runtime this
+/// is called in (its duplicate, for writing).
+fn register(sock: &Arc<Sock>, interest: Interest) -> io::Result<AsyncFd<Registrable>> {
+    let what = if interest.is_readable() {
+        Registrable::Shared(sock.clone())
+    } else {
+        Registrable::Dup(sock.try_clone()?)
+    };
+    // tokio's safe constructor, deprecated because it cannot know that the
+    // descriptor stays open and the same while registered. Here it does:
+    // the `AsyncFd` owns an `Arc` of the `Sock` (or a `Sock` of its own),
+    // which owns the descriptor and neither closes nor swaps it until the
+    // registration is dropped.
+    #[allow(deprecated)]
+    AsyncFd::with_interest(what, interest)
+}
+
 impl Wait {
     fn new(sock: Arc<Sock>, interest: Interest) -> Wait {
         Wait {
             interest,
-            state: WaitState::Out(sock),
-        }
-    }
-
-    /// The socket, for plain calls.
-    fn sock(&self) -> io::Result<&Sock> {
-        match &self.state {
-            WaitState::Out(s) | WaitState::In { sock: s, .. } => Ok(s),
-            WaitState::Lost => Err(lost()),
+            sock,
+            fd: None,
         }
     }
 
     fn is_registered(&self) -> bool {
-        matches!(self.state, WaitState::In { .. })
-    }
-
-    /// The registration, made first (with the I/O driver of the runtime
-    /// this is called in) if the half is out.
-    fn registered(&mut self) -> io::Result<&AsyncFd<Registrable>> {
-        if let WaitState::Out(_) = self.state {
-            let WaitState::Out(sock) = std::mem::replace(&mut self.state, WaitState::Lost) else {
-                return Err(lost());
-            };
-            let what = if self.interest.is_readable() {
-                Registrable::Shared(sock.clone())
-            } else {
-                Registrable::Dup(sock.try_clone()?)
-            };
-            // tokio's safe constructor, deprecated because it cannot know
-            // that the descriptor stays open and the same while registered.
-            // Here it does: the `AsyncFd` owns an `Arc` of the `Sock` (or a
-            // `Sock` of its own), which owns the descriptor and neither
-            // closes nor swaps it until the registration is dropped.
-            #[allow(deprecated)]
-            let fd = AsyncFd::with_interest(what, self.interest)?;
-            self.state = WaitState::In { fd, sock };
-        }
-        match &self.state {
-            WaitState::In { fd, .. } => Ok(fd),
-            WaitState::Out(_) | WaitState::Lost => Err(lost()),
-        }
+        self.fd.is_some()
     }
 
     /// Takes the half out of the I/O driver, if it is in (a duplicate made
     /// for the wait is closed).
     fn leave(&mut self) {
-        if let WaitState::In { .. } = self.state {
-            if let WaitState::In { fd, sock } = std::mem::replace(&mut self.state, WaitState::Lost)
-            {
-                drop(fd);
-                self.state = WaitState::Out(sock);
-            }
-        }
+        self.fd = None;
     }
 
-    /// Waits until the driver says the socket is ready, then runs `f` on
-    /// it; a readiness that `f` finds stale (it would block) is cleared
-    /// and waited for again.
+    /// Waits until the driver says the socket is ready (registering it
+    /// first if it is out), then runs `f` on it; a readiness that `f`
+    /// finds stale (it would block) is cleared and waited for again.
     fn poll_io<R>(
         &mut self,
         cx: &mut Context<'_>,
         mut f: impl FnMut(&Sock) -> io::Result<R>,
     ) -> Poll<io::Result<R>> {
-        let readable = self.interest.is_readable();
-        self.registered()?;
-        let WaitState::In { fd, sock } = &self.state else {
-            return Poll::Ready(Err(lost()));
+        let fd = match &mut self.fd {
+            Some(fd) => &*fd,
+            slot => &*slot.insert(register(&self.sock, self.interest)?),
         };
+        let sock = &self.sock;
         loop {
-            let mut ready = if readable {
+            let mut ready = if self.interest.is_readable() {
                 ready!(fd.poll_read_ready(cx))?
             } else {
                 ready!(fd.poll_write_ready(cx))?
@@ -272,10 +239,6 @@ impl Wait {
             }
         }
     }
-}
-
-fn lost() -> io::Error {
-    io::Error::other("the connection's descriptor was lost when a registration failed")
 }
 
 /// The read half of a connection (see the module docs).
@@ -304,7 +267,7 @@ impl AsyncRead for ReadHalf {
             buf.advance(n);
             return Poll::Ready(Ok(()));
         }
-        let r = this.wait.sock()?.read(buf.initialize_unfilled());
+        let r = this.wait.sock.read(buf.initialize_unfilled());
         let n = if !would_block(&r) {
             r?
         } else if spin {
@@ -336,7 +299,7 @@ impl WriteHalf {
         cx: &mut Context<'_>,
         f: impl Fn(&Sock) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
-        let r = f(self.wait.sock()?);
+        let r = f(&self.wait.sock);
         let n = if would_block(&r) {
             ready!(self.wait.poll_io(cx, &f))?
         } else {
@@ -373,18 +336,14 @@ impl AsyncWrite for WriteHalf {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Ok(s) = self.wait.sock() {
-            s.shutdown_write();
-        }
+        self.wait.sock.shutdown_write();
         Poll::Ready(Ok(()))
     }
 }
 
 impl Drop for WriteHalf {
     fn drop(&mut self) {
-        if let Ok(s) = self.wait.sock() {
-            s.shutdown_write();
-        }
+        self.wait.sock.shutdown_write();
     }
 }
 
@@ -459,16 +418,10 @@ mod tests {
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
         assert_eq!(read4(&mut rd, &mut cx, true), None);
-        assert!(
-            matches!(rd.wait.state, WaitState::Out(_)),
-            "still registered"
-        );
+        assert!(!rd.wait.is_registered(), "still registered");
 
         assert_eq!(read4(&mut rd, &mut cx, false), None);
-        assert!(
-            matches!(rd.wait.state, WaitState::In { .. }),
-            "not registered"
-        );
+        assert!(rd.wait.is_registered(), "not registered");
 
         b.write_all(b"ping").expect("write");
         assert!(
@@ -526,7 +479,7 @@ mod tests {
             match Pin::new(&mut wr).poll_write(&mut cx, &chunk) {
                 Poll::Ready(Ok(n)) => {
                     sent += n;
-                    assert!(matches!(wr.wait.state, WaitState::Out(_)));
+                    assert!(!wr.wait.is_registered());
                 }
                 Poll::Ready(Err(e)) => panic!("write failed: {e}"),
                 Poll::Pending => break true,
@@ -534,10 +487,7 @@ mod tests {
             assert!(sent < 64 << 20, "the socket never filled");
         };
         assert!(blocked);
-        assert!(
-            matches!(wr.wait.state, WaitState::In { .. }),
-            "not registered"
-        );
+        assert!(wr.wait.is_registered(), "not registered");
         assert_eq!(open_fds(), before + 1, "a blocked write holds one more");
         let mut sink = vec![0u8; sent];
         std::io::Read::read_exact(&mut b, &mut sink).expect("drain");
@@ -549,10 +499,7 @@ mod tests {
             Poll::Ready(Ok(n)) => assert!(n > 0),
             other => panic!("expected room, got {other:?}"),
         }
-        assert!(
-            matches!(wr.wait.state, WaitState::Out(_)),
-            "still registered"
-        );
+        assert!(!wr.wait.is_registered(), "still registered");
         assert_eq!(open_fds(), before, "the wait's descriptor stayed open");
     }
 }
