@@ -170,7 +170,8 @@ impl Rank {
         self.be.rank()
     }
 
-    fn submit_at(&self, seq: u64, kind: Call, timeout: Duration) -> OpFuture<OpOutput> {
+    /// The request of op `kind` at `seq`, and its work.
+    fn request(&self, seq: u64, kind: Call, timeout: Duration) -> (OpFuture<OpOutput>, OpRequest) {
         let (op, bufs) = kind.into_parts();
         let ctx = OpContext {
             rank: self.rank(),
@@ -184,13 +185,19 @@ impl Rank {
         let reg = Arc::new(Registry::new());
         let (work, completer) =
             OpFuture::new(ctx.clone(), &reg, None).expect("registry refused the op");
-        self.be.enqueue(OpRequest {
+        let req = OpRequest {
             ctx,
             op,
             bufs,
             timeout,
             completer,
-        });
+        };
+        (work, req)
+    }
+
+    fn submit_at(&self, seq: u64, kind: Call, timeout: Duration) -> OpFuture<OpOutput> {
+        let (work, req) = self.request(seq, kind, timeout);
+        self.be.enqueue(req);
         work
     }
 
@@ -200,23 +207,7 @@ impl Rank {
     /// rest on the caller's thread.
     fn coll_assisted(&mut self, kind: Call) -> (OpFuture<OpOutput>, Option<Arc<dyn Assist>>) {
         self.seq += 1;
-        let (op, bufs) = kind.into_parts();
-        let ctx = OpContext {
-            rank: self.rank(),
-            group: self.group.clone(),
-            seq: self.seq,
-            op: op.name(),
-        };
-        let reg = Arc::new(Registry::new());
-        let (work, completer) =
-            OpFuture::new(ctx.clone(), &reg, None).expect("registry refused the op");
-        let req = OpRequest {
-            ctx,
-            op,
-            bufs,
-            timeout: TIMEOUT,
-            completer,
-        };
+        let (work, req) = self.request(self.seq, kind, TIMEOUT);
         let assist = self.be.start_then(req, || ());
         (work, assist)
     }
