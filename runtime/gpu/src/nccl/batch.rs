@@ -7,7 +7,6 @@
 //!   opened and closed inside that one call on the calling thread: it can
 //!   never be left open, and `Batch` is `!Send` besides (the ops' addresses
 //!   were read on this thread).
-use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +21,7 @@ use super::error::{nccl_err, NcclCommError};
 use super::event_pool::EndEvent;
 use super::forecast::Forecast;
 use super::inflight::InFlight;
+use super::items::Items;
 use super::retire::RetireQueue;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
@@ -66,7 +66,7 @@ pub struct Batch {
     /// Distinct producer streams of the staged buffers, in first-use order.
     pub(super) producers: Vec<Stream>,
     /// Each op's buffers (`C`), in push order.
-    pub(super) items: Vec<Box<dyn Any + Send>>,
+    pub(super) items: Items,
     pub(super) id: u64,
     /// `ncclGroupStart`/`End` and the addresses read at push time stay on
     /// this thread.
@@ -91,7 +91,7 @@ impl Communicator {
             comm: self.clone(),
             ops: Vec::with_capacity(n),
             producers: Vec::new(),
-            items: Vec::with_capacity(n),
+            items: Items::with_capacity(n),
             id: next_id(),
             _not_send: PhantomData,
         }
@@ -140,10 +140,10 @@ impl Batch {
             }
         }
         self.ops.push(RawOp::new(op, &bufs));
-        self.items.push(Box::new(bufs));
+        let index = self.items.push(bufs);
         Ok(Ticket {
             owner: self.id,
-            index: self.items.len() - 1,
+            index,
             _b: PhantomData,
         })
     }
@@ -170,7 +170,7 @@ impl Batch {
             device: comm.device.clone(),
             order: (comm.stream.as_raw() as u64, 0),
             end: None,
-            items: self.items.iter().map(|_| None).collect(),
+            items: Items::default(),
             owner: self.id,
             error: None,
             retire: comm.retire.clone(),
@@ -212,9 +212,7 @@ impl Batch {
         }
         drop(guard);
         launched.end = Some(end);
-        for (slot, item) in launched.items.iter_mut().zip(self.items) {
-            *slot = Some(item);
-        }
+        launched.items = self.items;
         launched
     }
 }
@@ -388,7 +386,7 @@ pub struct Launched {
     device: Device,
     order: (u64, u64),
     end: Option<Arc<EndEvent>>,
-    items: Vec<Option<Box<dyn Any + Send>>>,
+    items: Items,
     owner: u64,
     error: Option<NcclCommError>,
     /// Where an op taken from the launch and then let go of is retired.
@@ -454,15 +452,7 @@ impl Launched {
         if ticket.owner != self.owner || !self.end.as_ref()?.known_complete() {
             return None;
         }
-        let slot = self.items.get_mut(ticket.index)?;
-        match slot.take()?.downcast::<C>() {
-            Ok(bufs) => Some(*bufs),
-            Err(other) => {
-                // Unreachable with a ticket of this batch; keep the value.
-                *slot = Some(other);
-                None
-            }
-        }
+        self.items.take::<C>(ticket.index)
     }
 
     /// [`take`](Self::take) through a borrowed ticket (the op's buffers
@@ -472,32 +462,25 @@ impl Launched {
             return None;
         }
         let end = self.end.clone()?;
-        let item = self.items.get_mut(ticket.index)?.take()?;
-        match item.downcast::<C>() {
-            Ok(bufs) => Some(InFlight {
-                device: self.device.clone(),
-                order: self.order,
-                end,
-                bufs: Some(*bufs),
-                retire: Some(self.retire.clone()),
-                forecast: None,
-            }),
-            Err(other) => {
-                // Unreachable with a ticket of this batch; keep the value.
-                self.items[ticket.index] = Some(other);
-                None
-            }
-        }
+        let bufs = self.items.take::<C>(ticket.index)?;
+        Some(InFlight {
+            device: self.device.clone(),
+            order: self.order,
+            end,
+            bufs: Some(bufs),
+            retire: Some(self.retire.clone()),
+            forecast: None,
+        })
     }
 }
 
 impl Drop for Launched {
     fn drop(&mut self) {
-        let rest: Vec<Box<dyn Any + Send>> = self.items.drain(..).flatten().collect();
+        let rest = std::mem::take(&mut self.items);
         let Some(end) = self.end.take() else {
             return;
         };
-        if rest.is_empty() || matches!(end.is_complete(), Ok(true)) {
+        if !rest.any_left() || matches!(end.is_complete(), Ok(true)) {
             return;
         }
         let entry = KeepAlive {
@@ -520,7 +503,7 @@ struct KeepAlive {
     device: Device,
     order: (u64, u64),
     end: Arc<EndEvent>,
-    items: Option<Vec<Box<dyn Any + Send>>>,
+    items: Option<Items>,
 }
 
 impl Pending for KeepAlive {

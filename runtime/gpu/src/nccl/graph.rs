@@ -11,7 +11,6 @@
 //!   and holds their communicators, so neither can go away while the graph
 //!   can still be replayed; dropping it waits for its last replay first.
 
-use std::any::Any;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
@@ -23,6 +22,7 @@ use super::batch::{Batch, Ticket};
 use super::buffer::DeviceBuffers;
 use super::communicator::Communicator;
 use super::error::NcclCommError;
+use super::items::Items;
 use crate::cuda::{driver_error, CudaError, Device, Event, Stream};
 
 /// A CUDA graph capture on one stream (`cuStreamBeginCapture` in
@@ -38,7 +38,7 @@ pub struct GraphCapture {
     stream: Stream,
     comms: Vec<Arc<Communicator>>,
     /// Each captured batch's id and buffers.
-    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
+    items: Vec<(u64, Items)>,
     open: bool,
     _not_send: PhantomData<*const ()>,
 }
@@ -224,7 +224,7 @@ pub struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     comms: Vec<Arc<Communicator>>,
-    items: Vec<(u64, Vec<Box<dyn Any + Send>>)>,
+    items: Vec<(u64, Items)>,
     /// Recorded after each replay; waited for before the graph goes.
     done: Event,
     launched: bool,
@@ -281,8 +281,7 @@ impl Graph {
             .iter()
             .find(|(id, _)| *id == ticket.owner)?
             .1
-            .get(ticket.index)?
-            .downcast_ref::<C>()
+            .get::<C>(ticket.index)
     }
 
     /// The buffers of a captured op, mutable (to fill inputs between
@@ -292,8 +291,7 @@ impl Graph {
             .iter_mut()
             .find(|(id, _)| *id == ticket.owner)?
             .1
-            .get_mut(ticket.index)?
-            .downcast_mut::<C>()
+            .get_mut::<C>(ticket.index)
     }
 }
 

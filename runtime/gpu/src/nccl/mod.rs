@@ -33,6 +33,7 @@ mod forecast;
 mod graph;
 mod inflight;
 mod init;
+mod items;
 mod progress;
 mod retire;
 pub(crate) mod types;
