@@ -15,7 +15,9 @@
 //! can use: only the last op's end is ever known), and with an end event
 //! of its own per op ("raw+ev/op"), as per-op works need and chorus keeps.
 //!
-//! `group_bench [--iters N] [--count ELEMS] [--json PATH]`; needs a GPU.
+//! `group_bench [--iters N] [--count ELEMS] [--widths W,..] [--interleave] [--json PATH]`;
+//! needs a GPU. With `--interleave` every iteration runs each mode once in
+//! turn, so that drifts of the host's speed reach every mode alike.
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
@@ -40,28 +42,15 @@ struct Args {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<String>,
+    /// Run the modes in turn within each iteration instead of each in a
+    /// block of its own (a fairer comparison on a host whose speed drifts).
+    #[arg(long)]
+    interleave: bool,
 }
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// Medians (µs) of submit time and total time over `iters` runs of `f`,
-/// which returns (submit done, all done).
-fn measure(iters: usize, mut f: impl FnMut() -> (Instant, Instant)) -> (f64, f64) {
-    for _ in 0..iters / 5 + 10 {
-        f();
-    }
-    let mut sub = Vec::with_capacity(iters);
-    let mut tot = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t0 = Instant::now();
-        let (t1, t2) = f();
-        sub.push((t1 - t0).as_secs_f64() * 1e6);
-        tot.push((t2 - t0).as_secs_f64() * 1e6);
-    }
-    (median(&mut sub), median(&mut tot))
 }
 
 /// The raw floor: a raw NCCL communicator of one rank with its own stream
@@ -145,6 +134,149 @@ impl Raw {
     }
 }
 
+/// What one iteration runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    ChorusSeq,
+    ChorusGroup,
+    ChorusCoalesced,
+    RawSeq,
+    RawGroup,
+    EventsSeq,
+    EventsPerOp,
+    EventsGroup,
+}
+
+const MODES: [Mode; 8] = [
+    Mode::ChorusSeq,
+    Mode::ChorusGroup,
+    Mode::ChorusCoalesced,
+    Mode::RawSeq,
+    Mode::RawGroup,
+    Mode::EventsSeq,
+    Mode::EventsPerOp,
+    Mode::EventsGroup,
+];
+
+/// What the modes of one width run on.
+struct Bench<'a> {
+    pg: &'a chorus::ProcessGroup,
+    bufs: &'a mut [Option<DeviceBuffer<f32>>],
+    raw: &'a Raw,
+    /// A group's staging and launch times (µs), one per group run.
+    stage_us: Vec<f64>,
+    launch_us: Vec<f64>,
+}
+
+impl Bench<'_> {
+    /// Runs `mode` once; returns when its submission ended and when the
+    /// GPU was known to have finished.
+    fn run(&mut self, mode: Mode) -> (Instant, Instant) {
+        let w = self.raw.comm.width();
+        match mode {
+            Mode::ChorusSeq => {
+                let pg = self.pg;
+                let works = submit_each(&mut self.bufs[..w], w, |b| {
+                    pg.all_reduce(b, ReduceOp::Sum).ok()
+                });
+                let t1 = Instant::now();
+                for (slot, work) in self.bufs.iter_mut().zip(works) {
+                    *slot = block_on(work).ok();
+                }
+                (t1, Instant::now())
+            }
+            // The group's phases: staging (checks, sequence, batch), launch
+            // (registration, the NCCL group, delivery), awaiting every work.
+            Mode::ChorusGroup => {
+                let t0 = Instant::now();
+                let staged = {
+                    let mut g = self.pg.group();
+                    let ws = submit_each(&mut self.bufs[..w], w, |b| {
+                        g.all_reduce(b, ReduceOp::Sum).ok()
+                    });
+                    self.stage_us.push(t0.elapsed().as_secs_f64() * 1e6);
+                    let tl = Instant::now();
+                    let _ = g.launch();
+                    self.launch_us.push(tl.elapsed().as_secs_f64() * 1e6);
+                    ws
+                };
+                let t1 = Instant::now();
+                for (slot, work) in self.bufs.iter_mut().zip(staged) {
+                    *slot = block_on(work).ok();
+                }
+                (t1, Instant::now())
+            }
+            Mode::ChorusCoalesced => {
+                let taken: Vec<_> = self.bufs[..w].iter_mut().filter_map(Option::take).collect();
+                let work = match self.pg.all_reduce_coalesced(taken, ReduceOp::Sum) {
+                    Ok(work) => Some(work),
+                    Err(r) => {
+                        for (slot, b) in self.bufs.iter_mut().zip(r.buffers) {
+                            *slot = Some(b);
+                        }
+                        None
+                    }
+                };
+                let t1 = Instant::now();
+                if let Some(Ok(out)) = work.map(block_on) {
+                    for (slot, b) in self.bufs.iter_mut().zip(out) {
+                        *slot = Some(b);
+                    }
+                }
+                (t1, Instant::now())
+            }
+            Mode::RawSeq => self.raw.run(false),
+            Mode::RawGroup => self.raw.run(true),
+            Mode::EventsSeq => self.raw.run_events(false, false),
+            Mode::EventsPerOp => self.raw.run_events(false, true),
+            Mode::EventsGroup => self.raw.run_events(true, false),
+        }
+    }
+
+    /// Medians (µs) of submit and total time of each mode over `iters`
+    /// runs (after a warm-up of a fifth): each mode in a block of its own,
+    /// or, `interleaved`, the modes in turn within every iteration, so
+    /// that each mode's samples see the host as the others' do.
+    fn measure(&mut self, iters: usize, interleaved: bool) -> Vec<(f64, f64)> {
+        let mut sub = vec![Vec::with_capacity(iters); MODES.len()];
+        let mut tot = vec![Vec::with_capacity(iters); MODES.len()];
+        let warm = iters / 5 + 10;
+        let mut once = |b: &mut Self, i: usize, keep: bool| {
+            let t0 = Instant::now();
+            let (t1, t2) = b.run(MODES[i]);
+            if keep {
+                sub[i].push((t1 - t0).as_secs_f64() * 1e6);
+                tot[i].push((t2 - t0).as_secs_f64() * 1e6);
+            }
+        };
+        if interleaved {
+            for n in 0..warm + iters {
+                for i in 0..MODES.len() {
+                    once(self, i, n >= warm);
+                }
+            }
+        } else {
+            for i in 0..MODES.len() {
+                for n in 0..warm + iters {
+                    once(self, i, n >= warm);
+                }
+            }
+        }
+        // The warm-up's phases are not kept either.
+        let groups = warm + iters;
+        let skip = |v: &mut Vec<f64>| {
+            let from = v.len().saturating_sub(groups - warm);
+            v.drain(..from);
+        };
+        skip(&mut self.stage_us);
+        skip(&mut self.launch_us);
+        sub.iter_mut()
+            .zip(tot.iter_mut())
+            .map(|(s, t)| (median(s), median(t)))
+            .collect()
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(0)?;
@@ -173,66 +305,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut rows = Vec::new();
     for &w in &args.widths {
-        // The works are kept in a vector made to size, as the raw loops
-        // keep nothing.
-        let seq = measure(args.iters, || {
-            let works = submit_each(&mut bufs[..w], w, |b| pg.all_reduce(b, ReduceOp::Sum).ok());
-            let t1 = Instant::now();
-            for (slot, work) in bufs.iter_mut().zip(works) {
-                *slot = block_on(work).ok();
-            }
-            (t1, Instant::now())
-        });
-        // The group's phases: staging (checks, sequence, batch), launch
-        // (registration, the NCCL group, delivery), awaiting every work.
-        let (mut stage_us, mut launch_us) = (Vec::new(), Vec::new());
-        let grp = measure(args.iters, || {
-            let t0 = Instant::now();
-            let staged = {
-                let mut g = pg.group();
-                let ws = submit_each(&mut bufs[..w], w, |b| g.all_reduce(b, ReduceOp::Sum).ok());
-                stage_us.push(t0.elapsed().as_secs_f64() * 1e6);
-                let tl = Instant::now();
-                let _ = g.launch();
-                launch_us.push(tl.elapsed().as_secs_f64() * 1e6);
-                ws
-            };
-            let t1 = Instant::now();
-            for (slot, work) in bufs.iter_mut().zip(staged) {
-                *slot = block_on(work).ok();
-            }
-            (t1, Instant::now())
-        });
-        let (stage, launch) = (median(&mut stage_us), median(&mut launch_us));
-        let coal = measure(args.iters, || {
-            let taken: Vec<_> = bufs[..w].iter_mut().filter_map(Option::take).collect();
-            let work = match pg.all_reduce_coalesced(taken, ReduceOp::Sum) {
-                Ok(work) => Some(work),
-                Err(r) => {
-                    for (slot, b) in bufs.iter_mut().zip(r.buffers) {
-                        *slot = Some(b);
-                    }
-                    None
-                }
-            };
-            let t1 = Instant::now();
-            if let Some(Ok(out)) = work.map(block_on) {
-                for (slot, b) in bufs.iter_mut().zip(out) {
-                    *slot = Some(b);
-                }
-            }
-            (t1, Instant::now())
-        });
+        let raw = Raw::new(&dev, w, args.count)?;
+        let mut bench = Bench {
+            pg: &pg,
+            bufs: &mut bufs[..w],
+            raw: &raw,
+            stage_us: Vec::new(),
+            launch_us: Vec::new(),
+        };
+        let m = bench.measure(args.iters, args.interleave);
+        let (stage, launch) = (median(&mut bench.stage_us), median(&mut bench.launch_us));
         if bufs.iter().any(Option::is_none) {
             return Err("an op failed during the benchmark".into());
         }
-        let raw = Raw::new(&dev, w, args.count)?;
-        let rseq = measure(args.iters, || raw.run(false));
-        let rgrp = measure(args.iters, || raw.run(true));
-        let eseq = measure(args.iters, || raw.run_events(false, false));
-        let eop = measure(args.iters, || raw.run_events(false, true));
-        let egrp = measure(args.iters, || raw.run_events(true, false));
         drop(raw);
+        let [seq, grp, coal, rseq, rgrp, eseq, eop, egrp] = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| m[i]);
         println!(
             "{w:>5} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1} {:>10.1} / {:>9.1}",
             seq.0, seq.1, grp.0, grp.1, coal.0, coal.1, rseq.0, rseq.1, rgrp.0, rgrp.1, eseq.0, eseq.1, eop.0, eop.1, egrp.0, egrp.1
@@ -241,8 +328,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{w:>5} chorus grp phases: stage {stage:.1} / launch {launch:.1} / await {:.1} us",
             grp.1 - grp.0
         );
+        println!(
+            "{w:>5} ratios: a group / raw+ev grp {:.2}x, one by one / raw+ev/op {:.2}x, coalesced / raw+ev grp {:.2}x",
+            grp.1 / egrp.1,
+            seq.1 / eop.1,
+            coal.1 / egrp.1
+        );
         rows.push(serde_json::json!({
             "width": w,
+            "interleaved": args.interleave,
             "chorus_grouped_phases": {"stage_us": stage, "launch_us": launch, "await_us": grp.1 - grp.0},
             "chorus_seq": {"submit_us": seq.0, "total_us": seq.1},
             "chorus_grouped": {"submit_us": grp.0, "total_us": grp.1},
