@@ -95,6 +95,10 @@ impl Items {
     /// Keeps `bufs` as the next op's; returns its index.
     pub(super) fn push<C: Send + 'static>(&mut self, bufs: C) -> usize {
         let index = self.len();
+        if let Some(v) = self.same_mut::<C>() {
+            v.push(Some(bufs));
+            return index;
+        }
         match &mut self.0 {
             Repr::Empty(n) => {
                 let mut v: Vec<Option<C>> = Vec::with_capacity((*n).max(1));
@@ -102,16 +106,11 @@ impl Items {
                 self.0 = Repr::Same(Box::new(v));
                 return index;
             }
-            Repr::Same(s) => {
-                if let Some(v) = s.as_any_mut().downcast_mut::<Vec<Option<C>>>() {
-                    v.push(Some(bufs));
-                    return index;
-                }
-            }
             Repr::Mixed(v) => {
                 v.push(Some(Box::new(bufs)));
                 return index;
             }
+            Repr::Same(_) => {}
         }
         // Another type than the ops' so far: each op gets a box.
         let mut boxes = match std::mem::replace(&mut self.0, Repr::Empty(0)) {
@@ -141,11 +140,7 @@ impl Items {
     pub(super) fn get_mut<C: 'static>(&mut self, index: usize) -> Option<&mut C> {
         match &mut self.0 {
             Repr::Empty(_) => None,
-            Repr::Same(s) => s
-                .as_any_mut()
-                .downcast_mut::<Vec<Option<C>>>()?
-                .get_mut(index)?
-                .as_mut(),
+            Repr::Same(s) => typed::<C>(s)?.get_mut(index)?.as_mut(),
             Repr::Mixed(v) => v.get_mut(index)?.as_mut()?.downcast_mut::<C>(),
         }
     }
@@ -155,12 +150,6 @@ impl Items {
     /// stay.
     pub(super) fn take<C: 'static>(&mut self, index: usize) -> Option<C> {
         match &mut self.0 {
-            Repr::Empty(_) => None,
-            Repr::Same(s) => s
-                .as_any_mut()
-                .downcast_mut::<Vec<Option<C>>>()?
-                .get_mut(index)?
-                .take(),
             Repr::Mixed(v) => {
                 let slot = v.get_mut(index)?;
                 if !slot.as_ref()?.is::<C>() {
@@ -168,8 +157,23 @@ impl Items {
                 }
                 slot.take()?.downcast::<C>().ok().map(|b| *b)
             }
+            Repr::Same(s) => typed::<C>(s)?.get_mut(index)?.take(),
+            Repr::Empty(_) => None,
         }
     }
+
+    /// The typed vector, if every op so far has buffers of type `C`.
+    fn same_mut<C: 'static>(&mut self) -> Option<&mut Vec<Option<C>>> {
+        match &mut self.0 {
+            Repr::Same(s) => typed::<C>(s),
+            _ => None,
+        }
+    }
+}
+
+/// `s` as the vector of type `C` it may be.
+fn typed<C: 'static>(s: &mut Box<dyn Slots>) -> Option<&mut Vec<Option<C>>> {
+    s.as_any_mut().downcast_mut::<Vec<Option<C>>>()
 }
 
 #[cfg(test)]
