@@ -262,14 +262,10 @@ impl Bench<'_> {
                 }
             }
         }
-        // The warm-up's phases are not kept either.
-        let groups = warm + iters;
-        let skip = |v: &mut Vec<f64>| {
-            let from = v.len().saturating_sub(groups - warm);
-            v.drain(..from);
-        };
-        skip(&mut self.stage_us);
-        skip(&mut self.launch_us);
+        // Nor are the warm-up's phases: only the last `iters` groups'.
+        for v in [&mut self.stage_us, &mut self.launch_us] {
+            v.drain(..v.len().saturating_sub(iters));
+        }
         sub.iter_mut()
             .zip(tot.iter_mut())
             .map(|(s, t)| (median(s), median(t)))

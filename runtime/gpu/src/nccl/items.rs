@@ -99,27 +99,23 @@ impl Items {
             v.push(Some(bufs));
             return index;
         }
-        match &mut self.0 {
+        self.0 = match std::mem::replace(&mut self.0, Repr::Empty(0)) {
             Repr::Empty(n) => {
-                let mut v: Vec<Option<C>> = Vec::with_capacity((*n).max(1));
+                let mut v: Vec<Option<C>> = Vec::with_capacity(n.max(1));
                 v.push(Some(bufs));
-                self.0 = Repr::Same(Box::new(v));
-                return index;
+                Repr::Same(Box::new(v))
             }
-            Repr::Mixed(v) => {
+            // Another type than the ops' so far: each op gets a box.
+            Repr::Same(s) => {
+                let mut boxes = s.into_boxes();
+                boxes.push(Some(Box::new(bufs)));
+                Repr::Mixed(boxes)
+            }
+            Repr::Mixed(mut v) => {
                 v.push(Some(Box::new(bufs)));
-                return index;
+                Repr::Mixed(v)
             }
-            Repr::Same(_) => {}
-        }
-        // Another type than the ops' so far: each op gets a box.
-        let mut boxes = match std::mem::replace(&mut self.0, Repr::Empty(0)) {
-            Repr::Same(s) => s.into_boxes(),
-            Repr::Mixed(v) => v,
-            Repr::Empty(_) => Vec::new(),
         };
-        boxes.push(Some(Box::new(bufs)));
-        self.0 = Repr::Mixed(boxes);
         index
     }
 
@@ -214,6 +210,8 @@ mod tests {
         assert_eq!(items.take::<String>(1).as_deref(), Some("b"));
         assert!(!items.any_left());
         assert_eq!(items.len(), 3);
+        assert_eq!(items.push(String::from("c")), 3, "boxed from now on");
+        assert_eq!(items.take::<String>(3).as_deref(), Some("c"));
     }
 
     #[test]
