@@ -563,12 +563,13 @@ fn gpu_cuda_library_absent_paths_are_typed() {
     assert!(e.to_string().contains("4096"), "{e}");
 }
 
-/// Long ops (1, 10, 30 ms of GPU time before the op) awaited under
+/// Long ops (0.2, 1, 10, 30 ms of GPU time before the op) awaited under
 /// `futures::executor::block_on`, a tokio current-thread and a multi-thread
 /// runtime, and through `wait_timeout`, three times each (so the later
-/// rounds run with an expected end and a pre-wake): every result is the
-/// data, and the end event has completed when the wait returns (GPU
-/// finished, never earlier). Timings belong to `wake_probe`.
+/// rounds run with an expected end and a pre-wake; at 0.2 ms, shorter than
+/// the pre-wake's lead, the future watches from its first poll): every
+/// result is the data, and the end event has completed when the wait
+/// returns (GPU finished, never earlier). Timings belong to `wake_probe`.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
@@ -588,10 +589,11 @@ fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
         .unwrap();
     let data: Vec<f32> = (0..4096).map(|i| i as f32 * 0.25).collect();
     let mut buf = upload(&s, &data);
-    for ms in [1u64, 10, 30] {
+    for us in [200u64, 1_000, 10_000, 30_000] {
+        let ms = us as f64 / 1e3;
         for how in ["block_on", "tokio-ct", "tokio-mt", "wait_timeout"] {
             for round in 0..3 {
-                k.spin(&s, Duration::from_millis(ms)).unwrap();
+                k.spin(&s, Duration::from_micros(us)).unwrap();
                 let t0 = Instant::now();
                 let work = pg.all_reduce(buf, ReduceOp::Max).unwrap();
                 let ev = work.end_event_handle();
@@ -607,7 +609,8 @@ fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
                     "{ms} ms {how} round {round}: returned before the GPU finished"
                 );
                 assert!(
-                    t0.elapsed() >= Duration::from_millis(ms) - Duration::from_micros(200),
+                    t0.elapsed()
+                        >= Duration::from_micros(us).saturating_sub(Duration::from_micros(200)),
                     "{ms} ms {how} round {round}: returned before the op could have run"
                 );
                 assert_eq!(download(&back), data, "{ms} ms {how} round {round}");

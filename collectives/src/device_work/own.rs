@@ -320,28 +320,43 @@ impl<R: DeviceBuffers> OwnWork<R> {
         // A blocking wait watches the end event itself a little before it
         // sleeps: short ops then return without the reactor and the
         // wake-up latency of a parked thread. Not an op that ops like it
-        // say runs longer: the watch would only spin.
+        // say runs longer than the first poll's watch: the pre-wake's
+        // watch below naps until close to its end instead of spinning.
         let t0 = std::time::Instant::now();
         let deadline = t0 + timeout;
         let brief = timeout.min(Duration::from_micros(100));
-        if !self.ends_after(brief) {
+        if !self.ends_after(Duration::from_nanos(u64::from(self.spin_ns))) {
             if let Some(bufs) = self.watch_briefly(brief) {
                 return Ok(bufs);
             }
         }
         self.watch();
-        self.nudge();
         // Sleep until the op is done, the deadline, or a little before the
         // op's expected end (then watch the end event closely): a parked
         // thread takes long to run again, a watching one sees the end at
         // once.
         let lead = reactor::global().config().prewake_lead;
         let mut wake_at = match &self.track {
-            Some(Track::Watched(w)) if !lead.is_zero() => w
-                .expected_end()
-                .map(|e| e.checked_sub(lead).unwrap_or(t0))
-                .filter(|&at| at < deadline),
-            _ => None,
+            // Due within the lead already: watched from here, without the
+            // reactor (see `Watched::take_prewake`).
+            Some(Track::Watched(w)) if w.take_prewake() => {
+                let watch = prewake_watch(w).min(timeout);
+                if let Some(bufs) = self.watch_briefly(watch) {
+                    return Ok(bufs);
+                }
+                reactor::global().nudge();
+                None
+            }
+            Some(Track::Watched(w)) if !lead.is_zero() => {
+                self.nudge();
+                w.expected_end()
+                    .map(|e| e.checked_sub(lead).unwrap_or(t0))
+                    .filter(|&at| at < deadline)
+            }
+            _ => {
+                self.nudge();
+                None
+            }
         };
         loop {
             if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {

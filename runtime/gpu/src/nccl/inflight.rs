@@ -169,6 +169,15 @@ impl<C: DeviceBuffers> InFlight<C> {
     {
         let (watched, mut entry) = self.into_entry(done);
         entry.early = early;
+        // Due to end within the lead already: the future watches it from
+        // this poll on, and the reactor is not woken to tell it so.
+        let lead = reactor::global().config().prewake_lead;
+        if !lead.is_zero() {
+            let now = std::time::Instant::now();
+            if entry.expected_end.is_some_and(|e| e <= now + lead) {
+                entry.prewake_at_hand_off(lead, now);
+            }
+        }
         register_or_wait(Box::new(entry));
         watched
     }

@@ -110,6 +110,22 @@ pub(super) struct Entry<C: DeviceBuffers, F> {
     pub(super) last_pending: Option<Instant>,
 }
 
+impl<C: DeviceBuffers, F> Entry<C, F> {
+    /// The pre-wake of an op handed over by its polling future when the
+    /// op is due to end within `lead` already: as the reactor's, but
+    /// without a wake-up (the future takes it on this poll; see
+    /// [`Watched::take_prewake`]).
+    pub(super) fn prewake_at_hand_off(&mut self, lead: Duration, now: Instant) {
+        if self.early.is_none() {
+            return;
+        }
+        PREWAKES.fetch_add(1, Ordering::Relaxed);
+        self.expected_end = None;
+        self.cell.prewoken.store(true, Ordering::Release);
+        self.quiet_until = Some(now + self.cell.watch_window(lead));
+    }
+}
+
 impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entry<C, F> {
     fn order(&self) -> Option<(u64, u64)> {
         Some(self.order)
