@@ -11,7 +11,7 @@ stream, then all_reduce(async_op=True), then
 Latency ("crude", as wake_probe's crude column): host time from before the
 sleep's launch to the wait's return, minus the sleep's GPU length (measured
 with CUDA events over the same calibration). CPU: the process's user +
-system time over the samples divided by their wall time.
+system time over the samples divided by their wall time, and per op.
 """
 
 import argparse
@@ -84,7 +84,8 @@ def main():
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         print(
             f"pytorch {mode:<17} {us:>6} us op (GPU {gpu_us:8.1f} us): crude median {pct(lat, 0.5):8.2f} us"
-            f"  p99 {pct(lat, 0.99):8.2f} us  max {max(lat):8.2f} us; CPU {100.0 * cpu / (w1 - w0):5.1f}% of a core ({len(lat)} samples)"
+            f"  p99 {pct(lat, 0.99):8.2f} us  max {max(lat):8.2f} us; CPU {100.0 * cpu / (w1 - w0):5.1f}% of a core,"
+            f" {1e6 * cpu / len(lat):6.1f} us per op ({len(lat)} samples)"
         )
     dist.destroy_process_group()
 

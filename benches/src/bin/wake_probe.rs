@@ -41,7 +41,8 @@
 //! a microsecond; measuring across one sample, it has no clock drift). "Crude" = the host instant minus the host instant
 //! before the spin kernel's launch, minus its length (how PyTorch's side
 //! is measured, `torch_wake.py`). CPU = the process's user + system time
-//! over the samples divided by their wall time, and for chorus by thread
+//! over the samples divided by their wall time (and per sample, less the
+//! handshake's spinning: what one awaited op cost), and for chorus by thread
 //! (each thread's time on a CPU from `/proc`, summed by thread name; the
 //! waiting thread's includes the handshake's spinning). Also: what recording each
 //! kind of event costs.
@@ -459,7 +460,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // probe's, not the mechanism's.
             let own = (cpu - n as f64 * 100e-6).max(0.0);
             println!(
-                "{mech:<19} {:>6} us op: latency median {:7.2} us  p99 {:7.2} us  max {:7.2} us; crude median {:7.2} us; CPU {:5.1}% of a core, {:5.1}% less the probe's handshake ({n} samples)",
+                "{mech:<19} {:>6} us op: latency median {:7.2} us  p99 {:7.2} us  max {:7.2} us; crude median {:7.2} us; CPU {:5.1}% of a core, {:5.1}% less the probe's handshake, {:6.1} us per op ({n} samples)",
                 us,
                 pct(&mut lat, 0.5),
                 pct(&mut lat, 0.99),
@@ -467,6 +468,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 pct(&mut crude, 0.5),
                 100.0 * cpu / wall,
                 100.0 * own / wall,
+                1e6 * own / n as f64,
             );
             if mech.starts_with("chorus-") {
                 let pw = chorus::test_util::prewake_counts();
