@@ -257,7 +257,9 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     /// shortly before the expected end and spinning from then on, so that
     /// the op's end is seen within microseconds rather than after a parked
     /// thread's wake-up, at the cost of a few system calls rather than a
-    /// core for the whole lead. Other polls never wait. A group's works
+    /// core for the whole lead. An op expected to end within that lead
+    /// already is watched so by the first poll, which then completes it
+    /// itself, without the reactor. Other polls never wait. A group's works
     /// share this: the group's first poll watches, the others find the
     /// group ended.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

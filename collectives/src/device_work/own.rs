@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chorus_core::{Completer, Failed, OpContext, OpFuture, WorkError, WorkStatus};
 use chorus_gpu::cuda::{CudaError, Event, Stream};
@@ -47,16 +47,6 @@ enum Track<C: DeviceBuffers> {
 struct Held<C: DeviceBuffers>(Option<(InFlight<C>, DeviceCompleter<C>)>);
 
 impl<C: DeviceBuffers> Held<C> {
-    /// True when ops like this one ended later than `after` from now: a
-    /// brief watch would only spin (the pre-wake watches it end instead).
-    fn ends_after(&self, after: Duration) -> bool {
-        let Some((f, _)) = &self.0 else {
-            return false;
-        };
-        f.expected_end()
-            .is_some_and(|e| e > std::time::Instant::now() + after)
-    }
-
     /// Hands the op to the reactor for someone who waits on it (who is
     /// woken ahead of the op's expected end, see `prewake_watch`).
     fn watch(mut self) -> Option<Watched<C>> {
@@ -317,46 +307,33 @@ impl<R: DeviceBuffers> OwnWork<R> {
     /// is known to be done with them (see the type's docs).
     pub(crate) fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
         let ctx = self.inner.context().clone();
-        // A blocking wait watches the end event itself a little before it
-        // sleeps: short ops then return without the reactor and the
-        // wake-up latency of a parked thread. Not an op that ops like it
-        // say runs longer than the first poll's watch: the pre-wake's
-        // watch below naps until close to its end instead of spinning.
+        // A blocking wait watches the end event itself before it sleeps:
+        // short ops then return without the reactor and the wake-up
+        // latency of a parked thread, for 100 µs; ops due within the
+        // reactor's lead for the pre-wake's window, napping until close
+        // to their end (see `first_watch`).
         let t0 = std::time::Instant::now();
         let deadline = t0 + timeout;
         let brief = timeout.min(Duration::from_micros(100));
-        if !self.ends_after(Duration::from_nanos(u64::from(self.spin_ns))) {
-            if let Some(bufs) = self.watch_briefly(brief) {
+        let short = Duration::from_nanos(u64::from(self.spin_ns));
+        if let Some(watch) = self.first_watch(short, brief) {
+            if let Some(bufs) = self.watch_briefly(watch.min(timeout)) {
                 return Ok(bufs);
             }
         }
         self.watch();
+        self.nudge();
         // Sleep until the op is done, the deadline, or a little before the
         // op's expected end (then watch the end event closely): a parked
         // thread takes long to run again, a watching one sees the end at
         // once.
         let lead = reactor::global().config().prewake_lead;
         let mut wake_at = match &self.track {
-            // Due within the lead already: watched from here, without the
-            // reactor (see `Watched::take_prewake`).
-            Some(Track::Watched(w)) if w.take_prewake() => {
-                let watch = prewake_watch(w).min(timeout);
-                if let Some(bufs) = self.watch_briefly(watch) {
-                    return Ok(bufs);
-                }
-                reactor::global().nudge();
-                None
-            }
-            Some(Track::Watched(w)) if !lead.is_zero() => {
-                self.nudge();
-                w.expected_end()
-                    .map(|e| e.checked_sub(lead).unwrap_or(t0))
-                    .filter(|&at| at < deadline)
-            }
-            _ => {
-                self.nudge();
-                None
-            }
+            Some(Track::Watched(w)) if !lead.is_zero() => w
+                .expected_end()
+                .map(|e| e.checked_sub(lead).unwrap_or(t0))
+                .filter(|&at| at < deadline),
+            _ => None,
         };
         loop {
             if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {
@@ -411,14 +388,33 @@ impl<R: DeviceBuffers> OwnWork<R> {
         }
     }
 
-    /// True when the op, still held, is expected to end later than `after`
-    /// from now (see [`Held::ends_after`]).
-    fn ends_after(&self, after: Duration) -> bool {
-        matches!(&self.track, Some(Track::Held(h)) if h.ends_after(after))
+    /// How long the first look at the op, still held, watches it:
+    ///
+    /// * `brief` (none when zero) for an op not expected to end later than
+    ///   `short` from now: short ops, and ops without history;
+    /// * the pre-wake's window for an op due to end within the reactor's
+    ///   lead: it is watched here, napping until close to its expected
+    ///   end, as a pre-woken future would, without being handed to the
+    ///   reactor only for it to wake this future (two cold wake-ups);
+    /// * none for an op due later: the reactor wakes the future ahead of
+    ///   its end.
+    fn first_watch(&self, short: Duration, brief: Duration) -> Option<Duration> {
+        let Some(Track::Held(Held(Some((f, _))))) = &self.track else {
+            return None;
+        };
+        let now = std::time::Instant::now();
+        match f.expected_end() {
+            Some(end) if end > now + short => {
+                let lead = reactor::global().config().prewake_lead;
+                (!lead.is_zero() && end <= now + lead).then(|| f.prewake_watch(lead))
+            }
+            _ => (!brief.is_zero()).then_some(brief),
+        }
     }
 
-    /// The first poll's brief watch of the end event (see `poll`): the
-    /// buffers if the op finished meanwhile.
+    /// A watch of the end event for at most `spin` (the first poll's, see
+    /// `first_watch`, or a pre-woken future's): the buffers if the op
+    /// finished meanwhile. Far from the op's expected end it naps.
     fn watch_briefly(&mut self, spin: Duration) -> Option<R> {
         // Read on the first miss: an op already seen complete (another of
         // its group's works saw the shared end event) needs no clock.
@@ -434,6 +430,15 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 if !f.known_ended() {
                     f.bind_device().ok()?;
                 }
+                // A watch longer than the close spin is one of an op due
+                // within the reactor's lead (see `first_watch`): it naps
+                // until close to the expected end.
+                let config = reactor::global().config();
+                let close = (spin > config.watch_spin)
+                    .then(|| f.expected_end())
+                    .flatten()
+                    .and_then(|e| e.checked_sub(config.watch_spin));
+                let mut doze: Option<Doze> = None;
                 loop {
                     match f.take_finished() {
                         Ok(Some(bufs)) => {
@@ -448,13 +453,11 @@ impl<R: DeviceBuffers> OwnWork<R> {
                         // The reactor reports it (after the hand-off).
                         Err(_) => return None,
                     }
-                    if self.inner.is_done() || started().elapsed() >= spin {
+                    let t0 = started();
+                    if self.inner.is_done() || t0.elapsed() >= spin {
                         return None;
                     }
-                    // Leave the driver to the enqueueing threads a moment.
-                    for _ in 0..32 {
-                        std::hint::spin_loop();
-                    }
+                    pause(close, t0 + spin, &mut doze, config.watch_nap);
                 }
             }
             Some(Track::Watched(w)) => {
@@ -478,15 +481,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
                         // The reactor fails the work with it.
                         Err(_) => return None,
                     }
-                    let napped = close.is_some_and(|at| {
-                        let at = at.min(t0 + spin);
-                        doze.get_or_insert_with(Doze::new).nap_until(at, longest)
-                    });
-                    if !napped {
-                        for _ in 0..32 {
-                            std::hint::spin_loop();
-                        }
-                    }
+                    pause(close, t0 + spin, &mut doze, longest);
                 }
                 None
             }
@@ -495,20 +490,39 @@ impl<R: DeviceBuffers> OwnWork<R> {
     }
 }
 
+/// Between two looks at an op's end event: a nap towards `close` (the
+/// expected end less the close spin), never past `until`, while that is
+/// ahead; a moment's spin after it, which leaves the driver to the
+/// enqueueing threads.
+fn pause(close: Option<Instant>, until: Instant, doze: &mut Option<Doze>, longest: Duration) {
+    let napped = close.is_some_and(|at| {
+        doze.get_or_insert_with(Doze::new)
+            .nap_until(at.min(until), longest)
+    });
+    if !napped {
+        for _ in 0..32 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 impl<R: DeviceBuffers> Future for OwnWork<R> {
     type Output = Result<R, Failed<R>>;
 
     /// GpuFinished, as `DeviceWork`'s poll describes: the first poll's
-    /// brief watch (`spin_ns`, skipped when ops like it ran longer), then
+    /// watch (`first_watch`: brief, or until the end of an op due within the
+    /// reactor's lead, or none for an op due later), then
     /// the reactor, and a watch of its own once the reactor woke it ahead
     /// of the op's expected end.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if !self.polled {
             self.polled = true;
             let spin = Duration::from_nanos(u64::from(self.spin_ns));
-            if !spin.is_zero() && !self.inner.is_done() && !self.ends_after(spin) {
-                if let Some(bufs) = self.watch_briefly(spin) {
-                    return Poll::Ready(Ok(bufs));
+            if !self.inner.is_done() {
+                if let Some(watch) = self.first_watch(spin, spin) {
+                    if let Some(bufs) = self.watch_briefly(watch) {
+                        return Poll::Ready(Ok(bufs));
+                    }
                 }
             }
         }

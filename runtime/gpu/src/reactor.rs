@@ -276,15 +276,12 @@ impl Reactor {
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
         // An op expected to end later needs the thread only at its
-        // pre-wake, and one its future watches only once the watch is
-        // over (the future nudges the thread if it gives up earlier): a
-        // sleeping thread is then not woken before that.
+        // pre-wake: a sleeping thread is then not woken before that.
         let lead = self.shared.config.prewake_lead;
         let prewake = entry
             .expected_end()
             .filter(|_| !lead.is_zero())
-            .and_then(|end| end.checked_sub(lead))
-            .or_else(|| entry.quiet_until());
+            .and_then(|end| end.checked_sub(lead));
         self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
@@ -1129,59 +1126,6 @@ mod tests {
             end - lead - seen
         );
         assert!(p >= seen && p < end + Duration::from_secs(10));
-    }
-
-    #[test]
-    fn a_registration_its_future_watches_already_leaves_the_thread_asleep_until_the_watch_ends() {
-        // Look-ins every 8 s: the thread sleeps unless woken.
-        let r = Reactor::new(ReactorConfig {
-            max_sleep: Duration::from_secs(1),
-            ..ReactorConfig::default()
-        });
-        // Puts the thread to sleep towards a far pre-wake.
-        let far = Instant::now() + Duration::from_secs(600);
-        let first = Arc::new(Mutex::new(None));
-        r.register(Box::new(Foreseen {
-            end: far,
-            expected: Some(far),
-            first_poll: first.clone(),
-            prewoken: Arc::new(Mutex::new(None)),
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        while first.lock().unwrap().is_none() || !r.shared.sleeping.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // Pre-woken by its own future at hand-off, which watches it for
-        // 60 ms; it ends after 10 ms and nobody takes it.
-        let t0 = Instant::now();
-        let (tx, rx) = mpsc::channel();
-        let polls = Arc::new(AtomicU64::new(0));
-        let quiet_until = t0 + Duration::from_millis(60);
-        r.register(Box::new(Watched {
-            end: t0 + Duration::from_millis(10),
-            expected: t0,
-            quiet: Duration::ZERO,
-            quiet_until: Some(quiet_until),
-            prewoken: true,
-            polls: polls.clone(),
-            tx,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        // The thread looks at it once the watch is over, not before (without
-        // a timer to re-arm it is woken at once), and completes it then.
-        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        #[cfg(target_os = "linux")]
-        {
-            assert!(
-                done >= quiet_until,
-                "completed {:?} early",
-                quiet_until - done
-            );
-            assert_eq!(polls.load(Ordering::Relaxed), 1);
-        }
-        assert!(done < t0 + Duration::from_secs(10));
     }
 
     #[test]

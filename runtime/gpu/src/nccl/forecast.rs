@@ -73,6 +73,16 @@ const MIN_SEEN: u32 = 2;
 /// distinct op sizes gains nothing from it).
 const MAX_KEYS: usize = 4096;
 
+/// How long a future watches an op due to end soon (its pre-wake's
+/// window, see `Watched::prewake_watch`): `lead` twice over and an eighth
+/// of the op's expected length.
+pub(crate) fn watch_window(forecast: Option<&Forecast>, lead: Duration) -> Duration {
+    let expected = forecast
+        .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
+        .unwrap_or_default();
+    lead * 2 + expected / 8
+}
+
 fn table() -> &'static Mutex<HashMap<Key, Stat>> {
     static T: OnceLock<Mutex<HashMap<Key, Stat>>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))

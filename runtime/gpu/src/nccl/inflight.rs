@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::buffer::{order_after, DeviceBuffers};
 use super::event_pool::EndEvent;
@@ -135,6 +136,13 @@ impl<C: DeviceBuffers> InFlight<C> {
         self.forecast.and_then(|f| f.expected_end())
     }
 
+    /// How long a future that awaits this op, due to end within the
+    /// reactor's `lead`, should watch it itself instead of handing it over
+    /// (as [`Watched::prewake_watch`]).
+    pub fn prewake_watch(&self, lead: Duration) -> Duration {
+        super::forecast::watch_window(self.forecast.as_ref(), lead)
+    }
+
     /// Stream-ordered completion, as [`Watched::take_stream_ordered`].
     ///
     /// # Errors
@@ -169,15 +177,6 @@ impl<C: DeviceBuffers> InFlight<C> {
     {
         let (watched, mut entry) = self.into_entry(done);
         entry.early = early;
-        // Due to end within the lead already: the future watches it from
-        // this poll on, and the reactor is not woken to tell it so.
-        let lead = reactor::global().config().prewake_lead;
-        if !lead.is_zero() {
-            let now = std::time::Instant::now();
-            if entry.expected_end.is_some_and(|e| e <= now + lead) {
-                entry.prewake_at_hand_off(lead, now);
-            }
-        }
         register_or_wait(Box::new(entry));
         watched
     }

@@ -11,7 +11,7 @@ use chorus_core::EarlyWake;
 
 use super::buffer::{order_after, DeviceBuffers, DeviceMem};
 use super::event_pool::EndEvent;
-use super::forecast::Forecast;
+use super::forecast::{watch_window, Forecast};
 use super::retire::Finished;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
@@ -62,11 +62,7 @@ impl<C> Cell<C> {
     /// How long a future woken ahead of the op's expected end watches it
     /// (see [`Watched::prewake_watch`]).
     fn watch_window(&self, lead: Duration) -> Duration {
-        let expected = self
-            .forecast
-            .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
-            .unwrap_or_default();
-        lead * 2 + expected / 8
+        watch_window(self.forecast.as_ref(), lead)
     }
 
     /// Tells the forecast table the op ended at `end` (once).
@@ -108,22 +104,6 @@ pub(super) struct Entry<C: DeviceBuffers, F> {
     pub(super) quiet_until: Option<Instant>,
     /// When a poll last found the op running.
     pub(super) last_pending: Option<Instant>,
-}
-
-impl<C: DeviceBuffers, F> Entry<C, F> {
-    /// The pre-wake of an op handed over by its polling future when the
-    /// op is due to end within `lead` already: as the reactor's, but
-    /// without a wake-up (the future takes it on this poll; see
-    /// [`Watched::take_prewake`]).
-    pub(super) fn prewake_at_hand_off(&mut self, lead: Duration, now: Instant) {
-        if self.early.is_none() {
-            return;
-        }
-        PREWAKES.fetch_add(1, Ordering::Relaxed);
-        self.expected_end = None;
-        self.cell.prewoken.store(true, Ordering::Release);
-        self.quiet_until = Some(now + self.cell.watch_window(lead));
-    }
 }
 
 impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entry<C, F> {
