@@ -8,7 +8,7 @@
 #   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
 #   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
-#   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead
+#   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead, round trips A/B
 #   bash benches/gpu/pack.sh trainer   # run-trainer.sh: gpu_trainer (and its GPU test) beside torch_ddp.py, small and large MLP
 #   bash benches/gpu/pack.sh profile   # run-profile.sh: group_probe layers under perf (perf and its libraries carried), folded by function
 #   bash benches/gpu/pack.sh ecosystem # run-ecosystem.sh: every GPU test, the candle adapter, torchrun, nccl_bench A/B

@@ -5,6 +5,8 @@
 # group_probe with the enqueue profile; the watchdog's overhead; nccl_bench.
 #
 #   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200)
+#   bash .gpu/run.sh rt      # awaited round trips only, this build against bin/nccl_bench_a
+#                            # (another build, copied in by hand), in turn, pinned to cores 2-5 (CORES)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -48,4 +50,19 @@ fi
 if [ "$MODE" = all ] || [ "$MODE" = nccl ]; then
   echo "=== nccl_bench"
   timeout 120 "$D/bin/nccl_bench" --seconds 0.5 2>&1 | tee "$OUT/nccl_bench.log"
+fi
+if [ "$MODE" = rt ]; then
+  echo "=== nccl_bench round trips, A/B in turn (ROUNDS=${ROUNDS:-4})"
+  # A process's rate depends on where its threads land: the same cores for
+  # every run (CORES, where the machine has them), builds alternating,
+  # several rounds.
+  pin="taskset -c ${CORES:-2-5}"; $pin true 2>/dev/null || pin=""
+  for i in $(seq "${ROUNDS:-4}"); do
+    for b in nccl_bench_a nccl_bench; do
+      [ -x "$D/bin/$b" ] || continue
+      r=$($pin timeout 60 "$D/bin/$b" --iters 2000 --wake-iters 20 --spin-us 100 --seconds 1 2>&1 \
+        | tee -a "$OUT/nccl_bench_rt.log" | grep 'round trips' | awk '{print $(NF-1)}' | tr '\n' ' ')
+      echo "round $i $b: $r(block_on, wait_timeout per s)"
+    done
+  done
 fi
