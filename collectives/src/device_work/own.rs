@@ -11,7 +11,7 @@ use chorus_core::{Completer, Failed, OpContext, OpFuture, WorkError, WorkStatus}
 use chorus_gpu::cuda::{CudaError, Event, Stream};
 use chorus_gpu::doze::Doze;
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Finished, InFlight, Watched};
-use chorus_gpu::reactor;
+use chorus_gpu::reactor::{self, ReactorConfig};
 
 /// A lone op's work: the op, its buffers and its own completion (see
 /// [`DeviceWork`](super::DeviceWork)).
@@ -56,11 +56,55 @@ impl<C: DeviceBuffers> Held<C> {
     }
 }
 
-/// How long a future woken ahead of its op's expected end watches the end
-/// event itself ([`Watched::prewake_watch`]). Past it, the future waits for
-/// the reactor as before.
-fn prewake_watch<C: DeviceBuffers>(w: &Watched<C>) -> Duration {
-    w.prewake_watch(reactor::global().config().prewake_lead)
+/// One look at an op's end event by the thread that awaits it: for at most
+/// `span`; with a `close` instant (the expected end less the close spin),
+/// napping until then, in naps of at most `longest`, and spinning after.
+#[derive(Clone, Copy, Debug)]
+struct Watch {
+    span: Duration,
+    close: Option<Instant>,
+    longest: Duration,
+}
+
+impl Watch {
+    /// A spin of `span` (the first poll's, for a short op or one without
+    /// history).
+    fn brief(span: Duration) -> Watch {
+        Watch {
+            span,
+            close: None,
+            longest: Duration::ZERO,
+        }
+    }
+
+    /// The pre-wake's watch of an op expected to end at `end`, for `span`.
+    fn prewake(span: Duration, end: Option<Instant>, config: &ReactorConfig) -> Watch {
+        Watch {
+            span,
+            close: end.and_then(|e| e.checked_sub(config.watch_spin)),
+            longest: config.watch_nap,
+        }
+    }
+
+    /// The watch of a future woken ahead of its op's expected end
+    /// ([`Watched::prewake_watch`]). Past it, the future waits for the
+    /// reactor as before.
+    fn woken<C: DeviceBuffers>(w: &Watched<C>) -> Watch {
+        let config = reactor::global().config();
+        Watch::prewake(
+            w.prewake_watch(config.prewake_lead),
+            w.expected_end(),
+            &config,
+        )
+    }
+
+    /// The same watch, for no longer than `limit`.
+    fn within(self, limit: Duration) -> Watch {
+        Watch {
+            span: self.span.min(limit),
+            ..self
+        }
+    }
 }
 
 impl<C: DeviceBuffers> Drop for Held<C> {
@@ -317,7 +361,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
         let brief = timeout.min(Duration::from_micros(100));
         let short = Duration::from_nanos(u64::from(self.spin_ns));
         if let Some(watch) = self.first_watch(short, brief) {
-            if let Some(bufs) = self.watch_briefly(watch.min(timeout)) {
+            if let Some(bufs) = self.watch_briefly(watch.within(timeout)) {
                 return Ok(bufs);
             }
         }
@@ -345,12 +389,12 @@ impl<R: DeviceBuffers> OwnWork<R> {
             }
             let due = wake_at.is_some_and(|at| now >= at);
             let watch = match &self.track {
-                Some(Track::Watched(w)) if w.take_prewake() || due => Some(prewake_watch(w)),
+                Some(Track::Watched(w)) if w.take_prewake() || due => Some(Watch::woken(w)),
                 _ => None,
             };
             if let Some(watch) = watch {
                 wake_at = None;
-                if let Some(bufs) = self.watch_briefly(watch.min(deadline - now)) {
+                if let Some(bufs) = self.watch_briefly(watch.within(deadline - now)) {
                     return Ok(bufs);
                 }
                 // Not seen: the reactor finds the end, looking closely now.
@@ -398,24 +442,31 @@ impl<R: DeviceBuffers> OwnWork<R> {
     ///   reactor only for it to wake this future (two cold wake-ups);
     /// * none for an op due later: the reactor wakes the future ahead of
     ///   its end.
-    fn first_watch(&self, short: Duration, brief: Duration) -> Option<Duration> {
+    fn first_watch(&self, short: Duration, brief: Duration) -> Option<Watch> {
         let Some(Track::Held(Held(Some((f, _))))) = &self.track else {
             return None;
         };
         let now = std::time::Instant::now();
         match f.expected_end() {
             Some(end) if end > now + short => {
-                let lead = reactor::global().config().prewake_lead;
-                (!lead.is_zero() && end <= now + lead).then(|| f.prewake_watch(lead))
+                let config = reactor::global().config();
+                let lead = config.prewake_lead;
+                (!lead.is_zero() && end <= now + lead)
+                    .then(|| Watch::prewake(f.prewake_watch(end, lead), Some(end), &config))
             }
-            _ => (!brief.is_zero()).then_some(brief),
+            _ => (!brief.is_zero()).then(|| Watch::brief(brief)),
         }
     }
 
-    /// A watch of the end event for at most `spin` (the first poll's, see
-    /// `first_watch`, or a pre-woken future's): the buffers if the op
-    /// finished meanwhile. Far from the op's expected end it naps.
-    fn watch_briefly(&mut self, spin: Duration) -> Option<R> {
+    /// A look at the end event (the first poll's, see `first_watch`, or a
+    /// pre-woken future's, see [`Watch`]): the buffers if the op finished
+    /// meanwhile.
+    fn watch_briefly(&mut self, watch: Watch) -> Option<R> {
+        let Watch {
+            span: spin,
+            close,
+            longest,
+        } = watch;
         // Read on the first miss: an op already seen complete (another of
         // its group's works saw the shared end event) needs no clock.
         let mut t0 = None;
@@ -430,14 +481,6 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 if !f.known_ended() {
                     f.bind_device().ok()?;
                 }
-                // A watch longer than the close spin is one of an op due
-                // within the reactor's lead (see `first_watch`): it naps
-                // until close to the expected end.
-                let config = reactor::global().config();
-                let close = (spin > config.watch_spin)
-                    .then(|| f.expected_end())
-                    .flatten()
-                    .and_then(|e| e.checked_sub(config.watch_spin));
                 let mut doze: Option<Doze> = None;
                 loop {
                     match f.take_finished() {
@@ -457,7 +500,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
                     if self.inner.is_done() || t0.elapsed() >= spin {
                         return None;
                     }
-                    pause(close, t0 + spin, &mut doze, config.watch_nap);
+                    pause(close, t0 + spin, &mut doze, longest);
                 }
             }
             Some(Track::Watched(w)) => {
@@ -468,9 +511,6 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 // Far from the expected end, nap (halving the way, then
                 // short steps: the thread is awake already, so each ends
                 // on time); spin only for the last stretch.
-                let config = reactor::global().config();
-                let (margin, longest) = (config.watch_spin, config.watch_nap);
-                let close = w.expected_end().and_then(|e| e.checked_sub(margin));
                 let mut doze: Option<Doze> = None;
                 let t0 = started();
                 while !self.inner.is_done() && t0.elapsed() < spin {
@@ -529,7 +569,7 @@ impl<R: DeviceBuffers> Future for OwnWork<R> {
         self.watch();
         // Woken ahead of the op's expected end: watch it end.
         let watch = match &self.track {
-            Some(Track::Watched(w)) if w.take_prewake() => Some(prewake_watch(w)),
+            Some(Track::Watched(w)) if w.take_prewake() => Some(Watch::woken(w)),
             _ => None,
         };
         if let Some(watch) = watch {

@@ -77,10 +77,19 @@ const MAX_KEYS: usize = 4096;
 /// window, see `Watched::prewake_watch`): `lead` twice over and an eighth
 /// of the op's expected length.
 pub(crate) fn watch_window(forecast: Option<&Forecast>, lead: Duration) -> Duration {
-    let expected = forecast
-        .and_then(|f| Some(f.expected_end()?.saturating_duration_since(f.submitted)))
+    window(
+        forecast.and_then(|f| Some((f.submitted, f.expected_end()?))),
+        lead,
+    )
+}
+
+/// [`watch_window`] of an op submitted and expected to end at the two
+/// instants of `expected` (no expected length: `lead` twice over).
+pub(crate) fn window(expected: Option<(Instant, Instant)>, lead: Duration) -> Duration {
+    let length = expected
+        .map(|(submitted, end)| end.saturating_duration_since(submitted))
         .unwrap_or_default();
-    lead * 2 + expected / 8
+    lead * 2 + length / 8
 }
 
 fn table() -> &'static Mutex<HashMap<Key, Stat>> {
@@ -154,6 +163,24 @@ mod tests {
             submitted: Instant::now(),
             seen_running: false,
         }
+    }
+
+    #[test]
+    fn the_watch_window_is_twice_the_lead_and_an_eighth_of_the_expected_length() {
+        let us = Duration::from_micros;
+        let f = forecast(1002);
+        assert_eq!(watch_window(Some(&f), us(500)), us(1000), "no history");
+        assert_eq!(window(None, us(500)), us(1000));
+        assert_eq!(window(Some((f.submitted, at(&f, 8000))), us(500)), us(2000));
+        // From the table, the same as from the instant it said.
+        f.observe(at(&f, 4000));
+        f.observe(at(&f, 4000));
+        let end = f.expected_end().unwrap();
+        assert_eq!(
+            watch_window(Some(&f), us(500)),
+            window(Some((f.submitted, end)), us(500))
+        );
+        assert!(watch_window(Some(&f), us(500)) > us(1000));
     }
 
     #[test]

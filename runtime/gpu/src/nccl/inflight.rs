@@ -137,10 +137,12 @@ impl<C: DeviceBuffers> InFlight<C> {
     }
 
     /// How long a future that awaits this op, due to end within the
-    /// reactor's `lead`, should watch it itself instead of handing it over
-    /// (as [`Watched::prewake_watch`]).
-    pub fn prewake_watch(&self, lead: Duration) -> Duration {
-        super::forecast::watch_window(self.forecast.as_ref(), lead)
+    /// reactor's `lead` at `end` (what [`expected_end`](Self::expected_end)
+    /// said), should watch it itself instead of handing it over (as
+    /// [`Watched::prewake_watch`], without a second look at what ops like
+    /// it did).
+    pub fn prewake_watch(&self, end: std::time::Instant, lead: Duration) -> Duration {
+        super::forecast::window(self.forecast.map(|f| (f.submitted, end)), lead)
     }
 
     /// Stream-ordered completion, as [`Watched::take_stream_ordered`].
