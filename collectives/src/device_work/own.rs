@@ -446,9 +446,10 @@ impl<R: DeviceBuffers> OwnWork<R> {
         let Some(Track::Held(Held(Some((f, _))))) = &self.track else {
             return None;
         };
-        let now = std::time::Instant::now();
-        match f.expected_end() {
-            Some(end) if end > now + short => {
+        // The clock only for an op with history.
+        let due = f.expected_end().map(|end| (end, std::time::Instant::now()));
+        match due {
+            Some((end, now)) if end > now + short => {
                 let config = reactor::global().config();
                 let lead = config.prewake_lead;
                 (!lead.is_zero() && end <= now + lead)
