@@ -21,7 +21,7 @@ pub(crate) struct Sequencer {
 }
 
 /// The sequence numbers a group has handed out.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Counters {
     /// Collective sequence number, equal on every rank for the same call.
     collective: u64,
@@ -29,6 +29,17 @@ pub(crate) struct Counters {
     sent: Vec<u64>,
     /// Number of messages received from each peer.
     received: Vec<u64>,
+}
+
+/// The sequence numbers the ops of one launch took ([`Counters::take`]),
+/// as what their counters held before: a failed launch gives them back
+/// ([`Counters::give_back`]) without a copy of every counter of the group.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// The collective number before the first collective took one.
+    collective: Option<u64>,
+    /// Each message counter moved, as (peer, sent or received, before).
+    messages: Vec<(usize, bool, u64)>,
 }
 
 impl Counters {
@@ -42,6 +53,53 @@ impl Counters {
             Op::Recv { peer } => self.received[peer] + 1,
             Op::SendRecv { peer } => self.sent[peer].max(self.received[peer]) + 1,
             _ => self.collective + 1,
+        }
+    }
+
+    /// Takes the sequence number `op` gets next (as [`next`](Self::next)
+    /// then [`bump`](Self::bump)), noting in `taken` what the counter it
+    /// moves held before, for [`give_back`](Self::give_back).
+    pub(crate) fn take(&mut self, op: Op, taken: &mut Taken) -> u64 {
+        let first_touch = |taken: &Taken, peer: usize, sent: bool| {
+            !taken
+                .messages
+                .iter()
+                .any(|&(p, s, _)| p == peer && s == sent)
+        };
+        match op {
+            Op::Send { peer } | Op::Recv { peer } | Op::SendRecv { peer } => {
+                let (sends, receives) = match op {
+                    Op::Send { .. } => (true, false),
+                    Op::Recv { .. } => (false, true),
+                    _ => (true, true),
+                };
+                if sends && first_touch(taken, peer, true) {
+                    taken.messages.push((peer, true, self.sent[peer]));
+                }
+                if receives && first_touch(taken, peer, false) {
+                    taken.messages.push((peer, false, self.received[peer]));
+                }
+            }
+            _ => {
+                taken.collective.get_or_insert(self.collective);
+            }
+        }
+        let n = self.next(op);
+        self.bump(op, n);
+        n
+    }
+
+    /// Puts back every counter as it was before the numbers in `taken`
+    /// were taken (the ops that took them never ran).
+    pub(crate) fn give_back(&mut self, taken: Taken) {
+        if let Some(c) = taken.collective {
+            self.collective = c;
+        }
+        for (peer, sent, before) in taken.messages {
+            match sent {
+                true => self.sent[peer] = before,
+                false => self.received[peer] = before,
+            }
         }
     }
 
@@ -182,5 +240,58 @@ impl Sequencer {
             count: count as u64,
             peer: op.peer(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_core::ReduceOp;
+
+    fn counters() -> Counters {
+        Counters {
+            collective: 7,
+            sent: vec![0, 3, 5],
+            received: vec![0, 4, 6],
+        }
+    }
+
+    #[test]
+    fn numbers_taken_follow_next_and_bump_and_are_given_back_whole() {
+        let mut c = counters();
+        let mut taken = Taken::default();
+        let ops = [
+            Op::AllReduce(ReduceOp::Sum),
+            Op::Send { peer: 1 },
+            Op::Recv { peer: 2 },
+            Op::Broadcast { root: 0 },
+            Op::Send { peer: 1 },
+            Op::SendRecv { peer: 2 },
+        ];
+        let got: Vec<u64> = ops.iter().map(|&op| c.take(op, &mut taken)).collect();
+        // Collectives count on; each pair's messages in its direction.
+        assert_eq!(got, [8, 4, 7, 9, 5, 8]);
+        assert_eq!(
+            (c.collective, c.sent.clone(), c.received.clone()),
+            (9, vec![0, 5, 8], vec![0, 4, 8])
+        );
+        // One note per counter moved, whatever the number of ops.
+        assert_eq!(taken.messages.len(), 3);
+        c.give_back(taken);
+        let before = counters();
+        assert_eq!(
+            (c.collective, c.sent, c.received),
+            (before.collective, before.sent, before.received)
+        );
+    }
+
+    #[test]
+    fn nothing_taken_gives_nothing_back() {
+        let mut c = counters();
+        c.give_back(Taken::default());
+        assert_eq!(
+            (c.collective, c.sent, c.received),
+            (7, vec![0, 3, 5], vec![0, 4, 6])
+        );
     }
 }

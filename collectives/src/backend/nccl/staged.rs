@@ -21,7 +21,7 @@ use super::backend::{comm_error, device_check, lookup_error, NcclBackend};
 use crate::device_work::{DeviceWork, GroupLead, Member};
 use crate::error::Rejected;
 use crate::grouped::{self, Grouped};
-use crate::sequence::Sequencer;
+use crate::sequence::{Sequencer, Taken};
 
 /// The device ops of a group, staged until launch. Dropped unlaunched, it
 /// fails their works (the ops never ran) and drops their buffers, which no
@@ -127,11 +127,12 @@ impl NcclStaged {
             return Ok(());
         };
         let mut counters = seq.lock();
-        let mut next = counters.clone();
         let Some(head) = ops.first() else {
             return Ok(());
         };
-        let first = seq.ctx(next.next(head.op), head.name);
+        let first = seq.ctx(counters.next(head.op), head.name);
+        // Given back if the launch fails: the ops never ran.
+        let mut taken = Taken::default();
         // One launch, one clock reading.
         let now = Instant::now();
         // The group's end event tells the watchdog the ops finished.
@@ -148,8 +149,7 @@ impl NcclStaged {
             |b| {
                 let mut work = None;
                 for o in &mut ops {
-                    let n = next.next(o.op);
-                    next.bump(o.op, n);
+                    let n = counters.take(o.op, &mut taken);
                     let ctx = seq.ctx(n, o.name);
                     let meta = std::mem::take(&mut o.meta);
                     let collective = o.op.is_collective();
@@ -166,6 +166,7 @@ impl NcclStaged {
             Ok((Some(w), ctxs)) => (w, ctxs),
             Ok((None, _)) => return Ok(()),
             Err(err) => {
+                counters.give_back(taken);
                 drop(counters);
                 // Nothing ran: the buffers go with the batch.
                 lead.not_run(err.clone());
@@ -174,8 +175,8 @@ impl NcclStaged {
         };
         let launched = batch.launch_with_end(Some(lead.end().clone()));
         let failed = launched.error().cloned().map(|e| comm_error(&first, e));
-        if failed.is_none() {
-            *counters = next;
+        if failed.is_some() {
+            counters.give_back(taken);
         }
         drop(counters);
         lead.launched(launched, ctxs, work, failed.as_ref(), spin);
