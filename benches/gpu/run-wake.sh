@@ -6,7 +6,8 @@
 #
 #   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200)
 #   bash .gpu/run.sh rt      # awaited round trips only, this build against bin/nccl_bench_a
-#                            # (another build, copied in by hand), in turn, pinned to cores 2-5 (CORES)
+#                            # (another build, copied in by hand), in turn (the order changing
+#                            # round by round), pinned to cores 2-5 (CORES)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -57,8 +58,10 @@ if [ "$MODE" = rt ]; then
   # every run (CORES, where the machine has them), builds alternating,
   # several rounds.
   pin="taskset -c ${CORES:-2-5}"; $pin true 2>/dev/null || pin=""
+  # The order changes round by round: neither build always runs first.
   for i in $(seq "${ROUNDS:-4}"); do
-    for b in nccl_bench_a nccl_bench; do
+    order="nccl_bench_a nccl_bench"; [ $((i % 2)) = 0 ] && order="nccl_bench nccl_bench_a"
+    for b in $order; do
       [ -x "$D/bin/$b" ] || continue
       r=$($pin timeout 60 "$D/bin/$b" --iters 2000 --wake-iters 20 --spin-us 100 --seconds 1 2>&1 \
         | tee -a "$OUT/nccl_bench_rt.log" | grep 'round trips' | awk '{print $(NF-1)}' | tr '\n' ' ')
