@@ -27,7 +27,11 @@
 //!   `JoinHandle` is awaited instead (one more wake-up, of the thread that
 //!   awaits the handle); `chorus-group-block_on`, `chorus-group-tokio-ct`,
 //!   … the same op staged in a group and awaited through its work (a view
-//!   of the group's one work).
+//!   of the group's one work); `chorus-slow-waker`: `.await`ed on a
+//!   `block_on` whose waker sleeps `--wake-delay-us` before it unparks the
+//!   waiting thread, as a host whose parked threads run again late (the
+//!   pre-wake's lead then grows to cover the delay where
+//!   `CHORUS_REACTOR_PREWAKE_MAX_US` allows).
 //!   Its stamp is the end of the op's input: the op's own few microseconds
 //!   on the GPU count as latency.
 //!
@@ -80,6 +84,9 @@ struct Args {
         default_value = "chorus-block_on,chorus-tokio-ct,chorus-tokio-mt,chorus-wait_timeout,spin,park-spinner,presleep100,presleep300,sleep10,sleep100,bsync"
     )]
     mechanisms: Vec<String>,
+    /// The delay of `chorus-slow-waker`'s waker, in microseconds.
+    #[arg(long, default_value_t = 1000)]
+    wake_delay_us: u64,
     /// For chorus's mechanisms, list every sample slower than this (µs)
     /// with what its pre-wake did (0: no list).
     #[arg(long, default_value_t = 100.0)]
@@ -140,6 +147,37 @@ impl Waiter {
         let flag = Flag::new();
         self.tx.send((ev.clone(), flag.clone())).expect("waiter");
         flag.wait();
+    }
+}
+
+/// Wakes a parked thread `delay` after it is woken: a host whose parked
+/// threads run again late, on the waker's thread (the reactor's).
+struct SlowWaker {
+    thread: Thread,
+    delay: Duration,
+}
+
+impl std::task::Wake for SlowWaker {
+    fn wake(self: Arc<Self>) {
+        std::thread::sleep(self.delay);
+        self.thread.unpark();
+    }
+}
+
+/// Polls `f` on this thread until it is ready, parking between polls; the
+/// waker sleeps `delay` before it unparks (see [`SlowWaker`]).
+fn block_on_slow<F: std::future::Future>(f: F, delay: Duration) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let waker = std::task::Waker::from(Arc::new(SlowWaker {
+        thread: std::thread::current(),
+        delay,
+    }));
+    let mut cx = std::task::Context::from_waker(&waker);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
     }
 }
 
@@ -218,6 +256,8 @@ struct Rig {
     clock: GpuClock,
     waiter: Waiter,
     spinner: Waiter,
+    /// `chorus-slow-waker`'s delay.
+    wake_delay: Duration,
 }
 
 impl Rig {
@@ -270,6 +310,7 @@ impl Rig {
             // hop, which any spawned future pays).
             let (back, resumed) = match kind {
                 "block_on" => (futures::executor::block_on(work), None),
+                "slow-waker" => (block_on_slow(work, self.wake_delay), None),
                 "tokio-ct" => (self.tokio_ct.block_on(work), None),
                 "tokio-mt" => {
                     let (r, at) = self.tokio_mt.block_on(async {
@@ -387,6 +428,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build()?,
         waiter: Waiter::start(device.clone(), false),
         spinner: Waiter::start(device.clone(), true),
+        wake_delay: Duration::from_micros(args.wake_delay_us),
         slots: HostSlots::new(&device, 3)?,
         device,
         stream,
@@ -473,11 +515,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if mech.starts_with("chorus-") {
                 let pw = chorus::test_util::prewake_counts();
                 println!(
-                    "{:<19} {:>6}          pre-wakes {}, of which seen end while watching {}",
+                    "{:<19} {:>6}          pre-wakes {}, of which seen end while watching {}; lead now {:.0} us",
                     "",
                     "",
                     pw.0 - pw0.0,
-                    pw.1 - pw0.1
+                    pw.1 - pw0.1,
+                    chorus_gpu::reactor::global().prewake_lead().as_secs_f64() * 1e6
                 );
                 println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
                 for (i, l, given, seen) in &tails {

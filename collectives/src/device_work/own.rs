@@ -90,9 +90,10 @@ impl Watch {
     /// ([`Watched::prewake_watch`]). Past it, the future waits for the
     /// reactor as before.
     fn woken<C: DeviceBuffers>(w: &Watched<C>) -> Watch {
-        let config = reactor::global().config();
+        let reactor = reactor::global();
+        let config = reactor.config();
         Watch::prewake(
-            w.prewake_watch(config.prewake_lead),
+            w.prewake_watch(reactor.prewake_lead()),
             w.expected_end(),
             &config,
         )
@@ -371,7 +372,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
         // op's expected end (then watch the end event closely): a parked
         // thread takes long to run again, a watching one sees the end at
         // once.
-        let lead = reactor::global().config().prewake_lead;
+        let lead = reactor::global().prewake_lead();
         let mut wake_at = match &self.track {
             Some(Track::Watched(w)) if !lead.is_zero() => w
                 .expected_end()
@@ -423,7 +424,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
     /// wakes for that instant by itself, and a nudge would only wake it
     /// early for nothing.
     fn nudge(&self) {
-        let lead = reactor::global().config().prewake_lead;
+        let lead = reactor::global().prewake_lead();
         let foreseen = !lead.is_zero()
             && matches!(&self.track, Some(Track::Watched(w))
                 if w.expected_end().is_some_and(|e| e > std::time::Instant::now() + lead));
@@ -450,8 +451,8 @@ impl<R: DeviceBuffers> OwnWork<R> {
         let due = f.expected_end().map(|end| (end, std::time::Instant::now()));
         match due {
             Some((end, now)) if end > now + short => {
-                let config = reactor::global().config();
-                let lead = config.prewake_lead;
+                let reactor = reactor::global();
+                let (config, lead) = (reactor.config(), reactor.prewake_lead());
                 (!lead.is_zero() && end <= now + lead)
                     .then(|| Watch::prewake(f.prewake_watch(end, lead), Some(end), &config))
             }

@@ -21,8 +21,18 @@ pub struct ReactorConfig {
     pub detached_poll: Duration,
     /// Wake an awaited op's future this long before the op's expected end
     /// (learned from ops like it), so that it is awake to see it; zero
-    /// turns the pre-wake off.
+    /// turns the pre-wake off. The least lead: while woken threads run
+    /// later than it covers, the lead in force is their delay and
+    /// `watch_spin`, up to `prewake_max`
+    /// ([`Reactor::prewake_lead`](crate::reactor::Reactor::prewake_lead)).
     pub prewake_lead: Duration,
+    /// The longest lead late wake-ups can make; `prewake_lead` or less (the
+    /// default) keeps the lead fixed. A longer lead covers hosts whose
+    /// parked threads run again milliseconds late, at a cost: a woken
+    /// future naps, not parks, for the lead, and watches twice the lead
+    /// at most, spinning from its op's expected end on (an expectation
+    /// early by much then spins that long); see `lead.rs`.
+    pub prewake_max: Duration,
     /// A future so woken naps in short steps (`chorus_gpu::doze`) until
     /// this long before the expected end, then spins; a value of
     /// `prewake_lead` or more makes it spin all the way.
@@ -42,6 +52,7 @@ impl Default for ReactorConfig {
             max_sleep: Duration::from_millis(1),
             detached_poll: Duration::from_micros(50),
             prewake_lead: Duration::from_micros(500),
+            prewake_max: Duration::from_micros(500),
             watch_spin: Duration::from_micros(50),
             watch_nap: Duration::from_micros(120),
         }
@@ -52,7 +63,8 @@ impl ReactorConfig {
     /// The defaults, overridden by `CHORUS_REACTOR_SPIN_US`,
     /// `CHORUS_REACTOR_YIELD_US`, `CHORUS_REACTOR_MAX_SLEEP_US`,
     /// `CHORUS_REACTOR_DETACHED_US`, `CHORUS_REACTOR_PREWAKE_US`,
-    /// `CHORUS_REACTOR_WATCH_SPIN_US` and `CHORUS_REACTOR_WATCH_NAP_US`
+    /// `CHORUS_REACTOR_PREWAKE_MAX_US`, `CHORUS_REACTOR_WATCH_SPIN_US` and
+    /// `CHORUS_REACTOR_WATCH_NAP_US`
     /// (microseconds).
     pub fn from_env() -> ReactorConfig {
         let us = |name: &str| micros(std::env::var(name).ok().as_deref());
@@ -67,6 +79,7 @@ impl ReactorConfig {
                 .unwrap_or(d.detached_poll)
                 .max(Duration::from_micros(1)),
             prewake_lead: us("CHORUS_REACTOR_PREWAKE_US").unwrap_or(d.prewake_lead),
+            prewake_max: us("CHORUS_REACTOR_PREWAKE_MAX_US").unwrap_or(d.prewake_max),
             watch_spin: us("CHORUS_REACTOR_WATCH_SPIN_US").unwrap_or(d.watch_spin),
             watch_nap: us("CHORUS_REACTOR_WATCH_NAP_US").unwrap_or(d.watch_nap),
         }

@@ -15,6 +15,8 @@
 //! * `config`: the settings this layer reads from the environment.
 //! * [`doze`]: short, precise naps for a thread that must be awake at a
 //!   known instant (a future watching its op's expected end).
+//! * `lead`: the pre-wake's lead in force, longer while woken threads run
+//!   late.
 //! * `exit_gate`: keeps the background threads off the driver once the
 //!   process exits (the driver tears its contexts down then).
 //! * `floor` (feature `test-util`): raw NCCL calls on a one-rank
@@ -32,6 +34,7 @@ pub mod doze;
 mod exit_gate;
 #[cfg(feature = "test-util")]
 pub mod floor;
+mod lead;
 pub mod nccl;
 pub mod placement;
 pub mod reactor;

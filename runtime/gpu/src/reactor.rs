@@ -93,7 +93,7 @@ pub trait Pending: Send + 'static {
     }
 
     /// When the op is expected to end, if an awaiting future should be
-    /// woken [`prewake_lead`](ReactorConfig::prewake_lead) before it. The
+    /// woken the lead in force ([`Reactor::prewake_lead`]) before it. The
     /// default: never.
     fn expected_end(&self) -> Option<Instant> {
         None
@@ -101,7 +101,8 @@ pub trait Pending: Send + 'static {
 
     /// Wakes the awaiting future ahead of the expected end (once; after it
     /// [`expected_end`](Self::expected_end) returns `None`). `lead` is the
-    /// reactor's [`prewake_lead`](ReactorConfig::prewake_lead).
+    /// lead in force ([`Reactor::prewake_lead`]): the future was due to be
+    /// woken that long before the expected end.
     fn prewake(&mut self, lead: Duration) {
         let _ = lead;
     }
@@ -240,6 +241,14 @@ impl Reactor {
         self.shared.config
     }
 
+    /// How long before an awaited op's expected end its future is woken
+    /// now: [`prewake_lead`](ReactorConfig::prewake_lead), or longer while
+    /// woken threads have been running later than it covers (see
+    /// `lead.rs`); zero when the pre-wake is off.
+    pub fn prewake_lead(&self) -> Duration {
+        crate::lead::lead(&self.shared.config)
+    }
+
     fn thread(&self) -> Result<(), ReactorError> {
         self.thread
             .get_or_init(|| {
@@ -277,7 +286,7 @@ impl Reactor {
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
         // An op expected to end later needs the thread only at its
         // pre-wake: a sleeping thread is then not woken before that.
-        let lead = self.shared.config.prewake_lead;
+        let lead = self.prewake_lead();
         let prewake = entry
             .expected_end()
             .filter(|_| !lead.is_zero())
@@ -521,8 +530,9 @@ fn run(shared: Arc<Shared>) {
         let mut next_prewake: Option<Instant> = None;
         // True while every entry's end is expected later: nothing is likely
         // to finish before the next pre-wake.
-        let mut all_expected = !cfg.prewake_lead.is_zero();
-        if !cfg.prewake_lead.is_zero() {
+        let lead = crate::lead::lead(&cfg);
+        let mut all_expected = !lead.is_zero();
+        if !lead.is_zero() {
             for e in local.iter_mut() {
                 let Some(end) = e.expected_end() else {
                     // Watched by its woken future, which nudges the thread
@@ -533,9 +543,9 @@ fn run(shared: Arc<Shared>) {
                     }
                     continue;
                 };
-                let at = end.checked_sub(cfg.prewake_lead).unwrap_or(now);
+                let at = end.checked_sub(lead).unwrap_or(now);
                 if at <= now {
-                    e.prewake(cfg.prewake_lead);
+                    e.prewake(lead);
                     if e.quiet_until().is_none_or(|q| q <= now) {
                         all_expected = false;
                     }

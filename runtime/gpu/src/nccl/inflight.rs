@@ -228,11 +228,14 @@ impl<C: DeviceBuffers> InFlight<C> {
             prewoken: std::sync::atomic::AtomicBool::new(false),
             prewoken_seen: std::sync::atomic::AtomicBool::new(false),
             watch_pending: std::sync::atomic::AtomicBool::new(false),
+            prewake_due: Mutex::new(None),
         });
+        let expected_end = forecast.and_then(|f| f.expected_end());
         let entry = Entry {
             order: self.order,
             device: self.device.clone(),
-            expected_end: forecast.and_then(|f| f.expected_end()),
+            expected_end,
+            handed: expected_end.map(|_| std::time::Instant::now()),
             cell: cell.clone(),
             done: Some(done),
             early: None,

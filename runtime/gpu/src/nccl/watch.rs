@@ -43,6 +43,9 @@ pub(super) struct Cell<C> {
     /// A [`Watched::take_finished`] found the op running: a later one that
     /// finds it done sees the end closely.
     pub(super) watch_pending: AtomicBool,
+    /// When the pre-wake was due (set with `prewoken`): how late the woken
+    /// future ran is measured from it (`crate::lead`).
+    pub(super) prewake_due: Mutex<Option<Instant>>,
 }
 
 static PREWAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -98,6 +101,9 @@ pub(super) struct Entry<C: DeviceBuffers, F> {
     /// When the op is expected to end (from ops like it), until the
     /// pre-wake is done.
     pub(super) expected_end: Option<Instant>,
+    /// When the op was handed over (ops with an expected end only): its
+    /// pre-wake is due no earlier.
+    pub(super) handed: Option<Instant>,
     /// Wakes the awaiting future before the expected end.
     pub(super) early: Option<EarlyWake>,
     /// Until when the future woken ahead of the end watches it itself.
@@ -117,7 +123,16 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
 
     fn prewake(&mut self, lead: Duration) {
         PREWAKES.fetch_add(1, Ordering::Relaxed);
-        self.expected_end = None;
+        let due = self
+            .expected_end
+            .take()
+            .map(|end| end.checked_sub(lead).unwrap_or(end))
+            .map(|at| self.handed.map_or(at, |h| at.max(h)));
+        *self
+            .cell
+            .prewake_due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = due;
         self.cell.prewoken.store(true, Ordering::Release);
         if let Some(e) = &self.early {
             self.quiet_until = Some(Instant::now() + self.cell.watch_window(lead));
@@ -217,6 +232,19 @@ impl<C: DeviceBuffers> Watched<C> {
             && self.cell.prewoken.swap(false, Ordering::Acquire);
         if taken {
             self.cell.prewoken_seen.store(true, Ordering::Relaxed);
+            // How late after its due instant this future runs: the next
+            // ops' lead covers it (`crate::lead`). Not if it watched the
+            // op before (a blocking wait awake by its own timer): it was
+            // running, and takes the pre-wake only after its watch.
+            let due = self
+                .cell
+                .prewake_due
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let (Some(due), false) = (due, self.cell.watch_pending.load(Ordering::Relaxed)) {
+                crate::lead::note(due.elapsed());
+            }
         }
         taken
     }
