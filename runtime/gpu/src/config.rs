@@ -29,7 +29,7 @@ pub struct ReactorConfig {
     /// The longest lead late wake-ups can make; `prewake_lead` or less (the
     /// default) keeps the lead fixed. A longer lead covers hosts whose
     /// parked threads run again milliseconds late, at a cost: a woken
-    /// future naps, not parks, for the lead, and watches twice the lead
+    /// future naps, not parks, through the lead, and watches twice the lead
     /// at most, spinning from its op's expected end on (an expectation
     /// early by much then spins that long); see `lead.rs`.
     pub prewake_max: Duration,
