@@ -80,6 +80,10 @@ fn current(d: u32, at: u32, now: u32) -> u32 {
 
 /// The lead in force under `config` (zero if the pre-wake is off).
 pub(crate) fn lead(config: &ReactorConfig) -> Duration {
+    // A fixed lead (the default) needs no clock.
+    if config.prewake_max <= config.prewake_lead {
+        return config.prewake_lead;
+    }
     let (d, at) = unpack(STATE.load(Ordering::Relaxed));
     if d == 0 {
         return config.prewake_lead;
