@@ -233,16 +233,21 @@ impl<C: DeviceBuffers> Watched<C> {
         if taken {
             self.cell.prewoken_seen.store(true, Ordering::Relaxed);
             // How late after its due instant this future runs: the next
-            // ops' lead covers it (`crate::lead`). Not if it watched the
-            // op before (a blocking wait awake by its own timer): it was
-            // running, and takes the pre-wake only after its watch.
+            // ops' lead covers it, where the lead may grow (`crate::lead`).
+            // Not if it watched the op before (a blocking wait awake by its
+            // own timer): it was running, and takes the pre-wake only after
+            // its watch.
             let due = self
                 .cell
                 .prewake_due
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            if let (Some(due), false) = (due, self.cell.watch_pending.load(Ordering::Relaxed)) {
+            let config = reactor::global().config();
+            let grows = config.prewake_max > config.prewake_lead;
+            if let (Some(due), true, false) =
+                (due, grows, self.cell.watch_pending.load(Ordering::Relaxed))
+            {
                 crate::lead::note(due.elapsed());
             }
         }
