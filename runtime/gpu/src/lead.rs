@@ -10,9 +10,9 @@
 //! wake-ups take milliseconds (0.1–2.6 ms on the lent H200 hosts,
 //! benches/RESULTS.md): then every op is seen late by as much.
 //!
-//! So each future the reactor pre-wakes tells how long after its due
-//! instant it ran ([`note`]); the reactor's own wake-up for it, late in
-//! such a stretch too, is part of that. The lead in force ([`lead`]) is
+//! So, where the lead may grow, each future the reactor pre-wakes tells
+//! how long after its due instant it ran ([`note`]); the reactor's own
+//! wake-up for it, late in such a stretch too, is part of that. The lead in force ([`lead`]) is
 //! the configured one, or the longest recent such delay plus the close
 //! spin, whichever is longer, at most `ReactorConfig::prewake_max`.
 //! (The default cap is the configured lead: the lead stays fixed unless
