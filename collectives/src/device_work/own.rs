@@ -91,11 +91,11 @@ impl Watch {
     /// reactor as before.
     fn woken<C: DeviceBuffers>(w: &Watched<C>) -> Watch {
         let reactor = reactor::global();
-        let config = reactor.config();
+        let end = w.expected_end();
         Watch::prewake(
-            w.prewake_watch(reactor.prewake_lead()),
-            w.expected_end(),
-            &config,
+            w.prewake_watch(end, reactor.prewake_lead()),
+            end,
+            &reactor.config(),
         )
     }
 

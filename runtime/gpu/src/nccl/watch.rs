@@ -264,9 +264,12 @@ impl<C: DeviceBuffers> Watched<C> {
     /// and the expectation's error), and an eighth of the op's expected
     /// length on top (an op that runs a little longer than ops like it did
     /// is still seen to end closely, and teaches the table its new length).
-    /// Past it, the reactor's back-off finds the end.
-    pub fn prewake_watch(&self, lead: Duration) -> Duration {
-        self.cell.watch_window(lead)
+    /// Past it, the reactor's back-off finds the end. `end` is what
+    /// [`expected_end`](Self::expected_end) said (read once by the caller;
+    /// `None`: no expected length).
+    pub fn prewake_watch(&self, end: Option<Instant>, lead: Duration) -> Duration {
+        let expected = self.cell.forecast.zip(end).map(|(f, e)| (f.submitted, e));
+        super::forecast::window(expected, lead)
     }
 
     /// Makes the op's device current on the calling thread (a no-op when
