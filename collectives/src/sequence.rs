@@ -5,6 +5,7 @@
 //! threads submit.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chorus_core::flight_recorder::OpMeta;
@@ -38,8 +39,9 @@ pub(crate) struct Counters {
 pub(crate) struct Taken {
     /// The collective number before the first collective took one.
     collective: Option<u64>,
-    /// Each message counter moved, as (peer, sent or received, before).
-    messages: Vec<(usize, bool, u64)>,
+    /// Each message counter moved, by (peer, sent or received): what it
+    /// held before.
+    messages: HashMap<(usize, bool), u64>,
 }
 
 impl Counters {
@@ -60,12 +62,6 @@ impl Counters {
     /// then [`bump`](Self::bump)), noting in `taken` what the counter it
     /// moves held before, for [`give_back`](Self::give_back).
     pub(crate) fn take(&mut self, op: Op, taken: &mut Taken) -> u64 {
-        let first_touch = |taken: &Taken, peer: usize, sent: bool| {
-            !taken
-                .messages
-                .iter()
-                .any(|&(p, s, _)| p == peer && s == sent)
-        };
         match op {
             Op::Send { peer } | Op::Recv { peer } | Op::SendRecv { peer } => {
                 let (sends, receives) = match op {
@@ -73,11 +69,19 @@ impl Counters {
                     Op::Recv { .. } => (false, true),
                     _ => (true, true),
                 };
-                if sends && first_touch(taken, peer, true) {
-                    taken.messages.push((peer, true, self.sent[peer]));
+                // The first value of each counter moved is the one to put
+                // back (a group may hold many messages to one peer).
+                if sends {
+                    taken
+                        .messages
+                        .entry((peer, true))
+                        .or_insert(self.sent[peer]);
                 }
-                if receives && first_touch(taken, peer, false) {
-                    taken.messages.push((peer, false, self.received[peer]));
+                if receives {
+                    taken
+                        .messages
+                        .entry((peer, false))
+                        .or_insert(self.received[peer]);
                 }
             }
             _ => {
@@ -95,7 +99,7 @@ impl Counters {
         if let Some(c) = taken.collective {
             self.collective = c;
         }
-        for (peer, sent, before) in taken.messages {
+        for ((peer, sent), before) in taken.messages {
             match sent {
                 true => self.sent[peer] = before,
                 false => self.received[peer] = before,
