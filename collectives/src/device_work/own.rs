@@ -58,11 +58,20 @@ impl<C: DeviceBuffers> Held<C> {
 
 /// One look at an op's end event by the thread that awaits it: for at most
 /// `span`; with a `close` instant (the expected end less the close spin),
-/// napping until then, in naps of at most `longest`, and spinning after.
+/// napping until then, in naps of at most `longest`, spinning from then
+/// until `spin_until`, and past that napping in even steps
+/// ([`doze::STEP`](chorus_gpu::doze::STEP)).
+///
+/// The spin lasts until half the configured lead and the close spin past
+/// the expected end, which ops like this one end well within (the
+/// expectation is early by twice their deviation). An op that runs later
+/// still is seen within a step: an expectation early by much (a history
+/// that mixes lengths) costs naps, not a spinning core.
 #[derive(Clone, Copy, Debug)]
 struct Watch {
     span: Duration,
     close: Option<Instant>,
+    spin_until: Option<Instant>,
     longest: Duration,
 }
 
@@ -73,15 +82,19 @@ impl Watch {
         Watch {
             span,
             close: None,
+            spin_until: None,
             longest: Duration::ZERO,
         }
     }
 
-    /// The pre-wake's watch of an op expected to end at `end`, for `span`.
+    /// The pre-wake's watch of an op expected to end at `end`, for `span`
+    /// (without an expected end: as if it were due now).
     fn prewake(span: Duration, end: Option<Instant>, config: &ReactorConfig) -> Watch {
+        let end = end.unwrap_or_else(Instant::now);
         Watch {
             span,
-            close: end.and_then(|e| e.checked_sub(config.watch_spin)),
+            close: Some(end.checked_sub(config.watch_spin).unwrap_or(end)),
+            spin_until: Some(end + config.prewake_lead / 2 + config.watch_spin),
             longest: config.watch_nap,
         }
     }
@@ -90,13 +103,9 @@ impl Watch {
     /// ([`Watched::prewake_watch`]). Past it, the future waits for the
     /// reactor as before.
     fn woken<C: DeviceBuffers>(w: &Watched<C>) -> Watch {
-        let reactor = reactor::global();
+        let config = reactor::global().config();
         let end = w.expected_end();
-        Watch::prewake(
-            w.prewake_watch(end, reactor.prewake_lead()),
-            end,
-            &reactor.config(),
-        )
+        Watch::prewake(w.prewake_watch(end, config.prewake_lead), end, &config)
     }
 
     /// The same watch, for no longer than `limit`.
@@ -453,8 +462,10 @@ impl<R: DeviceBuffers> OwnWork<R> {
             Some((end, now)) if end > now + short => {
                 let reactor = reactor::global();
                 let (config, lead) = (reactor.config(), reactor.prewake_lead());
-                (!lead.is_zero() && end <= now + lead)
-                    .then(|| Watch::prewake(f.prewake_watch(end, lead), Some(end), &config))
+                (!lead.is_zero() && end <= now + lead).then(|| {
+                    let span = f.prewake_watch(end, config.prewake_lead);
+                    Watch::prewake(span, Some(end), &config)
+                })
             }
             _ => (!brief.is_zero()).then(|| Watch::brief(brief)),
         }
@@ -464,11 +475,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
     /// pre-woken future's, see [`Watch`]): the buffers if the op finished
     /// meanwhile.
     fn watch_briefly(&mut self, watch: Watch) -> Option<R> {
-        let Watch {
-            span: spin,
-            close,
-            longest,
-        } = watch;
+        let spin = watch.span;
         // Read on the first miss: an op already seen complete (another of
         // its group's works saw the shared end event) needs no clock.
         let mut t0 = None;
@@ -502,7 +509,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
                     if self.inner.is_done() || t0.elapsed() >= spin {
                         return None;
                     }
-                    pause(close, t0 + spin, &mut doze, longest);
+                    pause(&watch, t0 + spin, &mut doze);
                 }
             }
             Some(Track::Watched(w)) => {
@@ -513,9 +520,10 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 // Far from the expected end, nap (halving the way, then
                 // short steps: the thread is awake already, so each ends
                 // on time); spin only for the last stretch.
+                // At least one look, however late the future runs.
                 let mut doze: Option<Doze> = None;
                 let t0 = started();
-                while !self.inner.is_done() && t0.elapsed() < spin {
+                loop {
                     match w.take_finished() {
                         Ok(Some(bufs)) => return Some(bufs),
                         // Running, or the reactor is completing it.
@@ -523,27 +531,60 @@ impl<R: DeviceBuffers> OwnWork<R> {
                         // The reactor fails the work with it.
                         Err(_) => return None,
                     }
-                    pause(close, t0 + spin, &mut doze, longest);
+                    if self.inner.is_done() || t0.elapsed() >= spin {
+                        return None;
+                    }
+                    pause(&watch, t0 + spin, &mut doze);
                 }
-                None
             }
             None => None,
         }
     }
 }
 
-/// Between two looks at an op's end event: a nap towards `close` (the
-/// expected end less the close spin), never past `until`, while that is
-/// ahead; a moment's spin after it, which leaves the driver to the
-/// enqueueing threads.
-fn pause(close: Option<Instant>, until: Instant, doze: &mut Option<Doze>, longest: Duration) {
-    let napped = close.is_some_and(|at| {
-        doze.get_or_insert_with(Doze::new)
-            .nap_until(at.min(until), longest)
-    });
-    if !napped {
-        for _ in 0..32 {
-            std::hint::spin_loop();
+/// Between two looks at an op's end event (see [`Watch`]), never past
+/// `until`.
+fn pause(watch: &Watch, until: Instant, doze: &mut Option<Doze>) {
+    match watch.pause_at(Instant::now(), until) {
+        Pause::Nap { to, longest } => {
+            doze.get_or_insert_with(Doze::new).nap_until(to, longest);
+        }
+        // A moment's spin, which leaves the driver to the enqueueing
+        // threads.
+        Pause::Spin => {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// What a watcher does between two looks at the end event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pause {
+    /// Nap towards `to`, for at most `longest` at once.
+    Nap {
+        to: Instant,
+        longest: Duration,
+    },
+    Spin,
+}
+
+impl Watch {
+    /// The pause at `now` of a watch that lasts until `until`: naps towards
+    /// the close instant while it is ahead, a spin from then until
+    /// `spin_until`, even steps after that.
+    fn pause_at(&self, now: Instant, until: Instant) -> Pause {
+        match (self.close, self.spin_until) {
+            (Some(close), _) if now < close && now < until => Pause::Nap {
+                to: close.min(until),
+                longest: self.longest,
+            },
+            (_, Some(spun)) if now >= spun && now < until => Pause::Nap {
+                to: until,
+                longest: chorus_gpu::doze::STEP,
+            },
+            _ => Pause::Spin,
         }
     }
 }
@@ -586,5 +627,68 @@ impl<R: DeviceBuffers> Future for OwnWork<R> {
                 Poll::Pending
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_naps_to_its_close_spin_spins_past_the_expected_end_then_steps() {
+        let us = Duration::from_micros;
+        let config = ReactorConfig::default();
+        let step = chorus_gpu::doze::STEP;
+        let t = Instant::now();
+        let end = t + us(500);
+        let until = t + us(2000);
+        let w = Watch::prewake(us(2000), Some(end), &config);
+        // Far from the end: naps towards the close spin, at most watch_nap.
+        assert_eq!(
+            w.pause_at(t, until),
+            Pause::Nap {
+                to: end - config.watch_spin,
+                longest: config.watch_nap
+            }
+        );
+        // The spin, from the close spin before the expected end to half
+        // the lead and the close spin past it.
+        let spun = config.prewake_lead / 2 + config.watch_spin;
+        for at in [us(460), us(500), us(600), us(500) + spun - us(1)] {
+            assert_eq!(w.pause_at(t + at, until), Pause::Spin, "{at:?}");
+        }
+        // Past it, an op still running (an expectation early by much) is
+        // looked at in even steps, not spun for.
+        for at in [us(500) + spun, us(1200), us(1999)] {
+            assert_eq!(
+                w.pause_at(t + at, until),
+                Pause::Nap {
+                    to: until,
+                    longest: step
+                },
+                "{at:?}"
+            );
+        }
+        assert_eq!(w.pause_at(until, until), Pause::Spin);
+        // A watch cut short (a deadline before the end) never naps past it.
+        let soon = t + us(300);
+        assert_eq!(
+            w.pause_at(t, soon),
+            Pause::Nap {
+                to: soon,
+                longest: config.watch_nap
+            }
+        );
+        // The first poll's brief watch only spins.
+        let b = Watch::brief(us(10));
+        assert_eq!(b.pause_at(t, t + us(10)), Pause::Spin);
+        // Without an expected end: as if due now.
+        let n = Watch::prewake(us(1000), None, &config);
+        let now = Instant::now();
+        assert_eq!(n.pause_at(now, now + us(1000)), Pause::Spin);
+        assert!(matches!(
+            n.pause_at(now + spun + us(10), now + us(1000)),
+            Pause::Nap { longest, .. } if longest == step
+        ));
     }
 }

@@ -73,23 +73,39 @@ const MIN_SEEN: u32 = 2;
 /// distinct op sizes gains nothing from it).
 const MAX_KEYS: usize = 4096;
 
-/// How long a future watches an op due to end soon (its pre-wake's
-/// window, see `Watched::prewake_watch`): `lead` twice over and an eighth
-/// of the op's expected length.
-pub(crate) fn watch_window(forecast: Option<&Forecast>, lead: Duration) -> Duration {
+/// How long, from `now`, a future watches an op due to end soon (its
+/// pre-wake's window, see `Watched::prewake_watch`): `tail` (the
+/// configured lead) twice over and an eighth of the op's expected length,
+/// or until `tail` and that eighth past its expected end if that is
+/// later; `tail` twice over without an expected end.
+///
+/// With the configured lead in force, a future woken on time watches
+/// until `tail` and the eighth past the expected end either way. A lead
+/// grown for late wake-ups (`crate::lead`) moves the watch's start, not
+/// its end: a future whose expectation was early by much (a history that
+/// mixes lengths) watches no longer for it.
+pub(crate) fn watch_window(forecast: Option<&Forecast>, now: Instant, tail: Duration) -> Duration {
     window(
         forecast.and_then(|f| Some((f.submitted, f.expected_end()?))),
-        lead,
+        now,
+        tail,
     )
 }
 
 /// [`watch_window`] of an op submitted and expected to end at the two
-/// instants of `expected` (no expected length: `lead` twice over).
-pub(crate) fn window(expected: Option<(Instant, Instant)>, lead: Duration) -> Duration {
-    let length = expected
-        .map(|(submitted, end)| end.saturating_duration_since(submitted))
-        .unwrap_or_default();
-    lead * 2 + length / 8
+/// instants of `expected`.
+pub(crate) fn window(
+    expected: Option<(Instant, Instant)>,
+    now: Instant,
+    tail: Duration,
+) -> Duration {
+    let Some((submitted, end)) = expected else {
+        return tail * 2;
+    };
+    let eighth = end.saturating_duration_since(submitted) / 8;
+    (end + tail + eighth)
+        .saturating_duration_since(now)
+        .max(tail * 2 + eighth)
 }
 
 fn table() -> &'static Mutex<HashMap<Key, Stat>> {
@@ -166,21 +182,31 @@ mod tests {
     }
 
     #[test]
-    fn the_watch_window_is_twice_the_lead_and_an_eighth_of_the_expected_length() {
+    fn the_watch_window_is_twice_the_tail_or_until_the_tail_past_the_expected_end() {
         let us = Duration::from_micros;
         let f = forecast(1002);
-        assert_eq!(watch_window(Some(&f), us(500)), us(1000), "no history");
-        assert_eq!(window(None, us(500)), us(1000));
-        assert_eq!(window(Some((f.submitted, at(&f, 8000))), us(500)), us(2000));
+        let now = f.submitted;
+        assert_eq!(watch_window(Some(&f), now, us(500)), us(1000), "no history");
+        assert_eq!(window(None, now, us(500)), us(1000));
+        // Expected 8 ms after submission: woken on time at 7.5 ms, watched
+        // until 8.5 ms and an eighth (1 ms) more.
+        let expected = Some((f.submitted, at(&f, 8000)));
+        assert_eq!(window(expected, at(&f, 7500), us(500)), us(2000));
+        // Earlier (a lead grown to 2 ms): no later.
+        assert_eq!(window(expected, at(&f, 6000), us(500)), us(3500));
+        // Later (a late wake-up, or a first poll of an op due soon): twice
+        // the tail and the eighth.
+        assert_eq!(window(expected, at(&f, 7900), us(500)), us(2000));
+        assert_eq!(window(expected, at(&f, 9600), us(500)), us(2000));
         // From the table, the same as from the instant it said.
         f.observe(at(&f, 4000));
         f.observe(at(&f, 4000));
         let end = f.expected_end().unwrap();
         assert_eq!(
-            watch_window(Some(&f), us(500)),
-            window(Some((f.submitted, end)), us(500))
+            watch_window(Some(&f), now, us(500)),
+            window(Some((f.submitted, end)), now, us(500))
         );
-        assert!(watch_window(Some(&f), us(500)) > us(1000));
+        assert!(watch_window(Some(&f), now, us(500)) > us(1000));
     }
 
     #[test]

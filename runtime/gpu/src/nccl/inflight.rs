@@ -136,13 +136,14 @@ impl<C: DeviceBuffers> InFlight<C> {
         self.forecast.and_then(|f| f.expected_end())
     }
 
-    /// How long a future that awaits this op, due to end within the
-    /// reactor's `lead` at `end` (what [`expected_end`](Self::expected_end)
-    /// said), should watch it itself instead of handing it over (as
-    /// [`Watched::prewake_watch`], without a second look at what ops like
-    /// it did).
-    pub fn prewake_watch(&self, end: std::time::Instant, lead: Duration) -> Duration {
-        super::forecast::window(self.forecast.map(|f| (f.submitted, end)), lead)
+    /// How long from now a future that awaits this op, due to end within
+    /// the reactor's lead at `end` (what [`expected_end`](Self::expected_end)
+    /// said), should watch it itself instead of handing it over, `tail`
+    /// being the configured lead: as [`Watched::prewake_watch`], without a
+    /// second look at what ops like it did.
+    pub fn prewake_watch(&self, end: std::time::Instant, tail: Duration) -> Duration {
+        let expected = self.forecast.map(|f| (f.submitted, end));
+        super::forecast::window(expected, std::time::Instant::now(), tail)
     }
 
     /// Stream-ordered completion, as [`Watched::take_stream_ordered`].

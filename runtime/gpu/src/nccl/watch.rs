@@ -62,10 +62,10 @@ pub fn prewake_counts() -> (u64, u64) {
 }
 
 impl<C> Cell<C> {
-    /// How long a future woken ahead of the op's expected end watches it
-    /// (see [`Watched::prewake_watch`]).
-    fn watch_window(&self, lead: Duration) -> Duration {
-        watch_window(self.forecast.as_ref(), lead)
+    /// How long, from `now`, a future woken ahead of the op's expected end
+    /// watches it (see [`Watched::prewake_watch`]).
+    fn watch_window(&self, now: Instant, tail: Duration) -> Duration {
+        watch_window(self.forecast.as_ref(), now, tail)
     }
 
     /// Tells the forecast table the op ended at `end` (once).
@@ -135,7 +135,9 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
             .unwrap_or_else(|p| p.into_inner()) = due;
         self.cell.prewoken.store(true, Ordering::Release);
         if let Some(e) = &self.early {
-            self.quiet_until = Some(Instant::now() + self.cell.watch_window(lead));
+            let now = Instant::now();
+            let tail = reactor::global().config().prewake_lead;
+            self.quiet_until = Some(now + self.cell.watch_window(now, tail));
             e.wake();
         }
     }
@@ -260,16 +262,19 @@ impl<C: DeviceBuffers> Watched<C> {
     }
 
     /// How long a future woken ahead of the op's expected end should watch
-    /// the end event, at most: `lead` twice over (the wake-up's own latency
-    /// and the expectation's error), and an eighth of the op's expected
-    /// length on top (an op that runs a little longer than ops like it did
-    /// is still seen to end closely, and teaches the table its new length).
-    /// Past it, the reactor's back-off finds the end. `end` is what
+    /// the end event from now, at most: `tail` (the configured lead: the
+    /// wake-up's own latency and the expectation's error) twice over and
+    /// an eighth of the op's expected length (an op that runs a little
+    /// longer than ops like it did is still seen to end closely, and
+    /// teaches the table its new length), or until `tail` and that eighth
+    /// past the expected end if that is later (a lead grown for late
+    /// wake-ups starts the watch earlier, not its end later). Past it, the
+    /// reactor's back-off finds the end. `end` is what
     /// [`expected_end`](Self::expected_end) said (read once by the caller;
-    /// `None`: no expected length).
-    pub fn prewake_watch(&self, end: Option<Instant>, lead: Duration) -> Duration {
+    /// `None`: no expected length, `tail` twice over).
+    pub fn prewake_watch(&self, end: Option<Instant>, tail: Duration) -> Duration {
         let expected = self.cell.forecast.zip(end).map(|(f, e)| (f.submitted, e));
-        super::forecast::window(expected, lead)
+        super::forecast::window(expected, Instant::now(), tail)
     }
 
     /// Makes the op's device current on the calling thread (a no-op when
