@@ -232,16 +232,22 @@ impl<C: DeviceBuffers> InFlight<C> {
             prewake_due: Mutex::new(None),
         });
         let expected_end = forecast.and_then(|f| f.expected_end());
+        let seen_running = forecast.is_some_and(|f| f.seen_running);
+        // The clock only for an op with history, or one seen running.
+        let now = (expected_end.is_some() || seen_running).then(std::time::Instant::now);
         let entry = Entry {
             order: self.order,
             device: self.device.clone(),
             expected_end,
-            handed: expected_end.map(|_| std::time::Instant::now()),
+            handed: expected_end.and(now),
             cell: cell.clone(),
             done: Some(done),
             early: None,
             quiet_until: None,
-            last_pending: None,
+            // A look before the hand-off found it running (a first poll's
+            // watch that ran out): it ends after now, so the reactor's
+            // first look that finds it done bounds its end from both sides.
+            last_pending: now.filter(|_| seen_running),
         };
         (Watched { cell }, entry)
     }
