@@ -26,12 +26,14 @@ pub struct ReactorConfig {
     /// `watch_spin`, up to `prewake_max`
     /// ([`Reactor::prewake_lead`](crate::reactor::Reactor::prewake_lead)).
     pub prewake_lead: Duration,
-    /// The longest lead late wake-ups can make; `prewake_lead` or less (the
-    /// default) keeps the lead fixed. A longer lead covers hosts whose
-    /// parked threads run again milliseconds late, at a cost: a woken
-    /// future naps, not parks, through the lead, and watches twice the lead
-    /// at most, spinning from its op's expected end on (an expectation
-    /// early by much then spins that long); see `lead.rs`.
+    /// The longest lead late wake-ups can make (2 ms); `prewake_lead` or
+    /// less keeps the lead fixed. A longer lead covers hosts whose parked
+    /// threads run again milliseconds late, while they do, at a cost: a
+    /// woken future naps, not parks, through the lead (on an executor's
+    /// thread, its other tasks wait meanwhile, as they would for the
+    /// host's late wake-ups). Its watch still ends the configured lead
+    /// past the op's expected end, spinning no longer than half of it; see
+    /// `lead.rs`.
     pub prewake_max: Duration,
     /// A future so woken naps in short steps (`chorus_gpu::doze`) until
     /// this long before the expected end, then spins; a value of
@@ -52,7 +54,7 @@ impl Default for ReactorConfig {
             max_sleep: Duration::from_millis(1),
             detached_poll: Duration::from_micros(50),
             prewake_lead: Duration::from_micros(500),
-            prewake_max: Duration::from_micros(500),
+            prewake_max: Duration::from_millis(2),
             watch_spin: Duration::from_micros(50),
             watch_nap: Duration::from_micros(120),
         }

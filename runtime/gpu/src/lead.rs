@@ -14,10 +14,10 @@
 //! how long after its due instant it ran ([`note`]); the reactor's own
 //! wake-up for it, late in such a stretch too, is part of that. The lead in force ([`lead`]) is
 //! the configured one, or the longest recent such delay plus the close
-//! spin, whichever is longer, at most `ReactorConfig::prewake_max`.
-//! (The default cap is the configured lead: the lead stays fixed unless
-//! a program raises the cap, see `ReactorConfig::prewake_max` for what a
-//! longer lead costs.) "Recent" decays two ways: each report takes a sixteenth off the
+//! spin, whichever is longer, at most `ReactorConfig::prewake_max` (2 ms
+//! by default; a cap at the configured lead keeps the lead fixed, see
+//! `ReactorConfig::prewake_max` for what a longer lead costs). "Recent"
+//! decays two ways: each report takes a sixteenth off the
 //! remembered delay before comparing, and the delay halves for every
 //! [`HALF_LIFE`] without a report (ops that a longer lead makes short
 //! enough to be watched from their first poll report nothing). A longer
@@ -80,7 +80,7 @@ fn current(d: u32, at: u32, now: u32) -> u32 {
 
 /// The lead in force under `config` (zero if the pre-wake is off).
 pub(crate) fn lead(config: &ReactorConfig) -> Duration {
-    // A fixed lead (the default) needs no clock.
+    // A fixed lead needs no clock.
     if config.prewake_max <= config.prewake_lead {
         return config.prewake_lead;
     }
@@ -109,12 +109,7 @@ mod tests {
     fn the_lead_covers_a_late_wake_up_and_no_more_than_the_cap() {
         let us = Duration::from_micros;
         let c = ReactorConfig::default();
-        // By default the lead stays fixed.
-        assert_eq!(lead_for(&c, us(1200)), c.prewake_lead);
-        let c = ReactorConfig {
-            prewake_max: us(2000),
-            ..c
-        };
+        assert_eq!(c.prewake_max, us(2000));
         assert_eq!(lead_for(&c, Duration::ZERO), c.prewake_lead);
         // Usual delays are within the configured lead.
         assert_eq!(lead_for(&c, us(280)), c.prewake_lead);
