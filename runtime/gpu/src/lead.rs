@@ -80,15 +80,23 @@ fn current(d: u32, at: u32, now: u32) -> u32 {
 
 /// The lead in force under `config` (zero if the pre-wake is off).
 pub(crate) fn lead(config: &ReactorConfig) -> Duration {
-    // A fixed lead needs no clock.
+    lead_at(config, STATE.load(Ordering::Relaxed), now_ms)
+}
+
+/// [`lead`] with the remembered `state`, reading the clock (`now`, ms)
+/// only where the answer depends on it: not for a fixed lead, nor while
+/// the remembered delay, which only decays, is within the configured
+/// lead (the usual case on a prompt host).
+fn lead_at(config: &ReactorConfig, state: u64, now: impl FnOnce() -> u32) -> Duration {
     if config.prewake_max <= config.prewake_lead {
         return config.prewake_lead;
     }
-    let (d, at) = unpack(STATE.load(Ordering::Relaxed));
-    if d == 0 {
+    let (d, at) = unpack(state);
+    let remembered = Duration::from_micros(u64::from(d));
+    if remembered + config.watch_spin <= config.prewake_lead {
         return config.prewake_lead;
     }
-    let d = current(d, at, now_ms());
+    let d = current(d, at, now());
     lead_for(config, Duration::from_micros(u64::from(d)))
 }
 
@@ -127,6 +135,26 @@ mod tests {
             ..c
         };
         assert_eq!(lead_for(&off, us(1200)), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_clock_is_read_only_for_a_delay_past_the_configured_lead() {
+        let us = Duration::from_micros;
+        let c = ReactorConfig::default();
+        let no_clock = || -> u32 { panic!("the clock was read") };
+        // Nothing remembered, or a usual delay: the configured lead.
+        assert_eq!(lead_at(&c, 0, no_clock), c.prewake_lead);
+        assert_eq!(lead_at(&c, pack(280, 7), no_clock), c.prewake_lead);
+        // A fixed lead, whatever is remembered.
+        let fixed = ReactorConfig {
+            prewake_max: c.prewake_lead,
+            ..c
+        };
+        assert_eq!(lead_at(&fixed, pack(1200, 7), no_clock), c.prewake_lead);
+        // A late one, reported now, then two half-lives ago.
+        let h = HALF_LIFE.as_millis() as u32;
+        assert_eq!(lead_at(&c, pack(1200, 7), || 7), us(1200) + c.watch_spin);
+        assert_eq!(lead_at(&c, pack(1200, 7), || 7 + 2 * h), c.prewake_lead);
     }
 
     #[test]
