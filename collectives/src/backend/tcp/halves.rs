@@ -452,9 +452,19 @@ mod tests {
         );
     }
 
-    /// Descriptors this process has open.
-    fn open_fds() -> usize {
-        std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+    /// Descriptors this process has open on the socket `fd` is open on (its
+    /// duplicates: other tests' descriptors, opened meanwhile on threads of
+    /// their own, do not count).
+    fn open_fds_on(fd: std::os::fd::RawFd) -> usize {
+        let of = |p: std::path::PathBuf| std::fs::read_link(p).ok();
+        let Some(target) = of(format!("/proc/self/fd/{fd}").into()) else {
+            return 0;
+        };
+        std::fs::read_dir("/proc/self/fd").map_or(0, |d| {
+            d.flatten()
+                .filter(|e| of(e.path()).as_ref() == Some(&target))
+                .count()
+        })
     }
 
     /// A write half registers for room only while its socket is full: a
@@ -467,7 +477,10 @@ mod tests {
         let rt = runtime();
         let _rt = rt.enter();
         let (a, mut b) = pair();
+        let fd = a.as_raw_fd();
+        let open_fds = || open_fds_on(fd);
         let before = open_fds();
+        assert_eq!(before, 1);
         let (_rd, mut wr) = a.split();
         assert_eq!(open_fds(), before, "splitting opened descriptors");
         let count = Arc::new(Count::default());
