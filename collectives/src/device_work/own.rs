@@ -519,8 +519,9 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 w.bind_device().ok()?;
                 // Far from the expected end, nap (halving the way, then
                 // short steps: the thread is awake already, so each ends
-                // on time); spin only for the last stretch.
-                // At least one look, however late the future runs.
+                // on time); spin around it; steps again past it (see
+                // `Watch`). At least one look, however late the future
+                // runs.
                 let mut doze: Option<Doze> = None;
                 let t0 = started();
                 loop {
