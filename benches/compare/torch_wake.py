@@ -10,7 +10,8 @@ stream, then all_reduce(async_op=True), then
     which blocks the host until the op is done.
 Latency ("crude", as wake_probe's crude column): host time from before the
 sleep's launch to the wait's return, minus the sleep's GPU length (measured
-with CUDA events over the same calibration). CPU: the process's user +
+with CUDA events over the same calibration, converted to host time at the
+rate the GPU's clock shows against the host's over two long sleeps). CPU: the process's user +
 system time over the samples divided by their wall time, and per op.
 """
 
@@ -57,6 +58,24 @@ def main():
         rates.append(probe / (s.elapsed_time(e) * 1000.0))
     rate = sorted(rates)[len(rates) // 2]
 
+    # The GPU clock's rate against the host's (events time the sleeps on
+    # the GPU's clock): two sleeps timed both ways, the longer less the
+    # shorter, so the launch and the synchronize cancel out.
+    def timed(cycles):
+        t0 = time.perf_counter()
+        s.record()
+        torch.cuda._sleep(cycles)
+        e.record()
+        e.synchronize()
+        return (time.perf_counter() - t0) * 1e6, s.elapsed_time(e) * 1000.0
+
+    ratios = []
+    for _ in range(3):
+        (h1, g1), (h2, g2) = timed(int(100_000 * rate)), timed(int(600_000 * rate))
+        ratios.append((h2 - h1) / (g2 - g1))
+    host_per_gpu = sorted(ratios)[len(ratios) // 2]
+    print(f"pytorch GPU clock {(1.0 / host_per_gpu - 1.0) * 1e6:+.1f} ppm against the host's")
+
     mode = "blocking wait" if a.blocking else "wait+synchronize"
     for us in [int(x) for x in a.lengths_us.split(",")]:
         cycles = int(us * rate)
@@ -68,7 +87,8 @@ def main():
             e.record()
             e.synchronize()
             lens.append(s.elapsed_time(e) * 1000.0)
-        gpu_us = sorted(lens)[len(lens) // 2]
+        # In host time.
+        gpu_us = sorted(lens)[len(lens) // 2] * host_per_gpu
         n = a.samples // 2 if us >= 10_000 else a.samples
         lat = []
         r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

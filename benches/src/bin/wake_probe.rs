@@ -40,11 +40,16 @@
 //! length, a kernel that stamps the GPU clock again, the event; the waiting
 //! thread waits by the mechanism and notes the host clock. Latency = that
 //! host instant minus the end's host time: the handshake's host instant
-//! plus the GPU time between the two stamps (the handshake reaches the GPU
-//! a PCIe write after the host's instant, so the latency errs high by about
-//! a microsecond; measuring across one sample, it has no clock drift). "Crude" = the host instant minus the host instant
-//! before the spin kernel's launch, minus its length (how PyTorch's side
-//! is measured, `torch_wake.py`). CPU = the process's user + system time
+//! plus the GPU time between the two stamps, in host time (the handshake
+//! reaches the GPU a PCIe write after the host's instant, so the latency
+//! errs high by about a microsecond). The GPU's clock runs at its own rate,
+//! not quite the host's, and over a 30 ms op a hundred parts per million
+//! are 3 µs. So the GPU time is converted at
+//! the rate that the handshakes of each cell's own samples show (their
+//! offsets from the first samples to the last), printed per cell. "Crude" =
+//! the host instant minus the host instant before the spin kernel's launch,
+//! minus its length (how PyTorch's side is measured, `torch_wake.py`),
+//! converted the same way. CPU = the process's user + system time
 //! over the samples divided by their wall time (and per sample, less the
 //! handshake's spinning: what one awaited op cost), and for chorus by thread
 //! (each thread's time on a CPU from `/proc`, summed by thread name; the
@@ -261,9 +266,9 @@ struct Rig {
 }
 
 impl Rig {
-    /// One sample: latency (µs) from the stamp to the waiting thread
-    /// running again, and the crude latency (µs).
-    fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> (f64, f64) {
+    /// One sample: its handshake, its GPU stamps, when the waiting thread
+    /// ran again, and the crude latency.
+    fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> Raw {
         // Slots: 0 the handshake flag, 1 its GPU stamp, 2 the end's stamp.
         for i in 0..3 {
             self.slots.set(i, 0);
@@ -332,7 +337,7 @@ impl Rig {
                 other => panic!("unknown mechanism chorus-{other}"),
             };
             let back = back.expect("op");
-            return self.latencies(mech, (launched, flagged), len, Some(back), resumed);
+            return self.raw(mech, (launched, flagged), Some(back), resumed);
         }
         ev.record(&self.stream).expect("record");
         match mech {
@@ -363,31 +368,101 @@ impl Rig {
             }
             other => panic!("unknown mechanism {other}"),
         }
-        self.latencies(mech, (launched, flagged), len, None, None)
+        self.raw(mech, (launched, flagged), None, None)
     }
 
-    fn latencies(
+    fn raw(
         &self,
         mech: &str,
         (launched, flagged): (Instant, i128),
-        len: Duration,
         buf: Option<chorus::DeviceBuffer<f32>>,
         resumed: Option<Instant>,
-    ) -> (f64, f64) {
+    ) -> Raw {
         let back = match resumed {
             Some(at) => self.clock.host_ns(at),
             None => self.clock.now_ns(),
         };
-        let crude = (resumed.unwrap_or_else(Instant::now) - launched).as_secs_f64() * 1e6
-            - len.as_secs_f64() * 1e6;
+        let elapsed = (resumed.unwrap_or_else(Instant::now) - launched).as_secs_f64() * 1e6;
         if let Some(b) = buf {
             *self.buf.borrow_mut() = Some(b);
         }
         let (g0, g1) = (self.slots.get(1), self.slots.get(2));
-        assert!(g0 != 0 && g1 != 0, "{mech}: the stamp kernels have not run");
-        let end = flagged + (g1 as i128 - g0 as i128);
-        ((back - end) as f64 / 1e3, crude)
+        assert!(
+            g0 != 0 && g1 >= g0,
+            "{mech}: the stamp kernels have not run"
+        );
+        Raw {
+            flagged,
+            g0,
+            g1,
+            back,
+            elapsed,
+        }
     }
+}
+
+/// One sample's timings: host instants in ns on the probe's time line,
+/// GPU stamps in the GPU clock's ns.
+#[derive(Clone, Copy, Debug)]
+struct Raw {
+    /// When the host set the handshake's flag.
+    flagged: i128,
+    /// The GPU's clock when the handshake kernel saw the flag.
+    g0: u64,
+    /// The GPU's clock when the op's input had ended.
+    g1: u64,
+    /// When the waiting code ran again.
+    back: i128,
+    /// From before the spin kernel's launch until the waiting code ran
+    /// again, µs.
+    elapsed: f64,
+}
+
+impl Raw {
+    /// The GPU's clock less the host's at the handshake, ns (late by the
+    /// flag's PCIe write and whatever held the kernel's look, never early).
+    fn offset(&self) -> i128 {
+        i128::from(self.g0) - self.flagged
+    }
+
+    /// Latency, µs: the host instant the waiting code ran again less the
+    /// end's host instant, the handshake's plus the GPU time between the
+    /// stamps, converted to host time for a GPU clock that runs `drift`
+    /// (a fraction) fast against the host's.
+    fn latency(&self, drift: f64) -> f64 {
+        let gpu = (self.g1 - self.g0) as f64;
+        let end = self.flagged as f64 + gpu / (1.0 + drift);
+        (self.back as f64 - end) / 1e3
+    }
+
+    /// Crude latency, µs (see the module docs): `elapsed` less the spin
+    /// kernel's length `len` (on the GPU's clock) in host time.
+    fn crude(&self, len: Duration, drift: f64) -> f64 {
+        self.elapsed - len.as_secs_f64() * 1e6 / (1.0 + drift)
+    }
+}
+
+/// How much faster the GPU's clock ran than the host's over `raws`, in
+/// order (a fraction; 0 for fewer than 8 samples): the change of the
+/// handshakes' offset from the first samples to the last, each end taken
+/// at its smallest offset (a handshake errs late, never early). The
+/// estimate's error is the handshakes' jitter over the samples' span, so
+/// its share of a sample's latency is that jitter over the number of
+/// samples.
+fn clock_drift(raws: &[Raw]) -> f64 {
+    if raws.len() < 8 {
+        return 0.0;
+    }
+    let k = (raws.len() / 4).min(5);
+    let lowest = |s: &[Raw]| s.iter().min_by_key(|r| r.offset()).copied();
+    let (Some(a), Some(b)) = (lowest(&raws[..k]), lowest(&raws[raws.len() - k..])) else {
+        return 0.0;
+    };
+    let span = b.flagged - a.flagged;
+    if span <= 0 {
+        return 0.0;
+    }
+    (b.offset() - a.offset()) as f64 / span as f64
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -481,23 +556,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let pw0 = chorus::test_util::prewake_counts();
             let (cpu0, wall0, threads0) = (cpu_time(), Instant::now(), thread_cpu());
-            // Per sample: latency, crude latency, and the pre-wakes given
-            // and seen while watching during it.
-            let mut tails = Vec::new();
-            let (mut lat, mut crude): (Vec<f64>, Vec<f64>) = (0..n)
-                .map(|i| {
+            // Per sample: its timings, and the pre-wakes given and seen
+            // while watching during it.
+            let samples: Vec<(Raw, u64, u64)> = (0..n)
+                .map(|_| {
                     let before = chorus::test_util::prewake_counts();
-                    let (l, c) = rig.sample(mech, len, &ev);
+                    let raw = rig.sample(mech, len, &ev);
                     let after = chorus::test_util::prewake_counts();
-                    if args.tail_us > 0.0 && l > args.tail_us && mech.starts_with("chorus-") {
-                        tails.push((i, l, after.0 - before.0, after.1 - before.1));
-                    }
-                    (l, c)
+                    (raw, after.0 - before.0, after.1 - before.1)
                 })
-                .unzip();
+                .collect();
             let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
             let wall = wall0.elapsed().as_secs_f64();
             let threads = thread_cpu_line(&threads0, &thread_cpu(), wall);
+            // The GPU's clock runs at its own rate: its time between the
+            // stamps becomes host time at the rate these samples' own
+            // handshakes show.
+            let raws: Vec<Raw> = samples.iter().map(|s| s.0).collect();
+            let drift = clock_drift(&raws);
+            let mut lat: Vec<f64> = raws.iter().map(|r| r.latency(drift)).collect();
+            let mut crude: Vec<f64> = raws.iter().map(|r| r.crude(len, drift)).collect();
             // The handshake's 100 µs of host spinning per sample is the
             // probe's, not the mechanism's.
             let own = (cpu - n as f64 * 100e-6).max(0.0);
@@ -512,6 +590,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 100.0 * own / wall,
                 1e6 * own / n as f64,
             );
+            println!(
+                "{:<19} {:>6}          GPU clock {:+.1} ppm against the host's (a GPU span of this length is {:+.2} us off in host time)",
+                "",
+                "",
+                drift * 1e6,
+                len.as_secs_f64() * 1e6 * drift,
+            );
             if mech.starts_with("chorus-") {
                 let pw = chorus::test_util::prewake_counts();
                 println!(
@@ -523,14 +608,64 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     chorus_gpu::reactor::global().prewake_lead().as_secs_f64() * 1e6
                 );
                 println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
-                for (i, l, given, seen) in &tails {
-                    println!(
-                        "{:<19} {:>6}          slow sample {i}: {l:.1} us, pre-wakes {given}, seen while watching {seen}",
-                        "", ""
-                    );
+                for (i, (raw, given, seen)) in samples.iter().enumerate() {
+                    let l = raw.latency(drift);
+                    if args.tail_us > 0.0 && l > args.tail_us {
+                        println!(
+                            "{:<19} {:>6}          slow sample {i}: {l:.1} us, pre-wakes {given}, seen while watching {seen}",
+                            "", ""
+                        );
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples every `gap` ns of host time on a GPU clock that runs `ppm`
+    /// fast, each handshake late by `late(i)` ns, each op `gpu_len` ns on
+    /// the GPU's clock, seen `lat` ns late in host time.
+    fn samples(n: usize, gap: i128, ppm: f64, late: impl Fn(usize) -> i128, lat: i128) -> Vec<Raw> {
+        let gpu_len: u64 = 30_000_000;
+        let gpu_at = |host: i128| 5_000_000 + (host as f64 * (1.0 + ppm * 1e-6)) as i128;
+        (0..n)
+            .map(|i| {
+                let flagged = i as i128 * gap;
+                let g0 = gpu_at(flagged + late(i)) as u64;
+                let g1 = g0 + gpu_len;
+                let host_len = (gpu_len as f64 / (1.0 + ppm * 1e-6)) as i128;
+                Raw {
+                    flagged,
+                    g0,
+                    g1,
+                    back: flagged + late(i) + host_len + lat,
+                    elapsed: 0.0,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_gpu_clocks_rate_comes_from_the_lowest_handshakes_at_each_end() {
+        // 200 ppm fast, handshakes 1 µs late but for a few far later ones.
+        let late = |i: usize| if i % 7 == 3 { 40_000 } else { 1_000 };
+        let raws = samples(50, 31_000_000, 200.0, late, 8_000);
+        let drift = clock_drift(&raws);
+        assert!((drift * 1e6 - 200.0).abs() < 0.5, "{}", drift * 1e6);
+        // Converted at that rate, a prompt handshake's sample shows its
+        // true 8 µs (and the handshake's 1 µs); with the GPU's clock
+        // taken for the host's, 6 µs less (the op's 30 ms on a fast
+        // clock).
+        let l = raws[0].latency(drift);
+        assert!((l - 9.0).abs() < 0.1, "{l}");
+        assert!((raws[0].latency(0.0) - 3.0).abs() < 0.1);
+        // A clock at the host's rate, and too few samples to tell.
+        assert!(clock_drift(&samples(50, 31_000_000, 0.0, late, 0)).abs() < 1e-7);
+        assert_eq!(clock_drift(&raws[..7]), 0.0);
+    }
 }

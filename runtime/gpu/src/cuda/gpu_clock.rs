@@ -18,6 +18,11 @@ use super::stream::Stream;
 /// towards GPU times that map a little *earlier* than they were: a delay
 /// measured from a mapped GPU time is never shorter than the true one, by
 /// about a microsecond.
+///
+/// The offset holds near the calibration: the GPU's clock runs at its own
+/// rate, not quite the host's, so a GPU span of many milliseconds, or a
+/// time long after the calibration, is off by that rate's difference
+/// (`wake_probe` measures it from its handshakes and converts).
 #[derive(Debug, Clone, Copy)]
 pub struct GpuClock {
     base: Instant,
