@@ -10,7 +10,9 @@
 //!   many µs (timer slack 1 µs), in a loop;
 //! * `presleepM`: the waiting thread sleeps until M µs before the op's known
 //!   end, then spins on `cuEventQuery` (what a perfect prediction of the
-//!   end would buy);
+//!   end would buy); `tokio-mt-presleepM` the same in a task spawned on the
+//!   multi-thread runtime as `chorus-tokio-mt`'s, timed inside the task
+//!   (what the executor's part costs any waiter there);
 //! * `sync`: `cuEventSynchronize` on an ordinary event (the driver spins);
 //! * `bsync`: `cuEventSynchronize` on a blocking-sync event, on the waiting
 //!   thread itself (the driver sleeps until the GPU's interrupt);
@@ -340,6 +342,24 @@ impl Rig {
             return self.raw(mech, (launched, flagged), Some(back), resumed);
         }
         ev.record(&self.stream).expect("record");
+        // A raw waiter in a task spawned on the multi-thread runtime, timed
+        // inside the task: what the executor's part costs any waiter there.
+        if let Some(m) = mech.strip_prefix("tokio-mt-presleep") {
+            let margin: u64 = m.parse().expect("presleep margin");
+            let until = launched + len.saturating_sub(Duration::from_micros(margin));
+            let (ev, device) = (ev.clone(), self.device.clone());
+            let at = self.tokio_mt.block_on(async move {
+                tokio::spawn(async move {
+                    device.bind_to_thread().expect("bind");
+                    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                    while !ev.query().expect("query") {}
+                    Instant::now()
+                })
+                .await
+                .expect("task")
+            });
+            return self.raw(mech, (launched, flagged), None, Some(at));
+        }
         match mech {
             "spin" => while !ev.query().expect("query") {},
             m if m.starts_with("presleep") => {
