@@ -45,10 +45,10 @@
 //! plus the GPU time between the two stamps, in host time (the handshake
 //! reaches the GPU a PCIe write after the host's instant, so the latency
 //! errs high by about a microsecond). The GPU's clock runs at its own rate,
-//! not quite the host's, and over a 30 ms op a hundred parts per million
-//! are 3 µs. So the GPU time is converted at
-//! the rate that the handshakes of each cell's own samples show (their
-//! offsets from the first samples to the last), printed per cell. "Crude" =
+//! not quite the host's (+12 ppm on the lent H200 hosts, 0.4 µs over a
+//! 30 ms op), so the GPU time is converted at the rate that the handshakes
+//! of each cell's own samples show (their offsets from the first samples
+//! to the last), printed per cell. "Crude" =
 //! the host instant minus the host instant before the spin kernel's launch,
 //! minus its length (how PyTorch's side is measured, `torch_wake.py`),
 //! converted the same way. CPU = the process's user + system time
@@ -268,8 +268,8 @@ struct Rig {
 }
 
 impl Rig {
-    /// One sample: its handshake, its GPU stamps, when the waiting thread
-    /// ran again, and the crude latency.
+    /// One sample: its handshake, its GPU stamps, and when the waiting
+    /// thread ran again.
     fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> Raw {
         // Slots: 0 the handshake flag, 1 its GPU stamp, 2 the end's stamp.
         for i in 0..3 {
