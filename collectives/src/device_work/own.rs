@@ -117,6 +117,16 @@ impl Watch {
     }
 }
 
+impl<C: DeviceBuffers> Held<C> {
+    /// Hands the op to the reactor for a blocking wait that wakes itself
+    /// at `wake_at` to watch it (no pre-wake, see
+    /// [`InFlight::watch_self_timed`]).
+    fn watch_self_timed(mut self, wake_at: Instant) -> Option<Watched<C>> {
+        let (f, c) = self.0.take()?;
+        Some(f.watch_self_timed(finisher(c), wake_at))
+    }
+}
+
 impl<C: DeviceBuffers> Drop for Held<C> {
     fn drop(&mut self) {
         if let Some((f, c)) = self.0.take() {
@@ -351,6 +361,16 @@ impl<R: DeviceBuffers> OwnWork<R> {
         }
     }
 
+    /// Hands a held op to the reactor for a blocking wait that wakes
+    /// itself at `wake_at`.
+    fn watch_self_timed(&mut self, wake_at: Instant) {
+        if matches!(self.track, Some(Track::Held(_))) {
+            if let Some(Track::Held(h)) = self.track.take() {
+                self.track = h.watch_self_timed(wake_at).map(Track::Watched);
+            }
+        }
+    }
+
     /// GpuFinished, blocking: waits until the GPU finished the op. On
     /// timeout aborts the group (its NCCL communicators are aborted and
     /// every pending op fails) and returns [`WorkError::OpTimeout`].
@@ -375,20 +395,24 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 return Ok(bufs);
             }
         }
-        self.watch();
-        self.nudge();
         // Sleep until the op is done, the deadline, or a little before the
         // op's expected end (then watch the end event closely): a parked
         // thread takes long to run again, a watching one sees the end at
-        // once.
+        // once. This thread wakes itself for that, so the reactor gives
+        // the op no pre-wake (one cold wake-up of its thread less).
         let lead = reactor::global().prewake_lead();
         let mut wake_at = match &self.track {
-            Some(Track::Watched(w)) if !lead.is_zero() => w
+            Some(Track::Held(Held(Some((f, _))))) if !lead.is_zero() => f
                 .expected_end()
                 .map(|e| e.checked_sub(lead).unwrap_or(t0))
                 .filter(|&at| at < deadline),
             _ => None,
         };
+        match wake_at {
+            Some(at) => self.watch_self_timed(at),
+            None => self.watch(),
+        }
+        self.nudge();
         loop {
             if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {
                 return self.resolved(r);
@@ -397,9 +421,14 @@ impl<R: DeviceBuffers> OwnWork<R> {
             if now >= deadline {
                 break;
             }
-            let due = wake_at.is_some_and(|at| now >= at);
+            let due = wake_at.filter(|&at| now >= at);
             let watch = match &self.track {
-                Some(Track::Watched(w)) if w.take_prewake() || due => Some(Watch::woken(w)),
+                Some(Track::Watched(w)) if due.is_some() || w.take_prewake() => {
+                    if let Some(at) = due {
+                        w.note_own_wake(at);
+                    }
+                    Some(Watch::woken(w))
+                }
                 _ => None,
             };
             if let Some(watch) = watch {

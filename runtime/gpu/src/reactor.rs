@@ -107,11 +107,15 @@ pub trait Pending: Send + 'static {
         let _ = lead;
     }
 
-    /// After a pre-wake: until when the woken future watches the op itself
-    /// (it nudges the reactor if it gives up first). Until then the op
-    /// gives the reactor no reason to spin or to look in: the future sees
-    /// its end first, and the reactor completes the entry at its next
-    /// round. The default: never.
+    /// Until when the awaiting future watches the op itself: after a
+    /// pre-wake, or from the registration for a waiter that wakes itself
+    /// (a blocking wait's own timer; such an entry has no
+    /// [`expected_end`](Self::expected_end) and its registration does not
+    /// wake a sleeping thread before its next look-in). The waiter nudges
+    /// the reactor if it gives up first. Until then the op gives the
+    /// reactor no reason to spin or to look in: the waiter sees its end
+    /// first, and the reactor completes the entry at its next round. The
+    /// default: never.
     fn quiet_until(&self) -> Option<Instant> {
         None
     }
@@ -285,17 +289,23 @@ impl Reactor {
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
         // An op expected to end later needs the thread only at its
-        // pre-wake: a sleeping thread is then not woken before that.
+        // pre-wake: a sleeping thread is then not woken before that. One
+        // its waiter watches by itself (woken by its own timer) needs it
+        // only at its next look-in.
         let lead = self.prewake_lead();
         let prewake = entry
             .expected_end()
             .filter(|_| !lead.is_zero())
             .and_then(|end| end.checked_sub(lead));
+        let quiet = prewake.is_none() && entry.quiet_until().is_some_and(|q| q > Instant::now());
         self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
             match (prewake, self.shared.bell.get()) {
                 (Some(at), Some(bell)) if at > Instant::now() => bell.ring_by(at),
+                (None, Some(bell)) if quiet => {
+                    bell.ring_by(Instant::now() + look_in(&self.shared.config))
+                }
                 _ => self.ring(),
             }
         }
@@ -581,7 +591,7 @@ fn run(shared: Arc<Shared>) {
                 // eight `max_sleep`s in case one ends early (an op that
                 // ends well before ops like it did is then seen within
                 // 8 ms by default).
-                d = cfg.max_sleep.max(MIN_SLEEP) * 8;
+                d = look_in(&cfg);
             }
             if !slow.is_empty() {
                 d = d.min(next_slow.saturating_duration_since(now));
@@ -600,6 +610,12 @@ fn run(shared: Arc<Shared>) {
 
 /// The shortest sleep between rounds.
 const MIN_SLEEP: Duration = Duration::from_micros(10);
+
+/// How often the thread looks in while every op it holds is expected to
+/// end later (or is watched by its waiter): eight `max_sleep`s.
+fn look_in(cfg: &ReactorConfig) -> Duration {
+    cfg.max_sleep.max(MIN_SLEEP) * 8
+}
 
 fn lock_vec<T>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -924,6 +940,84 @@ mod tests {
             end - lead - p[0]
         );
         assert!(p[0] < done);
+    }
+
+    /// Watched by its waiter from the registration on (a blocking wait
+    /// woken by its own timer): no expected end, quiet until far ahead.
+    struct SelfTimed {
+        done: Arc<AtomicBool>,
+        polls: Arc<AtomicU64>,
+        quiet_until: Instant,
+        tx: mpsc::Sender<u32>,
+    }
+
+    impl Pending for SelfTimed {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            let done = self.done.load(Ordering::Acquire);
+            if done {
+                let _ = self.tx.send(7);
+            }
+            done
+        }
+        fn quiet_until(&self) -> Option<Instant> {
+            Some(self.quiet_until)
+        }
+    }
+
+    #[test]
+    fn an_op_its_waiter_watches_wakes_the_thread_only_at_a_look_in_or_a_nudge() {
+        // Looks in every 400 ms.
+        let r = Reactor::new(ReactorConfig {
+            max_sleep: Duration::from_millis(50),
+            ..ReactorConfig::default()
+        });
+        let (tx, rx) = mpsc::channel();
+        let first = Arc::new(AtomicU64::new(0));
+        r.register(Box::new(Flag {
+            done: Arc::new(AtomicBool::new(true)),
+            tx: tx.clone(),
+            id: 0,
+            polls: first,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0);
+        let t0 = Instant::now();
+        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(r.stats().parks >= 1);
+        let done = Arc::new(AtomicBool::new(false));
+        let polls = Arc::new(AtomicU64::new(0));
+        r.register(Box::new(SelfTimed {
+            done: done.clone(),
+            polls: polls.clone(),
+            quiet_until: Instant::now() + Duration::from_secs(60),
+            tx,
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        // The parked thread is not woken for it...
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            polls.load(Ordering::Relaxed),
+            0,
+            "woken at the registration"
+        );
+        // ...but at once by a nudge (its waiter gave up watching).
+        r.nudge();
+        let t0 = Instant::now();
+        while polls.load(Ordering::Relaxed) == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert!(polls.load(Ordering::Relaxed) >= 1, "a nudge looks at once");
+        // Ended while its waiter watches: completed at a look-in, with a
+        // few looks meanwhile, never a spin.
+        done.store(true, Ordering::Release);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 7);
+        let n = polls.load(Ordering::Relaxed);
+        assert!(n < 50, "{n} looks at a quiet entry");
     }
 
     #[test]

@@ -184,6 +184,29 @@ impl<C: DeviceBuffers> InFlight<C> {
         watched
     }
 
+    /// [`watch`](Self::watch) for an op whose waiter wakes itself at
+    /// `wake_at` (a blocking wait, parked with that timeout, a lead before
+    /// the op's expected end) and then watches the end event itself, for
+    /// the window a pre-woken future would (see [`Watched::prewake_watch`]).
+    /// The reactor gives such an op no pre-wake, and until that window
+    /// ends it gives the reactor no reason to wake: the thread completes
+    /// it at its next look-in, or at once when the waiter's watch gives up
+    /// and nudges it. The waiter saves the reactor's wake-up for a
+    /// pre-wake it does not need.
+    pub fn watch_self_timed<F>(self, done: F, wake_at: std::time::Instant) -> Watched<C>
+    where
+        F: FnOnce(Finished<C>) + Send + 'static,
+    {
+        let tail = reactor::global().config().prewake_lead;
+        let (watched, mut entry) = self.into_entry(done);
+        let expected = (watched.cell.forecast)
+            .zip(entry.expected_end)
+            .map(|(f, end)| (f.submitted, end));
+        entry.quiet_until = Some(wake_at + super::forecast::window(expected, wake_at, tail));
+        register_or_wait(Box::new(entry));
+        watched
+    }
+
     /// Lets go of an op nobody waits for: `done` runs once the end event
     /// completed (or failed), with the buffers still held, if any. An op of
     /// a communicator goes to its retire queue: a later op let go of on

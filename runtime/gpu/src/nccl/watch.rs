@@ -256,6 +256,18 @@ impl<C: DeviceBuffers> Watched<C> {
         taken
     }
 
+    /// A waiter that wakes itself for the op (see
+    /// [`InFlight::watch_self_timed`](super::InFlight::watch_self_timed))
+    /// ran now, its wake-up having been due at `due`: as a pre-woken
+    /// future's delay, this one counts towards the lead in force where
+    /// the lead may grow (`crate::lead`).
+    pub fn note_own_wake(&self, due: Instant) {
+        let config = reactor::global().config();
+        if config.prewake_max > config.prewake_lead {
+            crate::lead::note(due.elapsed());
+        }
+    }
+
     /// When the op is expected to end, if ops like it ended before.
     pub fn expected_end(&self) -> Option<Instant> {
         self.cell.forecast.and_then(|f| f.expected_end())
