@@ -354,19 +354,15 @@ impl<R: DeviceBuffers> OwnWork<R> {
 
     /// Hands a held op to the reactor for someone who waits on it.
     fn watch(&mut self) {
-        if matches!(self.track, Some(Track::Held(_))) {
-            if let Some(Track::Held(h)) = self.track.take() {
-                self.track = h.watch().map(Track::Watched);
-            }
-        }
+        self.hand_over(Held::watch);
     }
 
-    /// Hands a held op to the reactor for a blocking wait that wakes
-    /// itself at `wake_at`.
-    fn watch_self_timed(&mut self, wake_at: Instant) {
+    /// Hands a held op to the reactor by `how`; an op handed over already
+    /// stays where it is.
+    fn hand_over(&mut self, how: impl FnOnce(Held<R>) -> Option<Watched<R>>) {
         if matches!(self.track, Some(Track::Held(_))) {
             if let Some(Track::Held(h)) = self.track.take() {
-                self.track = h.watch_self_timed(wake_at).map(Track::Watched);
+                self.track = how(h).map(Track::Watched);
             }
         }
     }
@@ -400,16 +396,18 @@ impl<R: DeviceBuffers> OwnWork<R> {
         // thread takes long to run again, a watching one sees the end at
         // once. This thread wakes itself for that, so the reactor gives
         // the op no pre-wake (one cold wake-up of its thread less).
+        // (An op whose pre-wake instant has passed already is pre-woken by
+        // the reactor at once, as for a future.)
         let lead = reactor::global().prewake_lead();
         let mut wake_at = match &self.track {
             Some(Track::Held(Held(Some((f, _))))) if !lead.is_zero() => f
                 .expected_end()
-                .map(|e| e.checked_sub(lead).unwrap_or(t0))
-                .filter(|&at| at < deadline),
+                .and_then(|e| e.checked_sub(lead))
+                .filter(|&at| at < deadline && at > std::time::Instant::now()),
             _ => None,
         };
         match wake_at {
-            Some(at) => self.watch_self_timed(at),
+            Some(at) => self.hand_over(|h| h.watch_self_timed(at)),
             None => self.watch(),
         }
         self.nudge();
