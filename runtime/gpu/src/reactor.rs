@@ -942,23 +942,17 @@ mod tests {
         assert!(p[0] < done);
     }
 
-    /// Watched by its waiter from the registration on (a blocking wait
-    /// woken by its own timer): no expected end, quiet until far ahead.
+    /// A [`Flag`] watched by its waiter from the registration on (a
+    /// blocking wait woken by its own timer): no expected end, quiet until
+    /// `quiet_until`.
     struct SelfTimed {
-        done: Arc<AtomicBool>,
-        polls: Arc<AtomicU64>,
+        flag: Flag,
         quiet_until: Instant,
-        tx: mpsc::Sender<u32>,
     }
 
     impl Pending for SelfTimed {
         fn poll_complete(&mut self) -> bool {
-            self.polls.fetch_add(1, Ordering::Relaxed);
-            let done = self.done.load(Ordering::Acquire);
-            if done {
-                let _ = self.tx.send(7);
-            }
-            done
+            self.flag.poll_complete()
         }
         fn quiet_until(&self) -> Option<Instant> {
             Some(self.quiet_until)
@@ -991,10 +985,13 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let polls = Arc::new(AtomicU64::new(0));
         r.register(Box::new(SelfTimed {
-            done: done.clone(),
-            polls: polls.clone(),
+            flag: Flag {
+                done: done.clone(),
+                tx,
+                id: 7,
+                polls: polls.clone(),
+            },
             quiet_until: Instant::now() + Duration::from_secs(60),
-            tx,
         }))
         .map_err(|(e, _)| e)
         .unwrap();
