@@ -245,22 +245,18 @@ impl<C: DeviceBuffers> Watched<C> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            let config = reactor::global().config();
-            let grows = config.prewake_max > config.prewake_lead;
-            if let (Some(due), true, false) =
-                (due, grows, self.cell.watch_pending.load(Ordering::Relaxed))
-            {
-                crate::lead::note(due.elapsed());
+            if let (Some(due), false) = (due, self.cell.watch_pending.load(Ordering::Relaxed)) {
+                self.note_own_wake(due);
             }
         }
         taken
     }
 
-    /// A waiter that wakes itself for the op (see
-    /// [`InFlight::watch_self_timed`](super::InFlight::watch_self_timed))
-    /// ran now, its wake-up having been due at `due`: as a pre-woken
-    /// future's delay, this one counts towards the lead in force where
-    /// the lead may grow (`crate::lead`).
+    /// The waiter ran now, its wake-up having been due at `due` (a
+    /// pre-woken future, or a waiter that wakes itself for the op, see
+    /// [`InFlight::watch_self_timed`](super::InFlight::watch_self_timed)):
+    /// the delay counts towards the lead in force where the lead may grow
+    /// (`crate::lead`).
     pub fn note_own_wake(&self, due: Instant) {
         let config = reactor::global().config();
         if config.prewake_max > config.prewake_lead {
