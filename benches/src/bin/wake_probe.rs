@@ -27,7 +27,11 @@
 //!   runtime (timed inside the task, right after the await), or
 //!   `wait_timeout`; `chorus-tokio-mt-join` times the spawned task where its
 //!   `JoinHandle` is awaited instead (one more wake-up, of the thread that
-//!   awaits the handle); `chorus-group-block_on`, `chorus-group-tokio-ct`,
+//!   awaits the handle); `chorus-tokio-mt-task` runs each cell's samples,
+//!   their start and submission included, in one task on a worker of the
+//!   multi-thread runtime, as a trainer's task awaits its ops there (no
+//!   task spawned and joined per op: the reactor's wake-up of the worker
+//!   is the only hop); `chorus-group-block_on`, `chorus-group-tokio-ct`,
 //!   … the same op staged in a group and awaited through its work (a view
 //!   of the group's one work); `chorus-slow-waker`: `.await`ed on a
 //!   `block_on` whose waker sleeps `--wake-delay-us` before it unparks the
@@ -53,10 +57,11 @@
 //! minus its length (how PyTorch's side is measured, `torch_wake.py`),
 //! converted the same way. CPU = the process's user + system time
 //! over the samples divided by their wall time (and per sample, less the
-//! handshake's spinning: what one awaited op cost), and for chorus by thread
-//! (each thread's time on a CPU from `/proc`, summed by thread name; the
-//! waiting thread's includes the handshake's spinning). Also: what recording each
-//! kind of event costs.
+//! handshake's spinning: what one awaited op cost), and by thread (each
+//! thread's time on a CPU from `/proc`, summed by thread name, with how
+//! many times per sample it ran on a CPU: its wake-ups and preemptions;
+//! the waiting thread's includes the handshake's spinning). Also: what
+//! recording each kind of event costs.
 //!
 //! ```sh
 //! wake_probe [--samples 200] [--lengths-us 100,1000,3000,10000,30000] [--mechanisms ...]
@@ -200,11 +205,13 @@ fn cpu_time() -> Duration {
     tv(u.user_time()) + tv(u.system_time())
 }
 
-/// CPU time so far of each thread of the process, summed by thread name
-/// (`/proc/self/task/*/schedstat`: nanoseconds on a CPU, exact), so that a
-/// mechanism's CPU can be told apart by who spent it. Empty where `/proc`
-/// has no such files.
-fn thread_cpu() -> std::collections::BTreeMap<String, u64> {
+/// CPU time so far of each thread of the process and how many times it
+/// was scheduled in, summed by thread name (`/proc/self/task/*/schedstat`:
+/// nanoseconds on a CPU, exact, and the count of its runs on a CPU, which
+/// is its wake-ups and preemptions), so that a mechanism's CPU can be told
+/// apart by who spent it and how often that thread woke. Empty where
+/// `/proc` has no such files.
+fn thread_cpu() -> std::collections::BTreeMap<String, (u64, u64)> {
     let mut by_name = std::collections::BTreeMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return by_name;
@@ -212,34 +219,43 @@ fn thread_cpu() -> std::collections::BTreeMap<String, u64> {
     for t in tasks.flatten() {
         let dir = t.path();
         let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        let ns = std::fs::read_to_string(dir.join("schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
-        if let Some(ns) = ns {
-            *by_name.entry(name.trim().to_string()).or_insert(0) += ns;
+        let stat = std::fs::read_to_string(dir.join("schedstat")).unwrap_or_default();
+        let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(ns)), Some(_), Some(Some(runs))) =
+            (fields.next(), fields.next(), fields.next())
+        {
+            let e = by_name
+                .entry(name.trim().to_string())
+                .or_insert((0u64, 0u64));
+            e.0 += ns;
+            e.1 += runs;
         }
     }
     by_name
 }
 
 /// The threads' CPU between two [`thread_cpu`] readings, in % of `wall`,
-/// largest first (threads under 0.05 % left out).
+/// and their runs on a CPU per sample of `n`, largest first (threads
+/// under 0.05 % left out).
 fn thread_cpu_line(
-    before: &std::collections::BTreeMap<String, u64>,
-    after: &std::collections::BTreeMap<String, u64>,
+    before: &std::collections::BTreeMap<String, (u64, u64)>,
+    after: &std::collections::BTreeMap<String, (u64, u64)>,
     wall: f64,
+    n: usize,
 ) -> String {
-    let mut v: Vec<(f64, &str)> = after
+    let mut v: Vec<(f64, f64, &str)> = after
         .iter()
-        .map(|(name, ns)| {
-            let d = ns.saturating_sub(before.get(name).copied().unwrap_or(0));
-            (100.0 * d as f64 * 1e-9 / wall, name.as_str())
+        .map(|(name, &(ns, runs))| {
+            let (ns0, runs0) = before.get(name).copied().unwrap_or((0, 0));
+            let d = ns.saturating_sub(ns0);
+            let r = runs.saturating_sub(runs0) as f64 / n.max(1) as f64;
+            (100.0 * d as f64 * 1e-9 / wall, r, name.as_str())
         })
-        .filter(|(p, _)| *p >= 0.05)
+        .filter(|(p, _, _)| *p >= 0.05)
         .collect();
     v.sort_by(|a, b| b.0.total_cmp(&a.0));
     v.iter()
-        .map(|(p, n)| format!("{n} {p:.2}%"))
+        .map(|(p, r, n)| format!("{n} {p:.2}% ({r:.1} runs per op)"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -252,7 +268,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 struct Rig {
     pg: chorus::ProcessGroup,
-    buf: std::cell::RefCell<Option<chorus::DeviceBuffer<f32>>>,
+    buf: std::sync::Mutex<Option<chorus::DeviceBuffer<f32>>>,
     tokio_ct: tokio::runtime::Runtime,
     tokio_mt: tokio::runtime::Runtime,
     device: Device,
@@ -268,9 +284,11 @@ struct Rig {
 }
 
 impl Rig {
-    /// One sample: its handshake, its GPU stamps, and when the waiting
-    /// thread ran again.
-    fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> Raw {
+    /// A sample's start: its handshake, the spin kernel of `len` and the
+    /// kernel that stamps its end, on the probe's stream. Returns the
+    /// host instant before the spin kernel's launch and the handshake's
+    /// instant on the probe's time line.
+    fn start(&self, len: Duration) -> (Instant, i128) {
         // Slots: 0 the handshake flag, 1 its GPU stamp, 2 the end's stamp.
         for i in 0..3 {
             self.slots.set(i, 0);
@@ -289,8 +307,55 @@ impl Rig {
         self.kernels
             .stamp(&self.stream, &self.slots, 2)
             .expect("stamp");
+        (launched, flagged)
+    }
+
+    /// One `chorus-tokio-mt-task` sample: started, submitted and awaited
+    /// inside the task that runs the cell's samples on a worker of the
+    /// multi-thread runtime (how a trainer's task awaits its ops there),
+    /// timed right after the await.
+    async fn sample_in_task(&self, len: Duration) -> Raw {
+        let (launched, flagged) = self.start(len);
+        let buf = self.buf.lock().expect("buffer").take().expect("buffer");
+        let work = self
+            .pg
+            .all_reduce(buf, chorus::ReduceOp::Sum)
+            .expect("all_reduce");
+        let back = work.await.expect("op");
+        let at = Instant::now();
+        self.raw(
+            "chorus-tokio-mt-task",
+            (launched, flagged),
+            Some(back),
+            Some(at),
+        )
+    }
+
+    /// `n` `chorus-tokio-mt-task` samples, each with the pre-wakes given
+    /// and seen while watching during it, in one task spawned on the
+    /// multi-thread runtime.
+    fn samples_in_task(self: &Arc<Self>, n: usize, len: Duration) -> Vec<(Raw, u64, u64)> {
+        let rig = self.clone();
+        let task = self.tokio_mt.spawn(async move {
+            rig.device.bind_to_thread().expect("bind");
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                let before = chorus::test_util::prewake_counts();
+                let raw = rig.sample_in_task(len).await;
+                let after = chorus::test_util::prewake_counts();
+                out.push((raw, after.0 - before.0, after.1 - before.1));
+            }
+            out
+        });
+        self.tokio_mt.block_on(task).expect("task")
+    }
+
+    /// One sample: its handshake, its GPU stamps, and when the waiting
+    /// thread ran again.
+    fn sample(&self, mech: &str, len: Duration, ev: &Arc<Event>) -> Raw {
+        let (launched, flagged) = self.start(len);
         if let Some(kind) = mech.strip_prefix("chorus-") {
-            let buf = self.buf.borrow_mut().take().expect("buffer");
+            let buf = self.buf.lock().expect("buffer").take().expect("buffer");
             // `chorus-group-*`: the op staged in a group (of one) and
             // awaited through its work, a view of the group's one work.
             let (kind, work) = match kind.strip_prefix("group-") {
@@ -404,7 +469,7 @@ impl Rig {
         };
         let elapsed = (resumed.unwrap_or_else(Instant::now) - launched).as_secs_f64() * 1e6;
         if let Some(b) = buf {
-            *self.buf.borrow_mut() = Some(b);
+            *self.buf.lock().expect("buffer") = Some(b);
         }
         let (g0, g1) = (self.slots.get(1), self.slots.get(2));
         assert!(
@@ -511,9 +576,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .build(),
     )?;
     let buf = chorus::DeviceBuffer::on_stream(stream.clone_htod(&[1.0f32; 256])?, stream.clone())?;
-    let rig = Rig {
+    let rig = Arc::new(Rig {
         pg,
-        buf: std::cell::RefCell::new(Some(buf)),
+        buf: std::sync::Mutex::new(Some(buf)),
         tokio_ct: tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?,
@@ -530,7 +595,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         side,
         kernels,
         clock,
-    };
+    });
 
     // What recording each kind of event costs on the enqueue path.
     for (name, ev) in [
@@ -571,24 +636,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Warm-up: chorus learns how long ops like these take (a
             // training step's ops repeat); the samples then measure the
             // steady state.
-            for _ in 0..WARMUP {
-                rig.sample(mech, len, &ev);
+            let in_task = mech == "chorus-tokio-mt-task";
+            if in_task {
+                rig.samples_in_task(WARMUP, len);
+            } else {
+                for _ in 0..WARMUP {
+                    rig.sample(mech, len, &ev);
+                }
             }
             let pw0 = chorus::test_util::prewake_counts();
             let (cpu0, wall0, threads0) = (cpu_time(), Instant::now(), thread_cpu());
             // Per sample: its timings, and the pre-wakes given and seen
             // while watching during it.
-            let samples: Vec<(Raw, u64, u64)> = (0..n)
-                .map(|_| {
-                    let before = chorus::test_util::prewake_counts();
-                    let raw = rig.sample(mech, len, &ev);
-                    let after = chorus::test_util::prewake_counts();
-                    (raw, after.0 - before.0, after.1 - before.1)
-                })
-                .collect();
+            let samples: Vec<(Raw, u64, u64)> = if in_task {
+                rig.samples_in_task(n, len)
+            } else {
+                (0..n)
+                    .map(|_| {
+                        let before = chorus::test_util::prewake_counts();
+                        let raw = rig.sample(mech, len, &ev);
+                        let after = chorus::test_util::prewake_counts();
+                        (raw, after.0 - before.0, after.1 - before.1)
+                    })
+                    .collect()
+            };
             let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
             let wall = wall0.elapsed().as_secs_f64();
-            let threads = thread_cpu_line(&threads0, &thread_cpu(), wall);
+            let threads = thread_cpu_line(&threads0, &thread_cpu(), wall, n);
             // The GPU's clock runs at its own rate: its time between the
             // stamps becomes host time at the rate these samples' own
             // handshakes show.
@@ -617,6 +691,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 drift * 1e6,
                 len.as_secs_f64() * 1e6 * drift,
             );
+            println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
             if mech.starts_with("chorus-") {
                 let pw = chorus::test_util::prewake_counts();
                 println!(
@@ -627,7 +702,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     pw.1 - pw0.1,
                     chorus_gpu::reactor::global().prewake_lead().as_secs_f64() * 1e6
                 );
-                println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
                 for (i, (raw, given, seen)) in samples.iter().enumerate() {
                     let l = raw.latency(drift);
                     if args.tail_us > 0.0 && l > args.tail_us {
