@@ -671,7 +671,15 @@ mod tests {
         let end = t + us(500);
         let until = t + us(2000);
         let w = Watch::prewake(us(2000), Some(end), &config);
-        // Far from the end: naps towards the close spin, at most watch_nap.
+        // Far from the end: naps towards the close spin, at most watch_nap,
+        // up to its very start.
+        assert_eq!(
+            w.pause_at(t + us(499) - config.watch_spin, until),
+            Pause::Nap {
+                to: end - config.watch_spin,
+                longest: config.watch_nap
+            }
+        );
         assert_eq!(
             w.pause_at(t, until),
             Pause::Nap {
@@ -682,7 +690,8 @@ mod tests {
         // The spin, from the close spin before the expected end to half
         // the lead and the close spin past it.
         let spun = config.prewake_lead / 2 + config.watch_spin;
-        for at in [us(460), us(500), us(600), us(500) + spun - us(1)] {
+        let close = us(500) - config.watch_spin;
+        for at in [close, us(500), us(600), us(500) + spun - us(1)] {
             assert_eq!(w.pause_at(t + at, until), Pause::Spin, "{at:?}");
         }
         // Past it, an op still running (an expectation early by much) is

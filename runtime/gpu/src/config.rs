@@ -55,7 +55,7 @@ impl Default for ReactorConfig {
             detached_poll: Duration::from_micros(50),
             prewake_lead: Duration::from_micros(500),
             prewake_max: Duration::from_millis(2),
-            watch_spin: Duration::from_micros(50),
+            watch_spin: Duration::from_micros(20),
             watch_nap: Duration::from_micros(120),
         }
     }

@@ -9,8 +9,9 @@
 //! microseconds. The core it naps on stays in a shallow idle state, so
 //! each nap ends within a few microseconds of its time, and the thread
 //! spins only for the last stretch before the expected end
-//! (`ReactorConfig::watch_spin`, 50 µs by default: a nap's overshoot and
-//! the expectation's usual error). The
+//! (`ReactorConfig::watch_spin`, 20 µs by default: more than a nap's
+//! overshoot; the expectation is early by twice its ops' deviation
+//! already). The
 //! default timer slack of a Linux thread (50 µs) would stretch every step,
 //! so a [`Doze`] sets the calling thread's slack to 1 µs while it naps and
 //! puts the old value back when dropped.
