@@ -93,7 +93,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "chorus-block_on,chorus-tokio-ct,chorus-tokio-mt,chorus-wait_timeout,spin,park-spinner,presleep100,presleep300,sleep10,sleep100,bsync"
+        default_value = "chorus-block_on,chorus-tokio-ct,chorus-tokio-mt-task,chorus-tokio-mt,chorus-wait_timeout,spin,park-spinner,presleep100,presleep300,sleep10,sleep100,bsync"
     )]
     mechanisms: Vec<String>,
     /// The delay of `chorus-slow-waker`'s waker, in microseconds.
