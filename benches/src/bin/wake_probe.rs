@@ -260,6 +260,13 @@ fn thread_cpu_line(
         .join(", ")
 }
 
+/// A sample with the pre-wakes given, and seen while watching, since the
+/// counts were `before` (`chorus::test_util::prewake_counts`).
+fn with_prewakes(raw: Raw, before: (u64, u64)) -> (Raw, u64, u64) {
+    let after = chorus::test_util::prewake_counts();
+    (raw, after.0 - before.0, after.1 - before.1)
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
@@ -342,8 +349,7 @@ impl Rig {
             for _ in 0..n {
                 let before = chorus::test_util::prewake_counts();
                 let raw = rig.sample_in_task(len).await;
-                let after = chorus::test_util::prewake_counts();
-                out.push((raw, after.0 - before.0, after.1 - before.1));
+                out.push(with_prewakes(raw, before));
             }
             out
         });
@@ -655,8 +661,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .map(|_| {
                         let before = chorus::test_util::prewake_counts();
                         let raw = rig.sample(mech, len, &ev);
-                        let after = chorus::test_util::prewake_counts();
-                        (raw, after.0 - before.0, after.1 - before.1)
+                        with_prewakes(raw, before)
                     })
                     .collect()
             };
