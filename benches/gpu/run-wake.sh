@@ -8,6 +8,9 @@
 #   bash .gpu/run.sh rt      # awaited round trips only, this build against bin/nccl_bench_a
 #                            # (another build, copied in by hand), in turn (the order changing
 #                            # round by round), pinned to cores 2-5 (CORES)
+#   bash .gpu/run.sh modes   # the enqueue's spread across processes: the two-event rule's driver
+#                            # calls alone (compare/event_modes.cu, built with nvcc) beside
+#                            # nccl_bench --enqueue-only, one process each in turn (PROCS=16)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -68,4 +71,11 @@ if [ "$MODE" = rt ]; then
       echo "round $i $b: $r(block_on, wait_timeout per s)"
     done
   done
+fi
+if [ "$MODE" = modes ]; then
+  echo "=== the enqueue across processes: driver calls alone (event_modes) and chorus (nccl_bench)"
+  nvcc -O2 -o /tmp/event_modes "$D/compare/event_modes.cu" -lcuda || exit 1
+  for i in $(seq "${PROCS:-16}"); do
+    echo "process $i: $(timeout 60 /tmp/event_modes 60000) | chorus $(timeout 60 "$D/bin/nccl_bench" --enqueue-only --iters 30000 2>&1 | head -1 | cut -d';' -f1)"
+  done | tee "$OUT/modes.log"
 fi
