@@ -28,6 +28,10 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 60000;
+  if (iters <= 0) {
+    fprintf(stderr, "usage: event_modes [iters > 0]\n");
+    return 2;
+  }
   CUdevice dev;
   CUcontext ctx;
   CUstream producer, comm;
@@ -43,6 +47,10 @@ int main(int argc, char **argv) {
     CHECK(cuEventCreate(&end[i], CU_EVENT_DISABLE_TIMING));
   }
   double *t = (double *)malloc(sizeof(double) * iters);
+  if (t == NULL) {
+    fprintf(stderr, "cannot hold %d samples\n", iters);
+    return 1;
+  }
   for (int i = 0; i < iters + 2000; i++) {
     if (i % 256 == 0) CHECK(cuStreamSynchronize(comm));
     double t0 = now_us();
