@@ -11,6 +11,18 @@
 #   bash .gpu/run.sh modes   # the enqueue's spread across processes: the two-event rule's driver
 #                            # calls alone (compare/event_modes.cu, built with nvcc) beside
 #                            # nccl_bench --enqueue-only, one process each in turn (PROCS=16)
+#   bash .gpu/run.sh scopes  # what the driver's speed is fixed by: per process, per context or per
+#                            # pair of streams (compare/event_scopes.cu), and the address space's
+#                            # layout (the calls alone and nccl_bench --enqueue-only, each process
+#                            # randomized and then with `setarch -R`, in turn; PROCS=16; then
+#                            # with `setarch -R` and the stack moved by the environment's size)
+#   bash .gpu/run.sh calls   # which stream that speed follows: each of the three calls timed alone,
+#                            # one producer with new comm streams, then one comm stream with new
+#                            # producers (compare/event_calls.cu; PROCS=12)
+#   bash .gpu/run.sh cpu     # whether those calls slow down with the CPU that runs them: in short
+#                            # windows, a multiply chain, pointer chases through 1 and 256 MiB and
+#                            # the calls in turn
+#                            # (compare/cpu_modes.cu; PROCS=16)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -78,4 +90,40 @@ if [ "$MODE" = modes ]; then
   for i in $(seq "${PROCS:-16}"); do
     echo "process $i: $(timeout 60 /tmp/event_modes 60000) | chorus $(timeout 60 "$D/bin/nccl_bench" --enqueue-only --iters 30000 2>&1 | head -1 | cut -d';' -f1)"
   done | tee "$OUT/modes.log"
+fi
+if [ "$MODE" = scopes ]; then
+  echo "=== the driver's speed within one process: new streams, new contexts (event_scopes)"
+  nvcc -O2 -o /tmp/event_scopes "$D/compare/event_scopes.cu" -lcuda || exit 1
+  nvcc -O2 -o /tmp/event_modes "$D/compare/event_modes.cu" -lcuda || exit 1
+  for i in $(seq "${PROCS:-16}"); do
+    echo "process $i: $(timeout 120 /tmp/event_scopes 30000 4 | tr '\n' ';')"
+  done | tee "$OUT/scopes.log"
+  echo "=== the same address space in every process (setarch -R) against a randomized one"
+  fixed="setarch $(uname -m) -R"
+  $fixed true || exit 1
+  for i in $(seq "${PROCS:-16}"); do
+    calls=$(timeout 60 /tmp/event_modes 60000); fcalls=$($fixed timeout 60 /tmp/event_modes 60000)
+    enq=$(timeout 60 "$D/bin/nccl_bench" --enqueue-only --iters 30000 2>&1 | head -1 | cut -d';' -f1)
+    fenq=$($fixed timeout 60 "$D/bin/nccl_bench" --enqueue-only --iters 30000 2>&1 | head -1 | cut -d';' -f1)
+    echo "process pair $i: randomized: $calls | chorus $enq || fixed: $fcalls | chorus $fenq"
+  done | tee "$OUT/aslr.log"
+  echo "=== the same layout but the stack, moved by the size of the environment (setarch -R)"
+  for n in $(seq 0 256 3840); do
+    echo "environment + $n bytes: $(PAD=$(head -c "$n" /dev/zero | tr '\0' x) $fixed timeout 60 /tmp/event_modes 60000)"
+  done | tee "$OUT/stack.log"
+fi
+if [ "$MODE" = calls ]; then
+  echo "=== which stream the driver's speed follows (event_calls)"
+  nvcc -O2 -o /tmp/event_calls "$D/compare/event_calls.cu" -lcuda || exit 1
+  for i in $(seq "${PROCS:-12}"); do
+    echo "--- process $i"; timeout 120 /tmp/event_calls 20000 4
+  done | tee "$OUT/calls.log"
+fi
+if [ "$MODE" = cpu ]; then
+  echo "=== the driver calls beside the CPU's own speed, window by window (cpu_modes)"
+  lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L1d|L2|L3|Hypervisor' | tr -s ' '
+  nvcc -O2 -o /tmp/cpu_modes "$D/compare/cpu_modes.cu" -lcuda || exit 1
+  for i in $(seq "${PROCS:-16}"); do
+    echo "process $i: $(timeout 120 /tmp/cpu_modes 300)"
+  done | tee "$OUT/cpu.log"
 fi
