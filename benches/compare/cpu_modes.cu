@@ -3,8 +3,8 @@
 // (a) a chain of dependent multiplications (the core's speed), (b) a
 // pointer chase through 1 MiB (its caches), (c) one through 256 MiB (main
 // memory) and (d) the driver calls of event_modes.cu, then counts the
-// windows in which each ran slow against its own best quarter, and how
-// often each was slow together with the driver calls.
+// windows in which each ran slow (over 1.25x its own 12.5th percentile),
+// and how often each was slow together with the driver calls.
 //
 //   nvcc -O2 -o cpu_modes cpu_modes.cu -lcuda && ./cpu_modes [windows]
 //
@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
     }
   }
   CHECK(cuStreamSynchronize(comm));
-  // Slow: over 1.25x the measure's best quarter (its 12.5th percentile).
+  // Slow: over 1.25x the measure's 12.5th percentile.
   double fa = 1.25 * quantile(alu, windows, 0.125, scratch);
   double fm = 1.25 * quantile(mem, windows, 0.125, scratch);
   double ff = 1.25 * quantile(far, windows, 0.125, scratch);
