@@ -23,6 +23,9 @@
 #                            # windows, a multiply chain, pointer chases through 1 and 256 MiB and
 #                            # the calls in turn
 #                            # (compare/cpu_modes.cu; PROCS=16)
+#   bash .gpu/run.sh orders  # the group goals' ratios across processes, by how group_bench orders its
+#                            # modes: in blocks, in turns of TURNS (10) iterations, interleaved
+#                            # (PROCS=18, the three orders in turn)
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
@@ -126,4 +129,12 @@ if [ "$MODE" = cpu ]; then
   for i in $(seq "${PROCS:-16}"); do
     echo "process $i: $(timeout 120 /tmp/cpu_modes 300)"
   done | tee "$OUT/cpu.log"
+fi
+if [ "$MODE" = orders ]; then
+  echo "=== group_bench at width 16 across processes: blocks, turns of ${TURNS:-10}, interleaved, in turn"
+  for i in $(seq "${PROCS:-18}"); do
+    case $((i % 3)) in 1) o="";; 2) o="--turns ${TURNS:-10}";; 0) o="--interleave";; esac
+    r=$(timeout 120 "$D/bin/group_bench" --iters 300 --widths 16 $o 2>&1 | tee -a "$OUT/orders.log" | grep ratios)
+    echo "process $i (${o:-blocks}): $r"
+  done
 fi

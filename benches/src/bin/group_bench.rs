@@ -15,9 +15,14 @@
 //! can use: only the last op's end is ever known), and with an end event
 //! of its own per op ("raw+ev/op"), as per-op works need and chorus keeps.
 //!
-//! `group_bench [--iters N] [--count ELEMS] [--widths W,..] [--interleave] [--json PATH]`;
+//! `group_bench [--iters N] [--count ELEMS] [--widths W,..] [--interleave | --turns K] [--json PATH]`;
 //! needs a GPU. With `--interleave` every iteration runs each mode once in
-//! turn, so that drifts of the host's speed reach every mode alike.
+//! turn, so that drifts of the host's speed reach every mode alike (each
+//! mode then starts with the others' code and data in the caches); with
+//! `--turns K` each mode runs K iterations in a row, the modes in turn, so
+//! that each turn but its first iteration finds its own code and data
+//! warm while the host's slow stretches, which last milliseconds, still
+//! reach every mode alike.
 #![forbid(unsafe_code)]
 
 use std::time::Instant;
@@ -44,8 +49,40 @@ struct Args {
     json: Option<String>,
     /// Run the modes in turn within each iteration instead of each in a
     /// block of its own (a fairer comparison on a host whose speed drifts).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "turns")]
     interleave: bool,
+    /// Run the modes in turns of this many iterations each (1 is
+    /// `--interleave`), instead of each in a block of its own.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    turns: Option<u32>,
+}
+
+/// How the modes' iterations are ordered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Order {
+    /// Each mode's iterations in one block.
+    Blocks,
+    /// The modes in turn, this many iterations of each per turn.
+    Turns(usize),
+}
+
+impl Order {
+    fn of(args: &Args) -> Order {
+        match (args.interleave, args.turns) {
+            (true, _) => Order::Turns(1),
+            (false, Some(k)) => Order::Turns(k as usize),
+            (false, None) => Order::Blocks,
+        }
+    }
+
+    /// As the JSON output names it.
+    fn label(self) -> String {
+        match self {
+            Order::Blocks => "blocks".into(),
+            Order::Turns(1) => "interleaved".into(),
+            Order::Turns(k) => format!("turns of {k}"),
+        }
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -235,9 +272,9 @@ impl Bench<'_> {
 
     /// Medians (µs) of submit and total time of each mode over `iters`
     /// runs (after a warm-up of a fifth): each mode in a block of its own,
-    /// or, `interleaved`, the modes in turn within every iteration, so
-    /// that each mode's samples see the host as the others' do.
-    fn measure(&mut self, iters: usize, interleaved: bool) -> Vec<(f64, f64)> {
+    /// or the modes in turns of a few iterations each, so that each mode's
+    /// samples see the host as the others' do.
+    fn measure(&mut self, iters: usize, order: Order) -> Vec<(f64, f64)> {
         let mut sub = vec![Vec::with_capacity(iters); MODES.len()];
         let mut tot = vec![Vec::with_capacity(iters); MODES.len()];
         let warm = iters / 5 + 10;
@@ -249,16 +286,24 @@ impl Bench<'_> {
                 tot[i].push((t2 - t0).as_secs_f64() * 1e6);
             }
         };
-        if interleaved {
-            for n in 0..warm + iters {
-                for i in 0..MODES.len() {
-                    once(self, i, n >= warm);
+        match order {
+            Order::Turns(k) => {
+                let mut n = 0;
+                while n < warm + iters {
+                    let turn = k.min(warm + iters - n);
+                    for i in 0..MODES.len() {
+                        for j in n..n + turn {
+                            once(self, i, j >= warm);
+                        }
+                    }
+                    n += turn;
                 }
             }
-        } else {
-            for i in 0..MODES.len() {
-                for n in 0..warm + iters {
-                    once(self, i, n >= warm);
+            Order::Blocks => {
+                for i in 0..MODES.len() {
+                    for n in 0..warm + iters {
+                        once(self, i, n >= warm);
+                    }
                 }
             }
         }
@@ -275,6 +320,7 @@ impl Bench<'_> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    let order = Order::of(&args);
     let dev = Device::get(0)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
     let pg = chorus_benches::one_rank_device_group("groupbench", 0)?;
@@ -309,7 +355,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             stage_us: Vec::new(),
             launch_us: Vec::new(),
         };
-        let m = bench.measure(args.iters, args.interleave);
+        let m = bench.measure(args.iters, order);
         let (stage, launch) = (median(&mut bench.stage_us), median(&mut bench.launch_us));
         if bufs.iter().any(Option::is_none) {
             return Err("an op failed during the benchmark".into());
@@ -332,7 +378,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         rows.push(serde_json::json!({
             "width": w,
-            "interleaved": args.interleave,
+            "order": order.label(),
             "chorus_grouped_phases": {"stage_us": stage, "launch_us": launch, "await_us": grp.1 - grp.0},
             "chorus_seq": {"submit_us": seq.0, "total_us": seq.1},
             "chorus_grouped": {"submit_us": grp.0, "total_us": grp.1},
