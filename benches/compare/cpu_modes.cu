@@ -9,30 +9,14 @@
 //   nvcc -O2 -o cpu_modes cpu_modes.cu -lcuda && ./cpu_modes [windows]
 //
 // Run in many processes (`bash .gpu/run.sh cpu` of the `wake` pack).
-#include <cuda.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { \
-  fprintf(stderr, "%s failed: %d\n", #x, (int)r_); exit(1); } } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "driver_timing.h"
 
 static double quantile(const double *v, int n, double q, double *scratch) {
   memcpy(scratch, v, sizeof(double) * n);
-  qsort(scratch, n, sizeof(double), cmp);
+  sort_samples(scratch, n);
   return scratch[(int)(q * (n - 1))];
 }
 
@@ -79,20 +63,13 @@ int main(int argc, char **argv) {
   }
   make_cycle(next, CHASE, 88172645463325252ull);
   make_cycle(far_next, FAR_CHASE, 2463534242ull);
-  CUdevice dev;
-  CUcontext ctx;
   CUstream producer, comm;
   CUevent ready[16], end[16];
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  open_device0();
   CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 16; i++) {
-    CHECK(cuEventCreate(&ready[i], CU_EVENT_DISABLE_TIMING));
-    CHECK(cuEventCreate(&end[i], CU_EVENT_DISABLE_TIMING));
-  }
+  create_events(ready, 16);
+  create_events(end, 16);
   volatile uint64_t sink = 0;
   uint64_t p = 0, q = 0;
   double s[REPS];

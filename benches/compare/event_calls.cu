@@ -8,27 +8,10 @@
 //   nvcc -O2 -o event_calls event_calls.cu -lcuda && ./event_calls [iters] [streams]
 //
 // Run in many processes (`bash .gpu/run.sh calls` of the `wake` pack).
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { \
-  fprintf(stderr, "%s failed: %d\n", #x, (int)r_); exit(1); } } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "driver_timing.h"
 
 static double median(double *t, int n) {
-  qsort(t, n, sizeof(double), cmp);
+  sort_samples(t, n);
   return t[n / 2];
 }
 
@@ -36,10 +19,8 @@ static double median(double *t, int n) {
 // 2,000 untimed ones.
 static void time_pair(CUstream producer, CUstream comm, int iters, double *t, char *label) {
   CUevent ready[16], end[16];
-  for (int i = 0; i < 16; i++) {
-    CHECK(cuEventCreate(&ready[i], CU_EVENT_DISABLE_TIMING));
-    CHECK(cuEventCreate(&end[i], CU_EVENT_DISABLE_TIMING));
-  }
+  create_events(ready, 16);
+  create_events(end, 16);
   double *rec = t, *wait = t + iters, *endrec = t + 2 * iters;
   for (int i = 0; i < iters + 2000; i++) {
     if (i % 256 == 0) CHECK(cuStreamSynchronize(comm));
@@ -77,12 +58,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cannot hold %d samples\n", iters);
     return 1;
   }
-  CUdevice dev;
-  CUcontext ctx;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  open_device0();
   CUstream p0, c0;
   CHECK(cuStreamCreate(&p0, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&c0, CU_STREAM_NON_BLOCKING));

@@ -7,24 +7,7 @@
 //
 // Run in many processes (`bash .gpu/run.sh modes` of the `wake` pack), it
 // shows whether a per-process spread of the enqueue lies in the driver.
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { \
-  fprintf(stderr, "%s failed: %d\n", #x, (int)r_); exit(1); } } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "driver_timing.h"
 
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 60000;
@@ -32,20 +15,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: event_modes [iters > 0]\n");
     return 2;
   }
-  CUdevice dev;
-  CUcontext ctx;
   CUstream producer, comm;
   CUevent ready[16], end[16];
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  open_device0();
   CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 16; i++) {
-    CHECK(cuEventCreate(&ready[i], CU_EVENT_DISABLE_TIMING));
-    CHECK(cuEventCreate(&end[i], CU_EVENT_DISABLE_TIMING));
-  }
+  create_events(ready, 16);
+  create_events(end, 16);
   double *t = (double *)malloc(sizeof(double) * iters);
   if (t == NULL) {
     fprintf(stderr, "cannot hold %d samples\n", iters);
@@ -61,7 +37,7 @@ int main(int argc, char **argv) {
     if (i >= 2000) t[i - 2000] = t1 - t0;
   }
   CHECK(cuStreamSynchronize(comm));
-  qsort(t, iters, sizeof(double), cmp);
+  sort_samples(t, iters);
   printf("record+wait+record median %.2f us p99 %.2f us\n", t[iters / 2], t[iters * 99 / 100]);
   return 0;
 }

@@ -8,24 +8,7 @@
 //   nvcc -O2 -o event_scopes event_scopes.cu -lcuda && ./event_scopes [iters] [rounds]
 //
 // Run in many processes (`bash .gpu/run.sh scopes` of the `wake` pack).
-#include <cuda.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-
-#define CHECK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { \
-  fprintf(stderr, "%s failed: %d\n", #x, (int)r_); exit(1); } } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "driver_timing.h"
 
 // Median µs per op of `iters` ops on a new pair of streams in the current
 // context (after 2,000 untimed ops), the streams and events destroyed after.
@@ -34,10 +17,8 @@ static double median_on_new_streams(double *t, int iters) {
   CUevent ready[16], end[16];
   CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
   CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  for (int i = 0; i < 16; i++) {
-    CHECK(cuEventCreate(&ready[i], CU_EVENT_DISABLE_TIMING));
-    CHECK(cuEventCreate(&end[i], CU_EVENT_DISABLE_TIMING));
-  }
+  create_events(ready, 16);
+  create_events(end, 16);
   for (int i = 0; i < iters + 2000; i++) {
     if (i % 256 == 0) CHECK(cuStreamSynchronize(comm));
     double t0 = now_us();
@@ -54,7 +35,7 @@ static double median_on_new_streams(double *t, int iters) {
   }
   CHECK(cuStreamDestroy(producer));
   CHECK(cuStreamDestroy(comm));
-  qsort(t, iters, sizeof(double), cmp);
+  sort_samples(t, iters);
   return t[iters / 2];
 }
 
@@ -70,12 +51,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cannot hold %d samples\n", iters);
     return 1;
   }
-  CUdevice dev;
+  CUdevice dev = open_device0();
   CUcontext primary;
-  CHECK(cuInit(0));
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuDevicePrimaryCtxRetain(&primary, dev));
-  CHECK(cuCtxSetCurrent(primary));
+  CHECK(cuCtxGetCurrent(&primary));
   printf("new streams, primary context:");
   for (int r = 0; r < rounds; r++) printf(" %.2f", median_on_new_streams(t, iters));
   printf("\nnew contexts:");

@@ -119,7 +119,7 @@ for line in open(path):
     print("packed", t, os.path.getsize(dst) >> 20, "MiB")
 PY
 cp benches/compare/torch_coalesce.py benches/compare/torch_nccl.py "$D/"
-mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh benches/compare/*.cu "$D/compare/"
+mkdir -p "$D/compare" && cp benches/compare/*.py benches/compare/*.sh benches/compare/*.cu benches/compare/*.h "$D/compare/"
 if [ -n "${KEEP_SYMBOLS:-}" ]; then
   # perf with the libraries it links, but the C runtime's (the GPU
   # machine's own are newer); the fold script beside it.
