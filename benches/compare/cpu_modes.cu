@@ -63,13 +63,9 @@ int main(int argc, char **argv) {
   }
   make_cycle(next, CHASE, 88172645463325252ull);
   make_cycle(far_next, FAR_CHASE, 2463534242ull);
-  CUstream producer, comm;
-  CUevent ready[16], end[16];
+  Rule3 pair;
   open_device0();
-  CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
-  CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  create_events(ready, 16);
-  create_events(end, 16);
+  rule3_open(&pair);
   volatile uint64_t sink = 0;
   uint64_t p = 0, q = 0;
   double s[REPS];
@@ -89,12 +85,10 @@ int main(int argc, char **argv) {
     sink += p + q;
     // (d) 256 ops of the three driver calls, µs each.
     for (int r = 0; r < REPS; r++) {
-      CHECK(cuStreamSynchronize(comm));
+      CHECK(cuStreamSynchronize(pair.comm));
       double t0 = now_us();
       for (int i = 0; i < 256; i++) {
-        CHECK(cuEventRecord(ready[i % 16], producer));
-        CHECK(cuStreamWaitEvent(comm, ready[i % 16], 0));
-        CHECK(cuEventRecord(end[i % 16], comm));
+        rule3_op(&pair, i);
       }
       s[r] = (now_us() - t0) / 256;
     }
@@ -106,7 +100,7 @@ int main(int argc, char **argv) {
       drv[w - 4] = d;
     }
   }
-  CHECK(cuStreamSynchronize(comm));
+  rule3_close(&pair);
   // Slow: over 1.25x the measure's 12.5th percentile.
   double fa = 1.25 * quantile(alu, windows, 0.125, scratch);
   double fm = 1.25 * quantile(mem, windows, 0.125, scratch);

@@ -15,28 +15,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: event_modes [iters > 0]\n");
     return 2;
   }
-  CUstream producer, comm;
-  CUevent ready[16], end[16];
+  Rule3 pair;
   open_device0();
-  CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
-  CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  create_events(ready, 16);
-  create_events(end, 16);
+  rule3_open(&pair);
   double *t = (double *)malloc(sizeof(double) * iters);
   if (t == NULL) {
     fprintf(stderr, "cannot hold %d samples\n", iters);
     return 1;
   }
-  for (int i = 0; i < iters + 2000; i++) {
-    if (i % 256 == 0) CHECK(cuStreamSynchronize(comm));
-    double t0 = now_us();
-    CHECK(cuEventRecord(ready[i % 16], producer));
-    CHECK(cuStreamWaitEvent(comm, ready[i % 16], 0));
-    CHECK(cuEventRecord(end[i % 16], comm));
-    double t1 = now_us();
-    if (i >= 2000) t[i - 2000] = t1 - t0;
-  }
-  CHECK(cuStreamSynchronize(comm));
+  rule3_time(&pair, t, iters);
   sort_samples(t, iters);
   printf("record+wait+record median %.2f us p99 %.2f us\n", t[iters / 2], t[iters * 99 / 100]);
   return 0;

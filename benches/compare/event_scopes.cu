@@ -1,9 +1,9 @@
 // Whether the driver's speed for the two-event rule's calls (input-ready
 // record, stream wait, end record; as event_modes.cu) is fixed per
 // process, per context or per pair of streams: one process times the
-// calls on the primary context's first streams several times over, then
-// on new streams in the same context, then in new contexts
-// (cuCtxCreate), each with streams of its own. One median per line.
+// calls on new pairs of streams in the primary context, then in new
+// contexts (cuCtxCreate), each with streams of its own. One line of
+// medians for each.
 //
 //   nvcc -O2 -o event_scopes event_scopes.cu -lcuda && ./event_scopes [iters] [rounds]
 //
@@ -13,28 +13,10 @@
 // Median µs per op of `iters` ops on a new pair of streams in the current
 // context (after 2,000 untimed ops), the streams and events destroyed after.
 static double median_on_new_streams(double *t, int iters) {
-  CUstream producer, comm;
-  CUevent ready[16], end[16];
-  CHECK(cuStreamCreate(&producer, CU_STREAM_NON_BLOCKING));
-  CHECK(cuStreamCreate(&comm, CU_STREAM_NON_BLOCKING));
-  create_events(ready, 16);
-  create_events(end, 16);
-  for (int i = 0; i < iters + 2000; i++) {
-    if (i % 256 == 0) CHECK(cuStreamSynchronize(comm));
-    double t0 = now_us();
-    CHECK(cuEventRecord(ready[i % 16], producer));
-    CHECK(cuStreamWaitEvent(comm, ready[i % 16], 0));
-    CHECK(cuEventRecord(end[i % 16], comm));
-    double t1 = now_us();
-    if (i >= 2000) t[i - 2000] = t1 - t0;
-  }
-  CHECK(cuStreamSynchronize(comm));
-  for (int i = 0; i < 16; i++) {
-    CHECK(cuEventDestroy(ready[i]));
-    CHECK(cuEventDestroy(end[i]));
-  }
-  CHECK(cuStreamDestroy(producer));
-  CHECK(cuStreamDestroy(comm));
+  Rule3 pair;
+  rule3_open(&pair);
+  rule3_time(&pair, t, iters);
+  rule3_close(&pair);
   sort_samples(t, iters);
   return t[iters / 2];
 }
