@@ -1,8 +1,8 @@
 // What the driver-timing programs of this folder share (event_modes.cu,
 // event_scopes.cu, event_calls.cu, cpu_modes.cu): a checked driver call,
-// a monotonic clock in µs, sorted samples, device 0's primary context
-// made current, events without timing, and the two-event rule's calls
-// on a pair of streams, timed.
+// a monotonic clock in µs, sorted samples and their median, device 0's
+// primary context made current, events without timing, and the two-event
+// rule's calls on a pair of streams, timed.
 #ifndef CHORUS_DRIVER_TIMING_H
 #define CHORUS_DRIVER_TIMING_H
 
@@ -29,6 +29,12 @@ static inline int cmp_double(const void *a, const void *b) {
 // Sorts the `n` samples of `t` in place.
 static inline void sort_samples(double *t, int n) {
   qsort(t, (size_t)n, sizeof(double), cmp_double);
+}
+
+// The median of the `n` samples of `t`, which it sorts in place.
+static inline double sample_median(double *t, int n) {
+  sort_samples(t, n);
+  return t[n / 2];
 }
 
 // Initializes the driver and makes device 0's primary context current.

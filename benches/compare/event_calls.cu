@@ -10,11 +10,6 @@
 // Run in many processes (`bash .gpu/run.sh calls` of the `wake` pack).
 #include "driver_timing.h"
 
-static double median(double *t, int n) {
-  sort_samples(t, n);
-  return t[n / 2];
-}
-
 // The three calls' medians (µs) on `producer` and `comm`, `iters` ops after
 // 2,000 untimed ones.
 static void time_pair(CUstream producer, CUstream comm, int iters, double *t, char *label) {
@@ -43,7 +38,7 @@ static void time_pair(CUstream producer, CUstream comm, int iters, double *t, ch
     CHECK(cuEventDestroy(end[i]));
   }
   printf("%s: record on producer %.2f, wait on comm %.2f, record on comm %.2f us\n", label,
-         median(rec, iters), median(wait, iters), median(endrec, iters));
+         sample_median(rec, iters), sample_median(wait, iters), sample_median(endrec, iters));
 }
 
 int main(int argc, char **argv) {

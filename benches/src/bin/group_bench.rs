@@ -286,26 +286,21 @@ impl Bench<'_> {
                 tot[i].push((t2 - t0).as_secs_f64() * 1e6);
             }
         };
-        match order {
-            Order::Turns(k) => {
-                let mut n = 0;
-                while n < warm + iters {
-                    let turn = k.min(warm + iters - n);
-                    for i in 0..MODES.len() {
-                        for j in n..n + turn {
-                            once(self, i, j >= warm);
-                        }
-                    }
-                    n += turn;
+        let total = warm + iters;
+        // A block is a single turn as long as the whole run.
+        let k = match order {
+            Order::Turns(k) => k.max(1),
+            Order::Blocks => total,
+        };
+        let mut n = 0;
+        while n < total {
+            let turn = k.min(total - n);
+            for i in 0..MODES.len() {
+                for j in n..n + turn {
+                    once(self, i, j >= warm);
                 }
             }
-            Order::Blocks => {
-                for i in 0..MODES.len() {
-                    for n in 0..warm + iters {
-                        once(self, i, n >= warm);
-                    }
-                }
-            }
+            n += turn;
         }
         // Nor are the warm-up's phases: only the last `iters` groups'.
         for v in [&mut self.stage_us, &mut self.launch_us] {
