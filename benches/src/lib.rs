@@ -75,6 +75,7 @@ pub fn started_work(
         group: group.clone(),
         seq,
         op: "all_reduce",
+        internal: None,
     };
     chorus_core::OpFuture::<u32>::new_started(
         ctx,
@@ -108,6 +109,7 @@ pub fn started_batch(
         group: group.clone(),
         seq,
         op: "all_reduce",
+        internal: None,
     };
     chorus_core::WorkBatch::register(
         registry,

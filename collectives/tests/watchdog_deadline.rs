@@ -24,6 +24,7 @@ fn ctx(seq: u64) -> OpContext {
         group: "deadlines".into(),
         seq,
         op: "all_reduce",
+        internal: None,
     }
 }
 

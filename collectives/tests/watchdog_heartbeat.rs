@@ -72,6 +72,7 @@ fn ctx(group: &str, seq: u64, op: &'static str) -> OpContext {
         group: group.into(),
         seq,
         op,
+        internal: None,
     }
 }
 
@@ -83,6 +84,7 @@ fn group(name: &str) -> (Arc<Registry>, OpFuture<u32>, chorus_core::Completer<u3
         dtype: Some("f32".into()),
         count: 10,
         peer: None,
+        internal: None,
     };
     let (w, c) = OpFuture::new_recorded(ctx(name, 1, "all_reduce"), &reg, None, true, meta())
         .expect("register");

@@ -297,6 +297,7 @@ fn group_abort_races_init_and_submission() {
             group: std::sync::Arc::from("g"),
             seq,
             op: "all_reduce",
+            internal: None,
         };
         let (c2, r2) = (cache.clone(), reg.clone());
         let caller = thread::spawn(move || {

@@ -18,6 +18,7 @@ fn ctx(seq: u64) -> OpContext {
         group: StdArc::from("g"),
         seq,
         op: "all_reduce",
+        internal: None,
     }
 }
 

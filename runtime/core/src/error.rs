@@ -7,25 +7,56 @@ use std::time::Duration;
 
 /// Where an op sits: the rank that issued it, its group, its sequence number
 /// in that group and the op's name.
+///
+/// An op chorus issues for itself (the exchange inside
+/// `ProcessGroup::admit`) is numbered apart from the program's ops, so that
+/// the program's sequence numbers are the same whether or not such ops ran:
+/// its `internal` is its number among chorus's own ops, and its `seq` is the
+/// number of the program's last op before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpContext {
     /// Rank of the caller inside the group.
     pub rank: usize,
     /// Name of the group (`"world"` for the default group).
     pub group: Arc<str>,
-    /// Sequence number of the op in its group, from 1.
+    /// Sequence number of the op in its group, from 1 (for one of chorus's
+    /// own ops: the program's last sequence number before it).
     pub seq: u64,
-    /// The op, e.g. `"all_reduce"`.
+    /// The op, e.g. `"all_reduce"`, or the name of one of chorus's own ops
+    /// (`"admit"`).
     pub op: &'static str,
+    /// For an op chorus issued for itself: its number among those ops of
+    /// the group, from 1; `None` for the program's ops.
+    pub internal: Option<u64>,
+}
+
+impl OpContext {
+    /// The context of the program's op `op` at `seq` on `rank` of `group`.
+    pub fn new(rank: usize, group: Arc<str>, seq: u64, op: &'static str) -> Self {
+        OpContext {
+            rank,
+            group,
+            seq,
+            op,
+            internal: None,
+        }
+    }
 }
 
 impl fmt::Display for OpContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "rank {} in group '{}' at seq {} ({})",
-            self.rank, self.group, self.seq, self.op
-        )
+        match self.internal {
+            None => write!(
+                f,
+                "rank {} in group '{}' at seq {} ({})",
+                self.rank, self.group, self.seq, self.op
+            ),
+            Some(k) => write!(
+                f,
+                "rank {} in group '{}' after seq {} ({}: chorus's own op #{k}, not one of the program's)",
+                self.rank, self.group, self.seq, self.op
+            ),
+        }
     }
 }
 
@@ -116,10 +147,11 @@ pub enum WorkError {
         /// The first error of the group.
         cause: Arc<WorkError>,
     },
-    /// Another rank of the group failed and reported it through the store
-    /// (error propagation, opt-in per group), so this rank's pending works
-    /// were failed at once instead of waiting out their own timeouts.
-    #[error("{ctx}: rank {origin} of the group failed and reported it through the store (error propagation): {cause}; the root cause is on rank {origin}: see its log and flight-recorder dump")]
+    /// Another rank of the group failed and reported it — in the last frame
+    /// it sent this rank (TCP backend), or through the store (error
+    /// propagation, opt-in per group) — so this rank's works failed at once
+    /// instead of waiting out their own timeouts.
+    #[error("{ctx}: rank {origin} of the group failed and reported it: {cause}; the root cause is on rank {origin}: see its log and flight-recorder dump")]
     Remote {
         /// The op that was pending here.
         ctx: OpContext,
@@ -127,6 +159,14 @@ pub enum WorkError {
         origin: usize,
         /// Its error, as that rank reported it (with its seq and op).
         cause: String,
+    },
+    /// The group took in replacement ranks and refuses ops until `admit`
+    /// returned it on this rank (its members must first agree on one state,
+    /// which the replacements do not hold); nothing was submitted.
+    #[error("{ctx}: this group took in replacement ranks, so no op runs on it before ProcessGroup::admit returned it: call admit on every member first (it returns this group at once), then take the state from rank 0 (docs/FAULTS.md, Growing back)")]
+    NotAdmitted {
+        /// The op that was refused.
+        ctx: OpContext,
     },
     /// The arguments were invalid; nothing was submitted.
     #[error("{ctx}: invalid argument: {msg}")]
@@ -160,6 +200,7 @@ impl WorkError {
             WorkError::Aborted { .. } => "Aborted",
             WorkError::GroupErrored { .. } => "GroupErrored",
             WorkError::Remote { .. } => "Remote",
+            WorkError::NotAdmitted { .. } => "NotAdmitted",
             WorkError::InvalidArgument { .. } => "InvalidArgument",
             WorkError::Backend { .. } => "Backend",
         }
@@ -177,6 +218,7 @@ impl WorkError {
             | WorkError::Aborted { ctx, .. }
             | WorkError::GroupErrored { ctx, .. }
             | WorkError::Remote { ctx, .. }
+            | WorkError::NotAdmitted { ctx }
             | WorkError::InvalidArgument { ctx, .. }
             | WorkError::Backend { ctx, .. } => ctx,
         }
@@ -196,6 +238,7 @@ impl WorkError {
             | WorkError::Aborted { ctx: c, .. }
             | WorkError::GroupErrored { ctx: c, .. }
             | WorkError::Remote { ctx: c, .. }
+            | WorkError::NotAdmitted { ctx: c }
             | WorkError::InvalidArgument { ctx: c, .. }
             | WorkError::Backend { ctx: c, .. } => *c = ctx,
         }

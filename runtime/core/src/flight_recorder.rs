@@ -39,6 +39,11 @@ pub struct OpMeta {
     pub count: u64,
     /// Root of broadcast/reduce, or peer of send/recv.
     pub peer: Option<usize>,
+    /// For an op chorus issued for itself (`admit`): its number among those
+    /// ops (see [`OpContext`](crate::OpContext)); such records are not
+    /// compared across ranks by sequence number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal: Option<u64>,
 }
 
 /// One op in the recorder.
@@ -386,7 +391,11 @@ pub fn analyze(dumps: &[Dump]) -> Vec<GroupReport> {
                 .or_insert_with(|| (g.size, BTreeMap::new()));
             entry.0 = entry.0.max(g.size);
             let per_rank = entry.1.entry(g.rank).or_default();
-            for op in g.ops.iter().filter(|o| o.collective) {
+            for op in g
+                .ops
+                .iter()
+                .filter(|o| o.collective && o.meta.internal.is_none())
+            {
                 per_rank.insert(op.seq, op);
             }
         }
@@ -479,6 +488,7 @@ mod tests {
             dtype: Some("f32".into()),
             count,
             peer: None,
+            internal: None,
         }
     }
 

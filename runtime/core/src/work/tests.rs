@@ -11,6 +11,7 @@ fn ctx(seq: u64) -> OpContext {
         group: "test".into(),
         seq,
         op: "all_reduce",
+        internal: None,
     }
 }
 
