@@ -8,8 +8,8 @@ use chorus_core::{OpContext, WorkError};
 use super::conn::Frame;
 use super::shm::Reserved;
 use super::wire::{
-    op_code, Sig, ALGO_CHAIN, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST, CLASS_COLL, CLASS_P2P, NONE32,
-    NONE8,
+    op_code, wire_seq, Sig, ALGO_CHAIN, ALGO_CHECK, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST,
+    CLASS_COLL, CLASS_P2P, NONE32, NONE8,
 };
 use super::worker::{Active, Worker};
 use crate::reduce::{self, finish_avg, Reducible};
@@ -190,7 +190,7 @@ impl Worker {
         algo: u8,
     ) -> Sig {
         Sig {
-            seq: ctx.seq,
+            seq: wire_seq(ctx),
             op: op_code(ctx.op),
             dtype: dtype.map_or(NONE8, |d| d as u8),
             redop: redop.map_or(NONE8, |r| r as u8),
@@ -198,6 +198,34 @@ impl Worker {
             count: count as u64,
             algo,
         }
+    }
+
+    /// The checked mode's signature round for `o`, whose own frames do not
+    /// reach every rank: an empty frame with `o`'s signature to and from
+    /// every other rank, each checked, before any of the op's frames. A
+    /// rank that called something else at this seq is then seen by every
+    /// rank, whatever the op would have exchanged. A no-op outside the
+    /// checked mode.
+    async fn check_round(&mut self, o: &Active<'_>) -> Result<(), WorkError> {
+        if !self.inner.checked {
+            return Ok(());
+        }
+        let round = Active {
+            ctx: o.ctx,
+            sig: Sig {
+                algo: ALGO_CHECK,
+                ..o.sig
+            },
+            class: o.class,
+        };
+        for p in self.others() {
+            self.send(&round, p, &[]).await?;
+        }
+        let (n, me) = (self.n(), self.me());
+        for p in (0..n).filter(|&p| p != me) {
+            self.recv(&round, p, 0).await?;
+        }
+        Ok(())
     }
 
     /// Runs one op on this rank.
@@ -377,6 +405,7 @@ impl Worker {
                 ctx,
                 Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RS_BCAST),
             );
+            self.check_round(&o).await?;
             let blk = |i| block(count, n, i);
             self.ring_in_place(&o, buf, Some(op), blk, ce, false)
                 .await?;
@@ -388,6 +417,7 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_RING),
         );
+        self.check_round(&o).await?;
         self.ring_in_place(&o, buf, Some(op), |i| block(count, n, i), ce, true)
             .await
     }
@@ -532,6 +562,7 @@ impl Worker {
                 ctx,
                 Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_DIRECT),
             );
+            self.check_round(&o).await?;
             for k in 0..nchunks(count, ce) {
                 let c = chunk(&all, ce, k);
                 if me == root {
@@ -560,9 +591,17 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_CHAIN),
         );
+        self.check_round(&o).await?;
         let v = (me + n - root) % n;
         let next = (v < n - 1).then_some((me + 1) % n);
         let prev = (me + n - 1) % n;
+        if v != 0 {
+            // An empty frame to the root first, which it reads once it has
+            // sent everything: it learns that every rank is done, and ranks
+            // that disagree on the root see each other's header at once
+            // instead of each waiting for a chain that never starts.
+            self.send(&o, root, &[]).await?;
+        }
         for k in 0..nchunks(count, ce) {
             let c = chunk(&all, ce, k);
             if v == 0 {
@@ -577,13 +616,10 @@ impl Worker {
                 }
             }
         }
-        // The last rank of the chain tells the root it is done (and ranks that
-        // disagree on the root see each other's header).
-        let last = (root + n - 1) % n;
-        if v == n - 1 {
-            self.send(&o, root, &[]).await?;
-        } else if v == 0 {
-            self.recv(&o, last, 0).await?;
+        if v == 0 {
+            for p in (0..n).filter(|&p| p != me) {
+                self.recv(&o, p, 0).await?;
+            }
         }
         Ok(())
     }
@@ -608,6 +644,7 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_DIRECT),
         );
+        self.check_round(&o).await?;
         let mut frames = Vec::with_capacity(n - 1);
         if me == root {
             // An empty frame to every other rank, so that ranks that disagree
@@ -653,6 +690,7 @@ impl Worker {
         }
         if self.large(n * k * es) {
             let o = Self::op(ctx, Self::sig(ctx, Some(dtype), None, None, k, ALGO_RING));
+            self.check_round(&o).await?;
             return self
                 .ring_in_place(&o, output, None, |i| i * k..(i + 1) * k, ce, true)
                 .await;
@@ -720,6 +758,7 @@ impl Worker {
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), None, k, ALGO_RING),
         );
+        self.check_round(&o).await?;
         // Wavefront schedule as in `ring_in_place`: chunk j of step s at
         // time j + s; the partial received for chunk j at step s goes out at
         // step s + 1.

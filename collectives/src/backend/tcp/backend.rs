@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, watch};
 use super::options::{TcpOptions, MAX_CHUNK};
 use super::pool::Pool;
 use super::request::OpRequest;
-use super::state::{Inner, PeerState};
+use super::state::{Inner, PeerState, Progress};
 use super::{conn, drive, group, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::error::{Error, Rejected};
@@ -45,7 +45,8 @@ impl fmt::Debug for TcpBackend {
 impl TcpBackend {
     /// Connects this rank to the other `size - 1` ranks of `group` through
     /// addresses exchanged in `store` (already namespaced for the group),
-    /// and starts the group's worker and reader tasks on chorus's runtime.
+    /// and starts the group's worker and reader tasks on chorus's runtime;
+    /// `checked`: the checked mode (every rank of the group must agree).
     /// Callable from any executor.
     ///
     /// # Errors
@@ -60,6 +61,7 @@ impl TcpBackend {
         size: usize,
         group: Arc<str>,
         opts: TcpOptions,
+        checked: bool,
     ) -> Result<Arc<TcpBackend>, Error> {
         if size == 0 || rank >= size || size > u32::MAX as usize / 2 {
             return Err(Error::InvalidArgument(format!(
@@ -89,6 +91,7 @@ impl TcpBackend {
             group: group.clone(),
             opts: opts.clone(),
             bcast: None,
+            checked,
         };
         let mesh = chorus_store::rt::run(setup::mesh(store, me))
             .await
@@ -119,6 +122,10 @@ impl TcpBackend {
             idle: AtomicBool::new(false),
             shm_frames: AtomicU64::new(0),
             shm_full: AtomicU64::new(0),
+            checked,
+            progress: Progress::default(),
+            #[cfg(test)]
+            mute: AtomicBool::new(false),
         });
         let mut writers = Vec::with_capacity(size);
         let mut shm_tx = Vec::with_capacity(size);
@@ -222,6 +229,14 @@ impl TcpBackend {
         )
     }
 
+    /// Tests: fails this backend as a process that dies does, without a
+    /// word to its peers (no fault notice).
+    #[cfg(test)]
+    pub(crate) fn die(&self, cause: &WorkError) {
+        self.inner.mute.store(true, Ordering::SeqCst);
+        self.abort(cause);
+    }
+
     /// The options the backend was created with.
     #[allow(dead_code)]
     pub(crate) fn options(&self) -> &TcpOptions {
@@ -258,7 +273,9 @@ impl TcpBackend {
     }
 
     /// Takes `op`'s sequence number under the submission lock `counters`
-    /// and registers its work: the work, and the request for `bufs`.
+    /// and registers its work: the work, and the request for `bufs`. With
+    /// `own`, the op is one chorus issues for itself, numbered among those
+    /// (see `Counters::next_own`).
     #[allow(clippy::too_many_arguments)]
     fn register(
         seq: &Sequencer,
@@ -266,11 +283,16 @@ impl TcpBackend {
         timeout: Duration,
         op: Op,
         name: &'static str,
-        meta: OpMeta,
+        mut meta: OpMeta,
         bufs: Vec<HostBuffer>,
+        own: bool,
     ) -> Result<(OpFuture<Vec<HostBuffer>>, OpRequest), (WorkError, Vec<HostBuffer>)> {
-        let n = counters.next(op);
-        let ctx = seq.ctx(n, name);
+        let ctx = if own {
+            counters.next_own(seq, name)
+        } else {
+            seq.ctx(counters.next(op), name)
+        };
+        meta.internal = ctx.internal;
         let deadline = Instant::now().checked_add(timeout);
         // Holding: a work failed from outside (abort, timeout) waits for
         // the worker to hand its buffers back (`Completer::fail`), which
@@ -286,8 +308,12 @@ impl TcpBackend {
             Ok(pair) => pair,
             Err(e) => return Err((e, bufs)),
         };
-        counters.bump(op, n);
-        tracing::trace!(group = %seq.name(), seq = n, op = name, "submit");
+        if own {
+            counters.bump_own();
+        } else {
+            counters.bump(op, ctx.seq);
+        }
+        tracing::trace!(group = %seq.name(), seq = ctx.seq, internal = ?ctx.internal, op = name, "submit");
         let req = OpRequest {
             ctx,
             op,
@@ -296,6 +322,45 @@ impl TcpBackend {
             completer,
         };
         Ok((work, req))
+    }
+
+    /// Submits collective `op`, named `name`, on `bufs` as an op chorus
+    /// issues for itself (see [`OpContext`]): numbered apart from the
+    /// program's ops, named `name` in errors and flight records, and run
+    /// whether or not the group waits for `admit`.
+    pub(crate) fn submit_own<S: HostBuffers>(
+        &self,
+        seq: &Sequencer,
+        timeout: Duration,
+        op: Op,
+        name: &'static str,
+        bufs: S,
+    ) -> Result<Work<S>, Rejected<S>> {
+        let counts = counts(&bufs);
+        if let Err(msg) = op.check(seq.size(), &counts) {
+            return Err(Rejected::new(seq.invalid(name, msg), bufs));
+        }
+        let meta = Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0));
+        let mut counters = seq.lock();
+        match Self::register(
+            seq,
+            &mut counters,
+            timeout,
+            op,
+            name,
+            meta,
+            bufs.into_host(),
+            true,
+        ) {
+            Ok((work, req)) => {
+                let assist = self.start(req, counters);
+                Ok(Work::new(work, Vec::new(), assist))
+            }
+            Err((error, host)) => {
+                drop(counters);
+                Err(Rejected::new(error, S::recover(host)))
+            }
+        }
     }
 }
 
@@ -410,7 +475,7 @@ impl Backend for TcpBackend {
                 bufs,
                 deliver,
             } = e;
-            match Self::register(seq, &mut counters, timeout, op, ctx.op, meta, bufs) {
+            match Self::register(seq, &mut counters, timeout, op, ctx.op, meta, bufs, false) {
                 Ok((work, req)) => {
                     deliver(Ok(work));
                     reqs.push(req);
@@ -488,6 +553,7 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
             name,
             meta,
             bufs.into_host(),
+            false,
         ) {
             Ok((work, req)) => {
                 let assist = self.start(req, counters);
@@ -557,7 +623,7 @@ impl<T: Element> Coalesces<Vec<T>> for TcpBackend {
         let meta = Sequencer::meta(op, Some(T::DTYPE), total);
         let fused = vec![T::into_host(bufs.concat())];
         let mut counters = seq.lock();
-        match Self::register(seq, &mut counters, timeout, op, name, meta, fused) {
+        match Self::register(seq, &mut counters, timeout, op, name, meta, fused, false) {
             Ok((work, req)) => {
                 let assist = self.start(req, counters);
                 Ok(Work::new(work, lens, assist))

@@ -11,10 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
+use super::notice::{Notice, MAX_NOTICE};
 use super::pool::PoolBuf;
 use super::shm;
 use super::state::{Inner, PeerState};
-use super::wire::{Header, CLASS_BYE, CLASS_COLL, CLASS_P2P, HEADER_LEN};
+use super::wire::{Header, CLASS_BYE, CLASS_COLL, CLASS_FAULT, CLASS_P2P, HEADER_LEN};
 
 /// A received frame's payload: read from the socket into a pool buffer, or
 /// left by the peer in a shared-memory slot (freed when dropped).
@@ -109,14 +110,55 @@ pub(super) fn read_failed(e: &io::Error, live: Duration) -> PeerState {
     }
 }
 
+/// Queues a received collective frame for the worker; one that belongs to
+/// an op this rank has already finished is a mismatch, and fails the group
+/// at once (see `state::Progress`).
+fn deliver_coll(coll: &UnboundedSender<Incoming>, peer: usize, f: Frame, inner: &Inner) {
+    let sig = f.hdr.sig;
+    // A closed queue means the worker is gone: the frame is dropped.
+    let _ = coll.send(Incoming::Frame(f));
+    if inner.progress.is_late(sig.seq) {
+        let e = inner
+            .progress
+            .late_mismatch(inner.base_ctx(), inner.rank, peer, &sig);
+        tracing::debug!(group = %inner.group, rank = inner.rank, peer, error = %e, "a frame came for an op already finished");
+        inner.fail(&e);
+    }
+}
+
+/// Reads a fault notice of `len` bytes: how the peer's group failed, as
+/// this rank sees it.
+async fn read_notice(rd: &mut Rd, peer: usize, hdr: &Header, inner: &Inner) -> PeerState {
+    if hdr.len > MAX_NOTICE as u64 {
+        return PeerState::Lost(format!(
+            "fault notice of {} bytes exceeds {MAX_NOTICE} (corrupt stream?)",
+            hdr.len
+        ));
+    }
+    let mut b = vec![0u8; hdr.len as usize];
+    if let Err(e) = rd.read_exact(&mut b).await {
+        return PeerState::Lost(format!("read failed in the peer's fault notice: {e}"));
+    }
+    match Notice::decode(&b) {
+        Ok(n) => {
+            let cause = n.error(inner.base_ctx(), peer);
+            tracing::debug!(group = %inner.group, rank = inner.rank, peer, error = %cause, "the peer's group failed");
+            inner.peer_failed(peer, hdr.sig.seq, cause.clone());
+            PeerState::Failed(cause)
+        }
+        Err(msg) => PeerState::Lost(msg),
+    }
+}
+
 /// Reads frames from `peer` as they arrive and queues them for the worker,
 /// so that a sender never waits for the receiver to reach the op.
 ///
 /// A frame whose header names a shared-memory slot carries no payload on
 /// the socket: its payload is the slot (`shm`, the segment from this peer).
 ///
-/// Ends at the peer's goodbye, at EOF or on an error; an abrupt end fails the
-/// backend at once (even if no op is waiting on this peer).
+/// Ends at the peer's goodbye, at its fault notice (which fails the group,
+/// now or at the seq it names), at EOF or on an error; an abrupt end fails
+/// the backend at once (even if no op is waiting on this peer).
 pub(super) async fn reader(
     peer: usize,
     rd: ReadHalf,
@@ -150,6 +192,9 @@ pub(super) async fn reader(
         if hdr.class == CLASS_BYE {
             break PeerState::Departed;
         }
+        if hdr.class == CLASS_FAULT {
+            break read_notice(&mut rd, peer, &hdr, &inner).await;
+        }
         if hdr.len > inner.opts.chunk_bytes as u64 {
             break PeerState::Lost(format!(
                 "frame of {} bytes exceeds the chunk size {} (corrupt stream, or the ranks' TcpOptions differ)",
@@ -176,7 +221,7 @@ pub(super) async fn reader(
             if hdr.class == CLASS_P2P {
                 let _ = p2p.send(Frame { hdr, payload });
             } else {
-                let _ = coll.send(Incoming::Frame(Frame { hdr, payload }));
+                deliver_coll(&coll, peer, Frame { hdr, payload }, &inner);
             }
             continue;
         }
@@ -222,7 +267,7 @@ pub(super) async fn reader(
         if hdr.class == CLASS_P2P {
             let _ = p2p.send(Frame { hdr, payload });
         } else {
-            let _ = coll.send(Incoming::Frame(Frame { hdr, payload }));
+            deliver_coll(&coll, peer, Frame { hdr, payload }, &inner);
         }
     };
     tracing::debug!(group = %inner.group, rank = inner.rank, peer, state = ?end, "peer connection ended");
@@ -235,6 +280,9 @@ pub(super) async fn reader(
 pub(super) struct Writer {
     half: WriteHalf,
     small: Vec<u8>,
+    /// A write was stopped in the middle of a frame: the stream is cut,
+    /// and nothing more may be written to it.
+    cut: bool,
 }
 
 impl std::fmt::Debug for Writer {
@@ -252,21 +300,36 @@ impl Writer {
         Writer {
             half,
             small: Vec::with_capacity(HEADER_LEN + SMALL_WRITE),
+            cut: false,
         }
+    }
+
+    /// Whether a frame may still be written: no write was stopped in the
+    /// middle of one.
+    pub(super) fn whole(&self) -> bool {
+        !self.cut
     }
 
     /// Writes one frame.
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: a cancelled write leaves a partial frame on the wire.
-    /// The worker only cancels when the backend fails, after which the
-    /// connection is closed.
+    /// Not cancel safe: a cancelled write leaves a partial frame on the wire,
+    /// and the writer is then no longer [`whole`](Self::whole). The worker
+    /// only cancels when the backend fails, after which the connection is
+    /// closed.
     pub(super) async fn write_frame(
         &mut self,
         hdr: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> io::Result<()> {
+        self.cut = true;
+        let r = self.write_whole(hdr, payload).await;
+        self.cut = r.is_err();
+        r
+    }
+
+    async fn write_whole(&mut self, hdr: &[u8; HEADER_LEN], payload: &[u8]) -> io::Result<()> {
         if payload.len() <= SMALL_WRITE {
             self.small.clear();
             self.small.extend_from_slice(hdr);

@@ -191,6 +191,7 @@ mod tests {
             group: "g".into(),
             seq,
             op: op.name(),
+            internal: None,
         };
         let (work, completer) = OpFuture::new(ctx.clone(), reg, None).expect("registry");
         let r = OpRequest {

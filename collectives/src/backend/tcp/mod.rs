@@ -199,6 +199,7 @@ mod conn;
 mod drive;
 mod group;
 mod halves;
+mod notice;
 mod options;
 mod pool;
 mod request;

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 use super::halves::{ReadHalf, Sock, WriteHalf};
 use super::options::TcpOptions;
 use super::shm;
-use super::wire::{Hello, HELLO_BCAST, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
+use super::wire::{Hello, HELLO_BCAST, HELLO_CHECKED, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
 
 /// Who this rank is, for the handshake.
 #[derive(Clone, Debug)]
@@ -35,6 +35,8 @@ pub(super) struct Me {
     pub(super) opts: TcpOptions,
     /// This rank's broadcast segment, offered to every local peer.
     pub(super) bcast: Option<Arc<shm::Bcast>>,
+    /// The checked mode (every rank must agree).
+    pub(super) checked: bool,
 }
 
 impl Me {
@@ -50,7 +52,8 @@ impl Me {
             chunk: self.opts.chunk_bytes as u64,
             flags: if self.wants_shm() { HELLO_SHM } else { 0 }
                 | if self.bcast.is_some() { HELLO_BCAST } else { 0 }
-                | if same_host { HELLO_SAME_HOST } else { 0 },
+                | if same_host { HELLO_SAME_HOST } else { 0 }
+                | if self.checked { HELLO_CHECKED } else { 0 },
         }
     }
 
@@ -107,6 +110,15 @@ impl Me {
             return Err(format!(
                 "rank {peer} uses crossover_bytes={} chunk_bytes={}, this rank uses {} and {}: every rank must use the same TcpOptions",
                 h.crossover, h.chunk, self.opts.crossover_bytes, self.opts.chunk_bytes
+            ));
+        }
+        let theirs = h.flags & HELLO_CHECKED != 0;
+        if theirs != self.checked {
+            let mode = |on: bool| if on { "runs" } else { "does not run" };
+            return Err(format!(
+                "rank {peer} {} the checked mode and this rank {} it: set GroupBuilder::check_ops (CHORUS_CHECK_OPS) alike on every rank",
+                mode(theirs),
+                mode(self.checked)
             ));
         }
         Ok(peer)

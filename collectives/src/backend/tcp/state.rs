@@ -1,8 +1,9 @@
 //! What the TCP backend's handle, its worker and its reader tasks share:
 //! the group's failure, each peer's connection state, the receive pool.
 
+use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -12,9 +13,10 @@ use tokio::sync::watch;
 
 use super::options::TcpOptions;
 use super::pool::Pool;
+use super::wire::{at_seq, mismatch_detail, op_name, Sig, OWN_SEQ};
 
 /// How a peer's connection ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(super) enum PeerState {
     /// Connected.
     Open,
@@ -26,9 +28,17 @@ pub(super) enum PeerState {
     /// The link went silent for the liveness timeout (the kernel gave up
     /// on it: `ETIMEDOUT`).
     Silent(Duration),
+    /// The peer's group failed, and its last frame said why (a fault
+    /// notice): the failure as this rank sees it.
+    Failed(WorkError),
 }
 
 impl PeerState {
+    /// Still connected.
+    pub(super) fn is_open(&self) -> bool {
+        matches!(self, PeerState::Open)
+    }
+
     /// How the connection to `peer` ended, as the error of the op `ctx`
     /// that needed it.
     pub(super) fn error(&self, ctx: &OpContext, peer: usize) -> WorkError {
@@ -40,6 +50,7 @@ impl PeerState {
                     after: *after,
                 }
             }
+            PeerState::Failed(e) => return e.for_op(ctx.clone()),
             PeerState::Departed => format!(
                 "rank {peer} shut its group down (its backend was dropped) before taking part in this op"
             ),
@@ -83,6 +94,123 @@ pub(super) struct Inner {
     /// Frames that could have gone through shared memory but found every
     /// slot in use (sent through the socket).
     pub(super) shm_full: AtomicU64,
+    /// Every op's signature is checked against every rank's before its
+    /// result is taken (the checked mode; the same on every rank).
+    pub(super) checked: bool,
+    /// How far the worker got, for frames that arrive after it finished
+    /// the op they belong to (see [`Progress`]).
+    pub(super) progress: Progress,
+    /// Tests: the backend fails without telling its peers, as a process
+    /// that dies does.
+    #[cfg(test)]
+    pub(super) mute: AtomicBool,
+}
+
+/// The collectives this rank's worker has finished, so that a frame that
+/// arrives for one of them — which no op will ever read, as every op reads
+/// all the frames it expects before it finishes — is known for what it is:
+/// its sender called a different op at that seq (a root this rank did not
+/// take for one, say). The reader that queues such a frame, or the worker
+/// finishing the op while it is queued, reports the mismatch.
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    /// The last program collective finished (its seq).
+    done: AtomicU64,
+    /// The last of chorus's own collectives finished (its number).
+    done_own: AtomicU64,
+    /// The signatures of the last collectives this rank ran, newest last,
+    /// with their names, to describe a late frame against.
+    recent: Mutex<VecDeque<(Sig, &'static str)>>,
+    /// A peer's failure at a seq this rank has not reached yet: a rank
+    /// that lags behind still finishes the ops its peers finished, and
+    /// fails at that seq (see [`Inner::peer_failed`]).
+    ahead: Mutex<Option<(u64, WorkError)>>,
+}
+
+/// How long an op that needs a peer whose connection broke without a word
+/// waits for another rank's fault notice to name the cause.
+const NOTICE_GRACE: Duration = Duration::from_millis(50);
+
+/// How many finished collectives [`Progress`] remembers.
+const RECENT: usize = 64;
+
+/// Whether wire seq `a` comes at or before `b` in the same sequence (the
+/// program's, or chorus's own; seqs of different sequences never compare).
+fn same_seq_at_or_before(a: u64, done: u64, done_own: u64) -> bool {
+    if a & OWN_SEQ != 0 {
+        a & !OWN_SEQ <= done_own
+    } else {
+        a <= done
+    }
+}
+
+impl Progress {
+    /// Records that the collective `sig` (named `name`) finished here.
+    ///
+    /// The worker calls it before it looks through the queues for frames
+    /// of that op, and a reader checks after it queued a frame: between a
+    /// fence on either side, one of the two sees a late frame.
+    pub(super) fn finished(&self, sig: Sig, name: &'static str) {
+        {
+            let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            if r.len() == RECENT {
+                r.pop_front();
+            }
+            r.push_back((sig, name));
+        }
+        if sig.seq & OWN_SEQ != 0 {
+            self.done_own.store(sig.seq & !OWN_SEQ, Ordering::SeqCst);
+        } else {
+            self.done.store(sig.seq, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether a collective frame of wire seq `seq` arrived after this
+    /// rank finished that op.
+    pub(super) fn is_late(&self, seq: u64) -> bool {
+        fence(Ordering::SeqCst);
+        seq != 0
+            && same_seq_at_or_before(
+                seq,
+                self.done.load(Ordering::SeqCst),
+                self.done_own.load(Ordering::SeqCst),
+            )
+    }
+
+    /// The mismatch a late frame `theirs` from `peer` shows, as the error
+    /// of this rank (`me`, failing outside any op: `ctx`).
+    pub(super) fn late_mismatch(
+        &self,
+        ctx: OpContext,
+        me: usize,
+        peer: usize,
+        theirs: &Sig,
+    ) -> WorkError {
+        let ours = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .rev()
+            .find(|(s, _)| s.seq == theirs.seq)
+            .copied();
+        let detail = match ours {
+            Some((ours, name)) => {
+                let mut d = mismatch_detail(peer, theirs, me, &ours, name);
+                d.push_str(&format!(
+                    "; rank {me} had finished that op when the frame came, as it did not wait for one from rank {peer}"
+                ));
+                d
+            }
+            None => format!(
+                "rank {peer} {} called {} but rank {me} had finished that op long before, without a frame from rank {peer}",
+                at_seq(theirs.seq),
+                theirs.describe(op_name(theirs.op), theirs),
+            ),
+        };
+        WorkError::Mismatch { ctx, detail }
+    }
 }
 
 impl fmt::Debug for Inner {
@@ -105,6 +233,7 @@ impl Inner {
             group: self.group.clone(),
             seq: 0,
             op: "tcp",
+            internal: None,
         }
     }
 
@@ -138,7 +267,7 @@ impl Inner {
         peers
             .iter()
             .enumerate()
-            .any(|(p, st)| p != self.rank && *st == PeerState::Open)
+            .any(|(p, st)| p != self.rank && st.is_open())
     }
 
     /// Called by a reader task when its connection ends.
@@ -146,7 +275,7 @@ impl Inner {
         {
             let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(p) = peers.get_mut(peer) {
-                if *p == PeerState::Open {
+                if p.is_open() {
                     *p = end.clone();
                 }
             }
@@ -161,6 +290,55 @@ impl Inner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get_or_insert((peer, end));
+        }
+    }
+
+    /// Called by a reader whose peer's last frame said its group failed
+    /// at wire seq `seq` with `cause` (as this rank sees it): ops that need
+    /// the peer fail with the cause, not with the close that follows, and
+    /// the group fails now if this rank has reached that seq, else when it
+    /// does (it may still finish the ops before it, as its peers did).
+    pub(super) fn peer_failed(&self, peer: usize, seq: u64, cause: WorkError) {
+        {
+            let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(p) = peers.get_mut(peer) {
+                if p.is_open() {
+                    *p = PeerState::Failed(cause.clone());
+                }
+            }
+        }
+        let p = &self.progress;
+        let reached = |seq: u64| {
+            seq == 0 || seq & OWN_SEQ != 0 || seq <= p.done.load(Ordering::SeqCst).saturating_add(1)
+        };
+        if reached(seq) {
+            self.fail(&cause);
+            return;
+        }
+        p.ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert((seq, cause.clone()));
+        fence(Ordering::SeqCst);
+        // The worker may have moved on meanwhile (it checks `ahead` after
+        // each op it finishes).
+        if reached(seq) {
+            self.fail(&cause);
+        }
+    }
+
+    /// After the op at program seq `seq` finished: a peer's failure that
+    /// this rank has now reached, if any (see [`peer_failed`](Self::peer_failed)).
+    pub(super) fn reached_peer_failure(&self, seq: u64) -> Option<WorkError> {
+        fence(Ordering::SeqCst);
+        let ahead = self
+            .progress
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*ahead {
+            Some((at, cause)) if seq.saturating_add(1) >= *at => Some(cause.clone()),
+            _ => None,
         }
     }
 
@@ -198,11 +376,21 @@ impl Inner {
     /// The error for an op that needs `peer` after its connection ended:
     /// the group's failure if it has one (a failed or aborted group ends
     /// its readers itself, and the cause is the failure, not the close),
-    /// else how the connection ended.
-    pub(super) fn lost_error(&self, ctx: &OpContext, peer: usize) -> WorkError {
-        match self.failure() {
-            Some(cause) => cause.for_op(ctx.clone()),
-            None => self.peer_state(peer).error(ctx, peer),
+    /// else how the connection ended. A peer that closed without a word
+    /// most often closed because another rank failed first: the fault
+    /// notices of the others, which name the cause, get a moment (at most
+    /// [`NOTICE_GRACE`]) to arrive.
+    pub(super) async fn lost_error(&self, ctx: &OpContext, peer: usize) -> WorkError {
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(cause) = self.failure() {
+                return cause.for_op(ctx.clone());
+            }
+            let state = self.peer_state(peer);
+            if !matches!(state, PeerState::Lost(_)) || start.elapsed() >= NOTICE_GRACE {
+                return state.error(ctx, peer);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

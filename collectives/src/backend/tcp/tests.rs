@@ -178,6 +178,7 @@ impl Rank {
             group: self.group.clone(),
             seq,
             op: op.name(),
+            internal: None,
         };
         // A registry per op: these tests check the backend's own failure
         // handling, so the registry's abort-on-error (which refuses later
@@ -245,7 +246,7 @@ fn world_with(opts: &[TcpOptions]) -> Vec<Rank> {
     let store: Arc<dyn Store> = Arc::new(MemStore::default());
     let group: Arc<str> = format!("test-{}", GROUPS.fetch_add(1, Ordering::Relaxed)).into();
     let bes = block_on(join_all((0..n).map(|r| {
-        TcpBackend::connect(store.clone(), r, n, group.clone(), opts[r].clone())
+        TcpBackend::connect(store.clone(), r, n, group.clone(), opts[r].clone(), false)
     })));
     bes.into_iter()
         .map(|b| Rank {
@@ -537,7 +538,7 @@ fn a_peer_that_dies_holding_slots_fails_the_sender_without_a_hang() {
         },
         Duration::from_secs(600),
     );
-    w[1].be.abort(&aborted(1));
+    w[1].be.die(&aborted(1));
     let e = expect_err(a);
     match e {
         WorkError::PeerLost { peer, .. } => assert_eq!(peer, 1),
@@ -880,8 +881,8 @@ fn recv_of_a_different_length_is_a_mismatch() {
 }
 
 /// A recv whose send never comes times out; the group is failed (queued
-/// and later ops fail with the timeout) and its connections closed, so the
-/// peer fails at once, naming it.
+/// and later ops fail with the timeout) and its connections closed after a
+/// fault notice, so the peer fails at once with the timeout as the cause.
 #[test]
 fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
     let mut w = world(2, &small_opts());
@@ -903,9 +904,13 @@ fn an_op_the_peer_never_matches_times_out_and_fails_the_group() {
     );
     let later = w[0].coll(Call::Barrier);
     assert!(matches!(expect_err(later), WorkError::OpTimeout { .. }));
+    // Rank 0's fault notice names the cause.
     let b = w[1].coll(Call::Barrier);
     let e = expect_err(b);
-    assert!(matches!(e, WorkError::PeerLost { peer: 0, .. }), "{e}");
+    assert!(
+        matches!(&e, WorkError::Remote { origin: 0, cause, .. } if cause.contains("timed out")),
+        "{e}"
+    );
 }
 
 /// The worker's one timer, moved from op to op, still fires for an op whose
@@ -931,8 +936,8 @@ fn a_short_timeout_after_longer_ones_still_fires() {
 }
 
 /// A collective one rank calls and the other does not: the first times out;
-/// the other, at its next op, sees the stray header (mismatch) or the
-/// closed connection, never a hang or garbage.
+/// the other, at its next op, sees the stray header (mismatch) or the first
+/// rank's fault notice naming the timeout, never a hang or garbage.
 #[test]
 fn a_collective_the_peer_never_calls_times_out() {
     let mut w = world(2, &small_opts());
@@ -951,9 +956,9 @@ fn a_collective_the_peer_never_calls_times_out() {
     let e = expect_err(b);
     assert!(
         matches!(
-            e,
-            WorkError::PeerLost { peer: 0, .. } | WorkError::Mismatch { .. }
-        ),
+            &e,
+            WorkError::Remote { origin: 0, cause, .. } if cause.contains("timed out")
+        ) || matches!(e, WorkError::Mismatch { .. }),
         "{e}"
     );
 }
@@ -965,15 +970,17 @@ fn aborted(rank: usize) -> WorkError {
             group: "g".into(),
             seq: 0,
             op: "abort",
+            internal: None,
         },
         reason: "test abort".into(),
     }
 }
 
-/// Ops already waiting on a peer fail with PeerLost when it is aborted, and
-/// the aborted rank's own queued and later ops fail with the abort.
+/// Ops already waiting on a peer fail with the peer's reason when it is
+/// aborted (its fault notice), and the aborted rank's own queued and later
+/// ops fail with the abort.
 #[test]
-fn aborted_peer_fails_pending_ops_with_peer_lost() {
+fn aborted_peer_fails_pending_ops_with_its_reason() {
     let mut w = world(3, &tcp_opts());
     let buf = || HostBuffer::I64(vec![3; 1000]);
     let a = w[0].coll(Call::AllReduce {
@@ -989,7 +996,30 @@ fn aborted_peer_fails_pending_ops_with_peer_lost() {
     let e = expect_err(later);
     assert!(matches!(e, WorkError::Aborted { .. }), "{e}");
     for e in [expect_err(a), expect_err(b)] {
-        assert!(matches!(e, WorkError::PeerLost { .. }), "{e}");
+        assert!(
+            matches!(&e, WorkError::Remote { origin: 2, cause, .. } if cause.contains("test abort")),
+            "{e}"
+        );
+    }
+}
+
+/// Ops waiting on a peer that dies (no word from it) fail with PeerLost
+/// naming it.
+#[test]
+fn a_peer_that_dies_fails_pending_ops_with_peer_lost() {
+    let mut w = world(3, &tcp_opts());
+    let buf = || HostBuffer::I64(vec![3; 1000]);
+    let a = w[0].coll(Call::AllReduce {
+        buf: buf(),
+        op: ReduceOp::Sum,
+    });
+    let b = w[1].coll(Call::AllReduce {
+        buf: buf(),
+        op: ReduceOp::Sum,
+    });
+    w[2].be.die(&aborted(2));
+    for e in [expect_err(a), expect_err(b)] {
+        assert!(matches!(e, WorkError::PeerLost { peer: 2, .. }), "{e}");
     }
 }
 
@@ -1195,13 +1225,21 @@ fn bad_setup_arguments_are_errors() {
         2,
         "g".into(),
         TcpOptions::default(),
+        false,
     ));
     assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
     let opts = TcpOptions {
         chunk_bytes: 0,
         ..TcpOptions::default()
     };
-    let r = block_on(TcpBackend::connect(store.clone(), 0, 2, "g".into(), opts));
+    let r = block_on(TcpBackend::connect(
+        store.clone(),
+        0,
+        2,
+        "g".into(),
+        opts,
+        false,
+    ));
     assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
     // A peer that never shows up: setup times out, naming its address key
     // (rank 0 waits for rank 1's address) or, for rank 1, the rank that never
@@ -1216,12 +1254,13 @@ fn bad_setup_arguments_are_errors() {
         2,
         "g".into(),
         opts.clone(),
+        false,
     ));
     let Err(crate::Error::Store(StoreError::Timeout { keys, .. })) = r else {
         panic!("expected a store timeout, got {r:?}")
     };
     assert_eq!(keys, vec!["addr/1".to_string()]);
-    let r = block_on(TcpBackend::connect(store, 1, 2, "h".into(), opts));
+    let r = block_on(TcpBackend::connect(store, 1, 2, "h".into(), opts, false));
     let Err(crate::Error::Setup { msg, .. }) = r else {
         panic!("expected a setup error, got {r:?}")
     };
@@ -1240,8 +1279,8 @@ fn different_options_are_refused_at_setup() {
         ..a.clone()
     };
     let (ra, rb) = block_on(futures::future::join(
-        TcpBackend::connect(store.clone(), 0, 2, "g".into(), a),
-        TcpBackend::connect(store, 1, 2, "g".into(), b),
+        TcpBackend::connect(store.clone(), 0, 2, "g".into(), a, false),
+        TcpBackend::connect(store, 1, 2, "g".into(), b, false),
     ));
     let Err(crate::Error::Setup { msg, .. }) = ra else {
         panic!("rank 0 should refuse")
@@ -1397,7 +1436,7 @@ fn a_liveness_timeout_below_a_second_is_refused_and_zero_turns_it_off() {
         liveness_timeout: Duration::from_millis(500),
         ..TcpOptions::default()
     };
-    let r = block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts));
+    let r = block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts, false));
     let e = r.expect_err("500 ms must be refused").to_string();
     assert!(
         e.contains("liveness_timeout") && e.contains("at least 1 s"),
@@ -1410,7 +1449,7 @@ fn a_liveness_timeout_below_a_second_is_refused_and_zero_turns_it_off() {
             liveness_timeout: live,
             ..tcp_opts()
         };
-        block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts)).expect("connects");
+        block_on(TcpBackend::connect(store, 0, 1, "live".into(), opts, false)).expect("connects");
     }
 }
 
@@ -1435,6 +1474,7 @@ fn a_timed_out_read_is_a_silent_link_and_other_errors_a_broken_one() {
         group: "g".into(),
         seq: 4,
         op: "all_reduce",
+        internal: None,
     };
     let e = PeerState::Silent(live).error(&ctx, 3);
     assert!(matches!(&e, WorkError::PeerSilent { peer: 3, after, .. } if *after == live));

@@ -13,16 +13,21 @@
 //! | 24..32 | len    | payload bytes of this frame                         |
 //! | 32..36 | frame  | index of this frame among the op's frames to a peer |
 //! | 36..40 | root   | root rank, or [`NONE32`]                            |
-//! | 40     | class  | [`CLASS_COLL`], [`CLASS_P2P`] or [`CLASS_BYE`]      |
+//! | 40     | class  | [`CLASS_COLL`], [`CLASS_P2P`], [`CLASS_BYE`] or     |
+//! |        |        | [`CLASS_FAULT`]                                     |
 //! | 41     | op     | op code ([`op_code`])                               |
 //! | 42     | dtype  | dtype byte, or [`NONE8`]                            |
 //! | 43     | redop  | reduce-op byte, or [`NONE8`]                        |
-//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`], [`ALGO_CHAIN`] or   |
-//! |        |        | [`ALGO_RS_BCAST`]                                   |
+//! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`], [`ALGO_CHAIN`],     |
+//! |        |        | [`ALGO_RS_BCAST`] or [`ALGO_CHECK`]                 |
 //! | 45     | -      | zero                                                |
 //! | 46..48 | shm    | 0: the payload follows; `k + 1`: the payload is in  |
 //! |        |        | shared-memory slot `k` and nothing follows (`shm`); |
 //! |        |        | bit 15 set: of the sender's broadcast segment       |
+//!
+//! The seq of an op chorus issues for itself (`admit`'s exchange) is its
+//! number among such ops with [`OWN_SEQ`] set, so that it never equals a
+//! program op's. A [`CLASS_FAULT`] frame carries a [`Notice`] as payload.
 
 use chorus_core::{DType, ReduceOp};
 
@@ -46,6 +51,11 @@ pub(super) const CLASS_COLL: u8 = 0;
 pub(super) const CLASS_P2P: u8 = 1;
 /// The last frame on a connection whose backend shut down cleanly.
 pub(super) const CLASS_BYE: u8 = 2;
+/// The last frame on a connection whose backend failed: why ([`Notice`]).
+pub(super) const CLASS_FAULT: u8 = 3;
+
+/// Bit of a frame's seq that marks an op chorus issued for itself.
+pub(super) const OWN_SEQ: u64 = 1 << 63;
 
 /// Every rank sends to every other rank directly.
 pub(super) const ALGO_DIRECT: u8 = 0;
@@ -56,8 +66,12 @@ pub(super) const ALGO_CHAIN: u8 = 2;
 /// Ring reduce-scatter, then every rank's block from its owner through
 /// shared memory (all_reduce with every rank on one host).
 pub(super) const ALGO_RS_BCAST: u8 = 3;
+/// The signature round of the checked mode: an empty frame to and from
+/// every rank before the op's own frames.
+pub(super) const ALGO_CHECK: u8 = 4;
 
-const OPS: [&str; 9] = [
+/// Op names by wire code: the program's ops, then chorus's own.
+const OPS: [&str; 10] = [
     "all_reduce",
     "broadcast",
     "reduce",
@@ -67,7 +81,57 @@ const OPS: [&str; 9] = [
     "send",
     "recv",
     "barrier",
+    "admit",
 ];
+
+/// The seq a frame of the op at `ctx` carries: its sequence number, or for
+/// one of chorus's own ops its number among those with [`OWN_SEQ`] set.
+pub(super) fn wire_seq(ctx: &chorus_core::OpContext) -> u64 {
+    ctx.internal.map_or(ctx.seq, |k| OWN_SEQ | k)
+}
+
+/// Where a wire seq sits, for messages: `at seq 7`, or `at chorus's own op
+/// #2` for one of chorus's own ops.
+pub(super) fn at_seq(seq: u64) -> String {
+    if seq & OWN_SEQ != 0 {
+        format!("at chorus's own op #{}", seq & !OWN_SEQ)
+    } else {
+        format!("at seq {seq}")
+    }
+}
+
+/// The detail of a mismatch between the op `theirs` that `peer` called and
+/// the op `ours` (named `our_name`) of this rank `me`, e.g. `rank 1 at seq
+/// 7 called all_gather(count=10) but rank 0 called all_reduce(count=12)`.
+pub(super) fn mismatch_detail(
+    peer: usize,
+    theirs: &Sig,
+    me: usize,
+    ours: &Sig,
+    our_name: &str,
+) -> String {
+    let t = theirs.describe(op_name(theirs.op), ours);
+    let o = ours.describe(our_name, theirs);
+    let mut d = if theirs.seq == ours.seq {
+        format!(
+            "rank {peer} {} called {t} but rank {me} called {o}",
+            at_seq(theirs.seq)
+        )
+    } else {
+        format!(
+            "rank {peer} {} called {t} but rank {me} {} called {o}",
+            at_seq(theirs.seq),
+            at_seq(ours.seq)
+        )
+    };
+    if (theirs.seq | ours.seq) & OWN_SEQ != 0 {
+        d.push_str(
+            ": every member must call admit at the same point of its program, and a rank \
+             that rejoined calls it before any op of its new group (docs/FAULTS.md, Growing back)",
+        );
+    }
+    d
+}
 
 /// The wire code of an op name (as given by `OpKind::name`).
 pub(super) fn op_code(name: &str) -> u8 {
@@ -108,8 +172,12 @@ pub(super) struct Sig {
 
 impl Sig {
     /// Human description of one side of a mismatch: the op and count, plus
-    /// the fields that differ from `other`.
+    /// the fields that differ from `other`; one of chorus's own ops by its
+    /// name and where it comes from.
     pub(super) fn describe(&self, name: &str, other: &Sig) -> String {
+        if self.seq & OWN_SEQ != 0 {
+            return format!("{name} (chorus's own exchange in ProcessGroup::{name})");
+        }
         let mut s = format!("{name}(count={}", self.count);
         // Only fields both sides have and disagree on.
         if self.dtype != other.dtype && self.dtype != NONE8 && other.dtype != NONE8 {
@@ -185,7 +253,7 @@ impl Header {
             ));
         }
         let class = b[40];
-        if class > CLASS_BYE {
+        if class > CLASS_FAULT {
             return Err(format!("unknown frame class {class}"));
         }
         Ok(Header {
@@ -228,6 +296,9 @@ pub(super) const HELLO_BCAST: u16 = 2;
 /// [`Hello::flags`] bit: the (connecting) sender read the receiver's
 /// published host and it is the sender's own.
 pub(super) const HELLO_SAME_HOST: u16 = 4;
+/// [`Hello::flags`] bit: the sender runs the checked mode (every op's
+/// signature verified against every rank's; both ends must agree).
+pub(super) const HELLO_CHECKED: u16 = 8;
 
 /// Fixed part of an encoded [`Hello`] (the group name follows).
 pub(super) const HELLO_FIXED: usize = 40;

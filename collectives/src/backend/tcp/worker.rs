@@ -14,10 +14,14 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
+use super::notice::Notice;
 use super::request::OpRequest;
 use super::shm;
 use super::state::{Inner, PeerState};
-use super::wire::{op_name, Header, Sig, CLASS_BYE, CLASS_P2P, NONE32, NONE8};
+use super::wire::{
+    mismatch_detail, op_name, wire_seq, Header, Sig, CLASS_BYE, CLASS_FAULT, CLASS_P2P, NONE32,
+    NONE8,
+};
 
 /// What [`Worker::take`] got.
 enum Got {
@@ -82,6 +86,32 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The sender lives in `Inner`, which the worker holds: `wait_for` only
     // returns once the flag is set.
     let _ = stop.wait_for(|s| *s).await;
+}
+
+/// What every rank must agree on of collective `op` at `ctx` on `bufs`
+/// (its frames' algorithm aside): see [`Sig`].
+pub(super) fn signature(ctx: &OpContext, op: Op, bufs: &[HostBuffer]) -> Sig {
+    let first = bufs.first();
+    let (redop, root) = match op {
+        Op::AllReduce(r) | Op::ReduceScatter(r) => (Some(r), None),
+        Op::Reduce { root, op } => (Some(op), Some(root)),
+        Op::Broadcast { root } => (None, Some(root)),
+        _ => (None, None),
+    };
+    let count = match op {
+        Op::ReduceScatter(_) => bufs.get(1).map_or(0, HostBuffer::len),
+        Op::Barrier => 0,
+        _ => first.map_or(0, HostBuffer::len),
+    };
+    Sig {
+        seq: wire_seq(ctx),
+        op: super::wire::op_code(ctx.op),
+        dtype: first.map_or(NONE8, |b| b.dtype() as u8),
+        redop: redop.map_or(NONE8, |r| r as u8),
+        root: root.map_or(NONE32, |r| r as u32),
+        count: count as u64,
+        algo: 0,
+    }
 }
 
 /// Bytes an op moves from this rank's point of view (for traces): its
@@ -183,8 +213,21 @@ impl Worker {
             }
             .instrument(span)
             .await;
+            // A finished collective: frames for it that no op read show a
+            // peer that called something else.
+            let res = match res {
+                Ok(()) if op.is_collective() => self.finished(&ctx, op, &bufs).await,
+                other => other,
+            };
             match res {
-                Ok(()) => completer.complete(Ok(bufs)),
+                Ok(()) => {
+                    completer.complete(Ok(bufs));
+                    // A peer's group failed at the next seq: so does this
+                    // rank's, now that it got there.
+                    if let Some(cause) = inner.reached_peer_failure(ctx.seq) {
+                        inner.fail(&cause);
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(op = %ctx, error = %e, "op failed");
                     inner.fail(&e);
@@ -209,9 +252,12 @@ impl Worker {
             };
             req.completer.fail(err, req.bufs);
         }
-        if graceful {
-            self.say_goodbye().await;
-            await_goodbyes(&inner).await;
+        match &cause {
+            None => {
+                self.say_goodbye().await;
+                await_goodbyes(&inner).await;
+            }
+            Some(cause) => self.tell_peers(cause).await,
         }
         // Closing the write halves sends FIN; aborting the readers drops the
         // read halves, which closes the sockets.
@@ -246,6 +292,104 @@ impl Worker {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(1), all).await;
+    }
+
+    /// Tells every peer still connected why this rank's group failed (a
+    /// fault notice, the connection's last frame), so that it fails with
+    /// the cause rather than with the close that follows. Best effort,
+    /// bounded like the goodbyes; a connection cut in the middle of a frame
+    /// gets nothing.
+    async fn tell_peers(&mut self, cause: &WorkError) {
+        #[cfg(test)]
+        if self.inner.mute.load(Ordering::SeqCst) {
+            return;
+        }
+        let body = Notice::of(cause).encode();
+        let hdr = Header {
+            group: self.inner.group_hash,
+            class: CLASS_FAULT,
+            sig: Sig {
+                seq: wire_seq(cause.context()),
+                op: NONE8,
+                dtype: NONE8,
+                redop: NONE8,
+                root: NONE32,
+                count: 0,
+                algo: 0,
+            },
+            frame: 0,
+            len: body.len() as u64,
+            shm: 0,
+        }
+        .encode();
+        let inner = self.inner.clone();
+        let all = async {
+            for (peer, w) in self.writers.iter_mut().enumerate() {
+                let Some(w) = w.as_mut().filter(|w| w.whole()) else {
+                    continue;
+                };
+                if inner.peer_state(peer).is_open() {
+                    let _ = w.write_frame(&hdr, &body).await;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), all).await;
+    }
+
+    /// After collective `op` at `ctx` ran to its end on `bufs`: records it
+    /// as finished, then looks through every peer's frames not yet taken
+    /// for one of it (or of an op before it), which no op will read: its
+    /// sender called something else (see `state::Progress`).
+    async fn finished(
+        &mut self,
+        ctx: &OpContext,
+        op: Op,
+        bufs: &[HostBuffer],
+    ) -> Result<(), WorkError> {
+        let sig = signature(ctx, op, bufs);
+        self.inner.progress.finished(sig, ctx.op);
+        for peer in 0..self.n() {
+            let late = |f: &Frame| self.inner.progress.is_late(f.hdr.sig.seq);
+            if let Some(f) = self.stash[peer].iter().find(|f| late(f)) {
+                let theirs = f.hdr.sig;
+                return Err(self.late_error(ctx, peer, &theirs));
+            }
+            loop {
+                let Some(q) = self.coll.get_mut(peer).and_then(Option::as_mut) else {
+                    break;
+                };
+                let f = match q.try_recv() {
+                    Ok(Incoming::Frame(f)) => f,
+                    Ok(Incoming::Lent(l)) => {
+                        let o = Active {
+                            ctx,
+                            sig,
+                            class: super::wire::CLASS_COLL,
+                        };
+                        self.absorb(&o, peer, l).await?
+                    }
+                    Ok(Incoming::Link(l)) => {
+                        self.links[peer] = Some(l);
+                        continue;
+                    }
+                    Err(_) => break,
+                };
+                if self.inner.progress.is_late(f.hdr.sig.seq) {
+                    let theirs = f.hdr.sig;
+                    return Err(self.late_error(ctx, peer, &theirs));
+                }
+                self.stash[peer].push_back(f);
+            }
+        }
+        Ok(())
+    }
+
+    /// The mismatch a frame `theirs` from `peer` shows that came for an
+    /// op this rank finished, as the error of the op at `ctx`.
+    fn late_error(&self, ctx: &OpContext, peer: usize, theirs: &Sig) -> WorkError {
+        self.inner
+            .progress
+            .late_mismatch(ctx.clone(), self.me(), peer, theirs)
     }
 
     pub(super) fn n(&self) -> usize {
@@ -388,13 +532,10 @@ impl Worker {
     ) -> Result<(), WorkError> {
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
-        if self.inner.peer_state(peer) != PeerState::Open {
+        if !self.inner.peer_state(peer).is_open() {
             // The peer may have closed because it found a mismatch in an
             // earlier frame of this op: that is the better report.
-            if let Some(m) = self.mismatch_before_close(op, peer).await {
-                return Err(m);
-            }
-            return Err(self.inner.lost_error(op.ctx, peer));
+            return Err(self.close_cause(op, peer).await);
         }
         let hdr = Header {
             group: self.inner.group_hash,
@@ -424,37 +565,53 @@ impl Worker {
             });
         }
         // A peer that found a mismatch closes at once, possibly while this
-        // rank still writes: what it sent before is the better report.
-        if let Some(m) = self.mismatch_before_close(op, peer).await {
-            return Err(m);
+        // rank still writes: what it sent before, or its fault notice, is
+        // the better report.
+        match self.close_cause(op, peer).await {
+            e @ (WorkError::Mismatch { .. } | WorkError::Remote { .. }) => Err(e),
+            e => Err(match self.inner.failure() {
+                Some(cause) => cause.for_op(op.ctx.clone()),
+                None if matches!(e, WorkError::PeerLost { .. }) => WorkError::PeerLost {
+                    ctx: op.ctx.clone(),
+                    peer,
+                    cause: format!("write failed: {e}"),
+                },
+                None => e,
+            }),
         }
-        Err(WorkError::PeerLost {
-            ctx: op.ctx.clone(),
-            peer,
-            cause: format!("write failed: {e}"),
-        })
     }
 
-    /// After `peer` closed or a write to it failed: the mismatch its frame
-    /// for this op shows, if the frame arrived before the connection ended (its reader
-    /// delivers what came before the end, then closes the queue; waited for
-    /// at most 200 ms).
-    async fn mismatch_before_close(&mut self, op: &Active<'_>, peer: usize) -> Option<WorkError> {
+    /// Why `peer` closed or a write to it failed, as the error of `op`:
+    /// the mismatch its frame for this op shows, if the frame arrived
+    /// before the connection ended (its reader delivers what came before
+    /// the end, then closes the queue; waited for at most 200 ms), else
+    /// the group's failure or how the peer ended (its fault notice, if it
+    /// sent one).
+    async fn close_cause(&mut self, op: &Active<'_>, peer: usize) -> WorkError {
         if op.class == CLASS_P2P {
-            return None;
+            return self.inner.lost_error(op.ctx, peer).await;
         }
-        let got = tokio::time::timeout(Duration::from_millis(200), self.take(op, peer, false))
-            .await
-            .ok()?
-            .ok()?;
-        let hdr = match got {
-            Got::Frame(f) => f.hdr,
-            Got::Lent(l) => l.hdr,
-        };
-        // Only the op's identity: frame index and length are this op's own.
-        match self.check(op, peer, &hdr, hdr.frame, hdr.len as usize) {
-            Err(e @ WorkError::Mismatch { .. }) => Some(e),
-            _ => None,
+        // What the peer sent before the end: a frame of this op that
+        // mismatches, or the end itself (its fault notice, if it sent one).
+        let until = tokio::time::Instant::now() + Duration::from_millis(200);
+        loop {
+            match tokio::time::timeout_at(until, self.take(op, peer, false)).await {
+                Ok(Ok(got)) => {
+                    let hdr = match got {
+                        Got::Frame(f) => f.hdr,
+                        Got::Lent(l) => l.hdr,
+                    };
+                    // Only the op's identity: frame index and length are
+                    // this op's own.
+                    if let Err(e @ WorkError::Mismatch { .. }) =
+                        self.check(op, peer, &hdr, hdr.frame, hdr.len as usize)
+                    {
+                        return e;
+                    }
+                }
+                Ok(Err(e)) => return e,
+                Err(_) => return self.inner.lost_error(op.ctx, peer).await,
+            }
         }
     }
 
@@ -544,7 +701,7 @@ impl Worker {
                 .ok_or_else(no_conn)?;
             return match q.recv().await {
                 Some(f) => Ok(Got::Frame(f)),
-                None => Err(self.inner.lost_error(op.ctx, peer)),
+                None => Err(self.inner.lost_error(op.ctx, peer).await),
             };
         }
         if let Some(f) = self.stash.get_mut(peer).and_then(VecDeque::pop_front) {
@@ -576,7 +733,7 @@ impl Worker {
                 }
             };
             let Some(item) = item else {
-                return Err(self.inner.lost_error(op.ctx, peer));
+                return Err(self.inner.lost_error(op.ctx, peer).await);
             };
             if claimed && !matches!(item, Incoming::Lent(_)) {
                 // The reader claimed the offer for the frame after this
@@ -627,22 +784,9 @@ impl Worker {
             && t.root == o.root
             && t.count == o.count;
         if !same_op {
-            let theirs = t.describe(op_name(t.op), o);
-            let ours = o.describe(op.ctx.op, t);
-            let detail = if t.seq == o.seq {
-                format!(
-                    "rank {peer} at seq {} called {theirs} but rank {me} called {ours}",
-                    t.seq
-                )
-            } else {
-                format!(
-                    "rank {peer} at seq {} called {theirs} but rank {me} at seq {} called {ours}",
-                    t.seq, o.seq
-                )
-            };
             return Err(WorkError::Mismatch {
                 ctx: op.ctx.clone(),
-                detail,
+                detail: mismatch_detail(peer, t, me, o, op.ctx.op),
             });
         }
         if t.algo != o.algo || h.frame != idx || h.len != len as u64 {
