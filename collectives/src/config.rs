@@ -17,6 +17,7 @@
 //! | `CHORUS_TRACE_DIR` | temp folder | [`WatchdogConfig::dump_dir`] |
 //! | `CHORUS_DUMP_ON_SIGUSR1` | `1` | [`WatchdogConfig::dump_on_sigusr1`] |
 //! | `CHORUS_PROPAGATE_ERRORS` | `0` | [`GroupBuilder::propagate_errors`](crate::GroupBuilder::propagate_errors) |
+//! | `CHORUS_CHECK_OPS` | `0` | [`GroupBuilder::check_ops`](crate::GroupBuilder::check_ops) (`1`: every op's signature checked against every rank's) |
 //! | `CHORUS_PEER_LIVENESS_MS` | `10000` | [`GroupBuilder::peer_liveness`](crate::GroupBuilder::peer_liveness) (`0`: off) |
 //! | `CHORUS_RANK_RESTARTS` | `0` | set by `chorus-run --max-restarts`: above 0, [`GroupBuilder::init_from_env`](crate::GroupBuilder::init_from_env) rejoins the running job |
 //! | `CHORUS_REJOIN_TIMEOUT_MS` | `60000` | [`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout) |
@@ -112,6 +113,12 @@ impl NcclOptions {
 /// unless set).
 pub(crate) fn propagate_errors() -> bool {
     switch("CHORUS_PROPAGATE_ERRORS", false)
+}
+
+/// Whether `CHORUS_CHECK_OPS` switches the checked mode on (off unless
+/// `1`).
+pub(crate) fn check_ops() -> bool {
+    switch("CHORUS_CHECK_OPS", false)
 }
 
 /// The peer liveness timeout of a group (`CHORUS_PEER_LIVENESS_MS`,

@@ -167,4 +167,18 @@ pub enum ReformError {
         #[source]
         source: Box<Error>,
     },
+    /// The group failed because its ranks called different ops at one
+    /// sequence number: the program disagrees with itself, and a new group
+    /// would fail the same way, so [`ProcessGroup::admit`](crate::ProcessGroup::admit)
+    /// does not re-form it.
+    #[error("rank {rank} of group '{group}': not re-forming: the group failed because its ranks called different ops ({source}); a new group would fail the same way: fix the program (for admit: docs/FAULTS.md, Growing back)")]
+    Mismatch {
+        /// The group that failed.
+        group: String,
+        /// This rank's rank in it.
+        rank: usize,
+        /// The mismatch.
+        #[source]
+        source: WorkError,
+    },
 }

@@ -294,6 +294,7 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
             group: l.group.clone(),
             seq: 0,
             op: "liveness",
+            internal: None,
         };
         let err = match clock.verdict(now) {
             Verdict::Alive => continue,

@@ -359,6 +359,7 @@ async fn watch(shared: Arc<Shared>, registry: Weak<Registry>, policy: ErrorPolic
             group: shared.group.clone(),
             seq: 0,
             op: "propagation",
+            internal: None,
         },
         origin,
         cause,

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chorus_core::flight_recorder::OpMeta;
@@ -19,6 +20,9 @@ pub(crate) struct Sequencer {
     size: usize,
     registry: Arc<Registry>,
     counters: Mutex<Counters>,
+    /// The group took in replacement ranks and refuses ops until `admit`
+    /// returns it ([`take_admit_first`](Sequencer::take_admit_first)).
+    admit_first: AtomicBool,
 }
 
 /// The sequence numbers a group has handed out.
@@ -30,6 +34,9 @@ pub(crate) struct Counters {
     sent: Vec<u64>,
     /// Number of messages received from each peer.
     received: Vec<u64>,
+    /// Ops chorus issued for itself (`admit`'s exchange), numbered apart
+    /// so that they do not shift the program's sequence numbers.
+    own: u64,
 }
 
 /// The sequence numbers the ops of one launch took ([`Counters::take`]),
@@ -107,6 +114,22 @@ impl Counters {
         }
     }
 
+    /// The context the next op chorus issues for itself (named `name`)
+    /// takes on `seq`'s group: the next number among such ops, after the
+    /// program's last collective (see [`OpContext`]).
+    pub(crate) fn next_own(&self, seq: &Sequencer, name: &'static str) -> OpContext {
+        OpContext {
+            internal: Some(self.own + 1),
+            ..seq.ctx(self.collective, name)
+        }
+    }
+
+    /// Records that an op of chorus's own took the number
+    /// [`next_own`](Self::next_own) gave.
+    pub(crate) fn bump_own(&mut self) {
+        self.own += 1;
+    }
+
     /// Records that `op` took `seq`.
     pub(crate) fn bump(&mut self, op: Op, seq: u64) {
         match op {
@@ -122,17 +145,26 @@ impl Counters {
 }
 
 impl Sequencer {
-    /// The sequencer of rank `rank` in the group `name` of `size` ranks.
-    pub(crate) fn new(name: Arc<str>, rank: usize, size: usize, registry: Arc<Registry>) -> Self {
+    /// The sequencer of rank `rank` in the group `name` of `size` ranks;
+    /// `admit_first`: it refuses ops until `admit` returned the group.
+    pub(crate) fn new(
+        name: Arc<str>,
+        rank: usize,
+        size: usize,
+        registry: Arc<Registry>,
+        admit_first: bool,
+    ) -> Self {
         Sequencer {
             name,
             rank,
             size,
             registry,
+            admit_first: AtomicBool::new(admit_first),
             counters: Mutex::new(Counters {
                 collective: 0,
                 sent: vec![0; size],
                 received: vec![0; size],
+                own: 0,
             }),
         }
     }
@@ -163,6 +195,24 @@ impl Sequencer {
         self.counters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Lets ops run on a group that refused them until `admit` returned it;
+    /// whether it did refuse them (the first `admit` on such a group
+    /// returns it at once).
+    pub(crate) fn take_admit_first(&self) -> bool {
+        self.admit_first.swap(false, Ordering::AcqRel)
+    }
+
+    /// Refuses every op while the group waits for `admit`
+    /// ([`WorkError::NotAdmitted`]).
+    fn check_admitted(&self, name: &'static str) -> Result<(), WorkError> {
+        if self.admit_first.load(Ordering::Acquire) {
+            return Err(WorkError::NotAdmitted {
+                ctx: self.ctx(0, name),
+            });
+        }
+        Ok(())
+    }
+
     /// Where op `op` at `seq` sits, for its work and errors.
     pub(crate) fn ctx(&self, seq: u64, op: &'static str) -> OpContext {
         OpContext {
@@ -170,6 +220,7 @@ impl Sequencer {
             group: self.name.clone(),
             seq,
             op,
+            internal: None,
         }
     }
 
@@ -195,6 +246,7 @@ impl Sequencer {
         name: &'static str,
         counts: &[usize],
     ) -> Result<(), WorkError> {
+        self.check_admitted(name)?;
         op.check(self.size, counts)
             .map_err(|msg| self.invalid(name, msg))?;
         match op {
@@ -214,6 +266,7 @@ impl Sequencer {
     ///
     /// [`WorkError::InvalidArgument`] saying what is wrong.
     pub(crate) fn check_ranks(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
+        self.check_admitted(name)?;
         match op.peer() {
             Some(r) if r >= self.size => {
                 let what = if op.is_collective() { "root" } else { "peer" };
@@ -243,6 +296,7 @@ impl Sequencer {
             dtype: dtype.map(|d| Cow::Borrowed(d.name())),
             count: count as u64,
             peer: op.peer(),
+            internal: None,
         }
     }
 }
@@ -257,6 +311,7 @@ mod tests {
             collective: 7,
             sent: vec![0, 3, 5],
             received: vec![0, 4, 6],
+            own: 0,
         }
     }
 

@@ -472,6 +472,7 @@ fn group_round(
             group: name.clone(),
             seq: 0,
             op: "watchdog",
+            internal: None,
         };
         let err = WorkError::Backend { ctx, msg };
         let path = dump_logged("error");
@@ -574,6 +575,7 @@ fn heartbeat_loop(st: &Arc<State>) {
                 group: name,
                 seq: 0,
                 op: "heartbeat",
+                internal: None,
             };
             let err = WorkError::HeartbeatTimeout { ctx, after };
             match policy {

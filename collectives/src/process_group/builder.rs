@@ -36,6 +36,7 @@ pub struct GroupBuilder {
     propagate: bool,
     liveness: Duration,
     rejoin: Duration,
+    check_ops: bool,
 }
 
 impl GroupBuilder {
@@ -66,6 +67,24 @@ impl GroupBuilder {
     /// [`DEFAULT_PEER_LIVENESS`]: crate::process_group::DEFAULT_PEER_LIVENESS
     pub fn peer_liveness(mut self, timeout: Duration) -> Self {
         self.liveness = timeout;
+        self
+    }
+
+    /// The checked mode (default: off, or on where `CHORUS_CHECK_OPS=1`):
+    /// every rank verifies every collective's signature — op, dtype, count,
+    /// root, reduction — against every other rank's before it takes the
+    /// op's result, so no rank returns `Ok` from an op the ranks called
+    /// differently; each rank's error names both sides
+    /// ([`WorkError::Mismatch`](chorus_core::WorkError::Mismatch)). Without
+    /// it a mismatch fails the ranks whose frames show it, and the others
+    /// at their next op (docs/FAULTS.md, "Mismatches"). It costs one
+    /// exchange of signatures with every rank per op where the op's own
+    /// frames do not already carry them (rooted ops, ring and chain
+    /// algorithms, and every NCCL op); every rank must set it alike.
+    /// Subgroups and re-formed groups inherit it. PyTorch's
+    /// `TORCH_DISTRIBUTED_DEBUG=DETAIL` is the counterpart.
+    pub fn check_ops(mut self, on: bool) -> Self {
+        self.check_ops = on;
         self
     }
 
@@ -193,7 +212,12 @@ impl GroupBuilder {
     /// ([`ProcessGroup::admit`]). It gets the rank after the survivors'
     /// (joiners by world rank), the epoch's group (`{name}@{epoch}`), and
     /// none of the others' state: receive it (e.g. the parameters by
-    /// broadcast) before the first step.
+    /// broadcast) before the first step. The group refuses ops
+    /// ([`WorkError::NotAdmitted`](chorus_core::WorkError::NotAdmitted))
+    /// until [`ProcessGroup::admit`] returned it: call `admit` at the top
+    /// of each step as the survivors do; its first call returns this
+    /// group, as the survivors' call returns it to them, and every member
+    /// then takes the state from rank 0 (docs/FAULTS.md, "Growing back").
     ///
     /// # Errors
     ///
@@ -236,15 +260,22 @@ impl GroupBuilder {
     ///
     /// ```no_run
     /// # use std::sync::Arc;
+    /// # use std::time::Duration;
     /// # async fn demo(store: Arc<dyn chorus::store::Store>) -> Result<(), chorus::Error> {
-    /// let pg = chorus::ProcessGroup::builder()
+    /// let mut pg = chorus::ProcessGroup::builder()
     ///     .rank(2)
     ///     .world_size(3)
     ///     .store(store)
     ///     .rejoin()
     ///     .await?;
-    /// // The survivors have ranks 0 and 1; take their state first.
-    /// let params = pg.broadcast(vec![0.0f32; 1024], 0)?.await?;
+    /// // The survivors (ranks 0 and 1) are inside `admit`: so is this rank's
+    /// // first call, which returns its group; then everyone takes rank 0's
+    /// // state.
+    /// let mut params = vec![0.0f32; 1024];
+    /// if let Some(g) = pg.admit(Duration::from_secs(2)).await? {
+    ///     pg = g;
+    ///     params = pg.broadcast(params, 0)?.await?;
+    /// }
     /// # let _ = params; Ok(()) }
     /// ```
     pub async fn rejoin(self) -> Result<ProcessGroup, Error> {
@@ -260,7 +291,14 @@ impl GroupBuilder {
         .await?;
         tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
         let epoch = roster.epoch;
-        let pg = connect(self.setup(epoch, rank, roster.world.clone(), store))
+        // The survivors let it in inside `admit` or `reform`: its first
+        // call on the group must be `admit` too, so that both sides take
+        // the state at the same point of their programs.
+        let setup = Setup {
+            admit_first: true,
+            ..self.setup(epoch, rank, roster.world.clone(), store)
+        };
+        let pg = connect(setup)
             .await
             .map_err(|e| crate::error::ReformError::Connect {
                 group: self.name.clone(),
@@ -298,6 +336,8 @@ impl GroupBuilder {
             nccl: self.nccl,
             propagate: self.propagate,
             liveness: self.liveness,
+            check_ops: self.check_ops,
+            admit_first: false,
         }
     }
 
@@ -399,6 +439,7 @@ impl ProcessGroup {
             propagate: config::propagate_errors(),
             liveness: config::peer_liveness(),
             rejoin: config::rejoin_timeout(),
+            check_ops: config::check_ops(),
         }
     }
 }
@@ -420,6 +461,11 @@ pub(crate) struct Setup {
     pub(crate) nccl: NcclOptions,
     pub(crate) propagate: bool,
     pub(crate) liveness: Duration,
+    /// The checked mode ([`GroupBuilder::check_ops`]).
+    pub(crate) check_ops: bool,
+    /// The group takes in replacement ranks: it refuses ops until `admit`
+    /// returned it (see `ProcessGroup::admit`).
+    pub(crate) admit_first: bool,
 }
 
 /// Connects this rank's part of a group: counts it in through the store,
@@ -439,6 +485,8 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         nccl: nccl_opts,
         propagate,
         liveness,
+        check_ops,
+        admit_first,
     } = setup;
     config::apply_profile();
     let size = members.len();
@@ -482,8 +530,15 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
                 msg,
             })??;
     }
-    let tcp_backend =
-        TcpBackend::connect(store.clone(), rank, size, name.clone(), tcp.clone()).await?;
+    let tcp_backend = TcpBackend::connect(
+        store.clone(),
+        rank,
+        size,
+        name.clone(),
+        tcp.clone(),
+        check_ops,
+    )
+    .await?;
     let nccl = Arc::new(NcclBackend::new(
         name.clone(),
         rank,
@@ -529,7 +584,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
     tracing::debug!(group = %name, rank, size, "group ready");
     Ok(ProcessGroup {
         inner: Arc::new(GroupState {
-            seq: Sequencer::new(name, rank, size, registry),
+            seq: Sequencer::new(name, rank, size, registry, admit_first),
             members,
             root_store,
             tcp: tcp_backend,
@@ -547,6 +602,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             epoch: group_epoch,
             reforms: AtomicU64::new(0),
             children: Mutex::new(Vec::new()),
+            check_ops,
         }),
         timeout,
     })

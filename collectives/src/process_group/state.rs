@@ -62,6 +62,8 @@ pub struct GroupState {
     pub(crate) reforms: AtomicU64,
     /// Its subgroups, which a re-form aborts.
     pub(crate) children: Mutex<Vec<Weak<GroupState>>>,
+    /// The checked mode (subgroups and re-formed groups inherit it).
+    pub(crate) check_ops: bool,
 }
 
 impl fmt::Debug for GroupState {

@@ -82,6 +82,8 @@ impl ProcessGroup {
             nccl: g.nccl_opts,
             propagate: g.propagation.is_some(),
             liveness: g.liveness,
+            check_ops: g.check_ops,
+            admit_first: false,
         })
         .await?;
         g.children

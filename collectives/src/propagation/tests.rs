@@ -15,6 +15,7 @@ fn ctx(rank: usize, seq: u64, op: &'static str) -> OpContext {
         group: "g".into(),
         seq,
         op,
+        internal: None,
     }
 }
 

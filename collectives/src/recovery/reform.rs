@@ -171,6 +171,8 @@ impl ProcessGroup {
             nccl: g.nccl_opts,
             propagate: g.propagation.is_some(),
             liveness: g.liveness,
+            check_ops: g.check_ops,
+            admit_first: !roster.joiners.is_empty(),
         })
         .await
         .map_err(|e| ReformError::Connect {
