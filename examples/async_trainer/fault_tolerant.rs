@@ -3,14 +3,16 @@
 //!
 //! Each step computes the batch gradient, all_reduces its buckets (Avg),
 //! applies SGD with momentum and checks the parameters' hash on every
-//! rank. When an op fails (a rank died), the step is abandoned before the
-//! optimizer: the survivors keep their parameters, call
-//! [`ProcessGroup::reform`], re-shard the data over the new world size and
-//! redo the step. Every `--admit-every` steps the members call
-//! [`ProcessGroup::admit`], which lets in a rank that `chorus-run
-//! --max-restarts` restarted (it rejoined from `init_from_env`). Whenever
-//! a group is new, its members first take the lowest surviving rank's
-//! state by broadcast (parameters, momentum, step, initial loss): the
+//! rank. Every rank, replacements included, runs one loop with
+//! [`ProcessGroup::admit`] at the top of a step: every `--admit-every`
+//! steps, where it lets in a rank that `chorus-run --max-restarts`
+//! restarted (it rejoined from `init_from_env`), and right after a failure
+//! or a start. When an op fails (a rank died), the step is abandoned
+//! before the optimizer and the next `admit` re-forms the group from the
+//! survivors; a replacement's first `admit` returns the group it joined.
+//! Whenever `admit` returns a group, its members take the lowest
+//! surviving rank's state by broadcast (parameters, momentum, step,
+//! initial loss) and re-shard the data over the new world size: the
 //! survivors already agree on it (up to a step that some of them finished
 //! before the failure), and a replacement gets it before its first step.
 //!
@@ -113,42 +115,58 @@ pub(super) async fn train(
             .await?;
         let data = Shard::new(cfg.seed, cfg.samples, pg.rank(), pg.size());
         st.initial = eval(&pg, &st.model, &data).await?;
-    }
-    // A replacement takes the state first; the others' broadcast of it is
-    // a no-op for them.
-    pg = synced(pg, &mut st, &mut hist, ft.window).await?;
-    if pg.rank() == 0 {
-        println!(
-            "async trainer (fault-tolerant): {} of {job_world} ranks, MLP {FEATURES}-{h}-1 ({n} params, {} buckets), {} samples, batch {}/rank, {total} steps, admit every {} steps",
-            pg.size(),
-            cfg.buckets,
-            cfg.samples,
-            cfg.batch,
-            ft.admit_every
-        );
+        hist.epochs.push((pg.epoch(), pg.size()));
+        if pg.rank() == 0 {
+            println!(
+                "async trainer (fault-tolerant): {} of {job_world} ranks, MLP {FEATURES}-{h}-1 ({n} params, {} buckets), {} samples, batch {}/rank, {total} steps, admit every {} steps",
+                pg.size(),
+                cfg.buckets,
+                cfg.samples,
+                cfg.batch,
+                ft.admit_every
+            );
+        }
     }
     let mut data = Shard::new(cfg.seed, cfg.samples, pg.rank(), pg.size());
     let mut shaped = (pg.epoch(), pg.size());
     let mut grads = vec![0.0f32; n];
     let mut checks = 0usize;
 
+    // `admit` at the top of a step, every `admit_every` steps and right
+    // after a failure (it re-forms the failed group) or a start (a
+    // replacement's group waits for it); whenever it returns a group, every
+    // member takes rank 0's state. Survivors and replacements run this
+    // same loop.
+    let mut due = true;
     while st.step < total {
+        if due || st.step % ft.admit_every == 0 {
+            due = false;
+            match pg.admit(ft.window).await {
+                Ok(Some(g)) => {
+                    pg = g;
+                    if hist.epochs.last().map(|e| e.0) != Some(pg.epoch()) {
+                        hist.epochs.push((pg.epoch(), pg.size()));
+                    }
+                    if let Err(e) = sync(&pg, &mut st).await {
+                        println!("the group failed while taking rank 0's state ({e}); re-forming");
+                        due = true;
+                        continue;
+                    }
+                }
+                Ok(None) => {}
+                // A joiner counted in died before connecting: the next
+                // admit forms the epoch after without it.
+                Err(chorus::ReformError::Connect { .. }) => {
+                    due = true;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         if (pg.epoch(), pg.size()) != shaped {
             // A new group: re-shard over its world size.
             data = Shard::new(cfg.seed, cfg.samples, pg.rank(), pg.size());
             shaped = (pg.epoch(), pg.size());
-        }
-        if st.step % ft.admit_every == 0 {
-            let admitted = match pg.admit(ft.window).await {
-                // A joiner counted in died before connecting: form the
-                // epoch after without it.
-                Err(chorus::ReformError::Connect { .. }) => Some(reformed(&pg, ft.window).await?),
-                other => other?,
-            };
-            if let Some(grown) = admitted {
-                pg = synced(grown, &mut st, &mut hist, ft.window).await?;
-                continue;
-            }
         }
         match step(&pg, &cfg, &ft, &mut st, &data, &mut grads, me, restarted).await {
             Ok(()) => {
@@ -174,8 +192,7 @@ pub(super) async fn train(
                     what,
                     recovered: None,
                 });
-                let new = reformed(&pg, ft.window).await?;
-                pg = synced(new, &mut st, &mut hist, ft.window).await?;
+                due = true;
             }
         }
     }
@@ -194,40 +211,7 @@ pub(super) async fn train(
     Ok((pg, fell && differing == 0))
 }
 
-/// Gives every member of the new group `pg` the state of its rank 0, and
-/// records the group; re-forms again if a member dies meanwhile.
-async fn synced(
-    mut pg: ProcessGroup,
-    st: &mut State,
-    hist: &mut History,
-    window: Duration,
-) -> Result<ProcessGroup, BoxError> {
-    loop {
-        if hist.epochs.last().map(|e| e.0) != Some(pg.epoch()) {
-            hist.epochs.push((pg.epoch(), pg.size()));
-        }
-        match sync(&pg, st).await {
-            Ok(()) => return Ok(pg),
-            Err(e) => {
-                println!("the group failed while taking rank 0's state ({e}); re-forming");
-                pg = reformed(&pg, window).await?;
-            }
-        }
-    }
-}
-
-/// `pg.reform(window)`, again while a member counted in dies before the
-/// new group connects (each call forms the next epoch), at most 3 times.
-async fn reformed(pg: &ProcessGroup, window: Duration) -> Result<ProcessGroup, BoxError> {
-    let mut tries = 0;
-    loop {
-        match pg.reform(window).await {
-            Err(chorus::ReformError::Connect { .. }) if tries < 3 => tries += 1,
-            other => return Ok(other?),
-        }
-    }
-}
-
+/// Takes rank 0's state (parameters, momentum, step, initial loss).
 async fn sync(pg: &ProcessGroup, st: &mut State) -> Result<(), BoxError> {
     let p = pg.broadcast(std::mem::take(&mut st.model.params), 0);
     let v = pg.broadcast(std::mem::take(&mut st.velocity), 0);

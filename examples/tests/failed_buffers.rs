@@ -79,7 +79,9 @@ async fn an_op_whose_peer_is_lost_gives_its_buffer_back() {
         assert!(
             matches!(
                 f.error(),
-                WorkError::PeerLost { .. } | WorkError::Aborted { .. }
+                WorkError::PeerLost { .. }
+                    | WorkError::Aborted { .. }
+                    | WorkError::Remote { origin: 2, .. }
             ),
             "{f}"
         );

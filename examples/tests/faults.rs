@@ -162,13 +162,13 @@ fn sigstop_times_out_and_chorus_trace_names_the_stopped_rank() {
     for i in 0..RUNS {
         let dir = temp_dir("stop", i);
         let out = run("stop", &dir);
-        // The first survivor to time out aborts its group and closes its
-        // connections, so the other may see that close (PeerLost) just
-        // before its own timeout; at least one must report the timeout.
+        // The first survivor to time out aborts its group and tells the
+        // other (Remote, naming the timeout) just before that one's own
+        // timeout; at least one must report the timeout.
         survivors_failed_within(
             &out,
             &[0, 2],
-            &["OpTimeout", "PeerLost", "GroupErrored", "Aborted"],
+            &["OpTimeout", "Remote", "PeerLost", "GroupErrored", "Aborted"],
             TIMEOUT_MS + 1000,
         );
         assert!(

@@ -201,7 +201,9 @@ async fn a_rank_back_after_the_roster_closed_is_voted_out() {
             assert!(
                 matches!(
                     f.error(),
-                    WorkError::OpTimeout { .. } | WorkError::PeerLost { .. }
+                    WorkError::OpTimeout { .. }
+                        | WorkError::PeerLost { .. }
+                        | WorkError::Remote { .. }
                 ),
                 "rank {r}: {f}"
             );

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::store::{InMemoryStore, Store};
-use chorus::{ProcessGroup, ReduceOp, ReformError};
+use chorus::{ProcessGroup, ReduceOp, ReformError, WorkError};
 use chorus_examples::testkit::{data, reference};
 
 const T: Duration = Duration::from_secs(10);
@@ -71,6 +71,27 @@ async fn check(gs: &[ProcessGroup]) -> Vec<usize> {
     gs[0].members().to_vec()
 }
 
+/// The first `admit` of every member of a group with replacements: each
+/// returns its group at once.
+async fn admit_all(gs: Vec<ProcessGroup>) -> Vec<ProcessGroup> {
+    let t0 = Instant::now();
+    let tasks: Vec<_> = gs
+        .into_iter()
+        .map(|g| tokio::spawn(async move { g.admit(WINDOW).await }))
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(
+            t.await
+                .unwrap()
+                .expect("admit")
+                .expect("the first admit of a group with replacements returns it"),
+        );
+    }
+    assert!(t0.elapsed() < WINDOW, "no exchange: {:?}", t0.elapsed());
+    out
+}
+
 /// Survivors `gs` re-form concurrently; returns their new groups.
 async fn reform_all(gs: Vec<ProcessGroup>) -> Vec<ProcessGroup> {
     let tasks: Vec<_> = gs
@@ -102,6 +123,17 @@ async fn a_replacement_announced_during_the_reform_is_counted_in_at_once() {
     for (i, g) in new.iter().enumerate() {
         assert_eq!(g.rank(), i);
     }
+    // A group with a replacement refuses ops until admit returned it, on
+    // every member alike; then its first admit returns it at once.
+    for g in &new {
+        let e = g.all_reduce(vec![1.0f32], ReduceOp::Sum).unwrap_err();
+        assert!(
+            matches!(e.error, WorkError::NotAdmitted { .. }),
+            "{}",
+            e.error
+        );
+    }
+    let new = admit_all(new).await;
     // Survivors in old order, then the joiner by world rank.
     assert_eq!(check(&new).await, vec![0, 2, 1]);
 }
@@ -160,6 +192,13 @@ async fn a_later_replacement_is_admitted_at_a_step_boundary() {
     assert_eq!(grown.len(), 3, "the replacement was admitted");
     let j = j.await.unwrap().expect("admitted");
     assert_eq!((j.rank(), j.epoch()), (3, 2));
+    // The members' admit returned the grown group; the replacement's first
+    // admit returns its own at once.
+    let j = j
+        .admit(WINDOW)
+        .await
+        .expect("admit")
+        .expect("its first admit returns its group");
     grown.push(j);
     assert_eq!(check(&grown).await, vec![1, 2, 3, 0]);
 }

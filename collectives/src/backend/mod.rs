@@ -30,6 +30,7 @@ use crate::error::Rejected;
 use crate::grouped::Grouped;
 use crate::sequence::Sequencer;
 
+pub(crate) mod checked;
 pub(crate) mod nccl;
 pub(crate) mod tcp;
 

@@ -11,6 +11,7 @@ use chorus_store::{PrefixStore, Store};
 
 use super::handle::ProcessGroup;
 use super::state::{GroupState, DEFAULT_TIMEOUT, GROUP_PREFIX};
+use crate::backend::checked::Checker;
 use crate::backend::nccl::{NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::Backend;
@@ -546,6 +547,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         store,
         nccl_opts,
         timeout,
+        check_ops.then(|| Checker::new(tcp_backend.clone(), timeout)),
     ));
     let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
     let registry = Arc::new(Registry::with_recorder(recorder));

@@ -19,6 +19,7 @@ use chorus_store::Store;
 
 use super::init::{NcclFactory, NcclInitError};
 use super::options::NcclOptions;
+use crate::backend::checked::{signature_of, Checker};
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::sequence::Sequencer;
@@ -32,6 +33,9 @@ pub(crate) struct NcclBackend {
     seen: AtomicU64,
     /// Collective communicators by device, in front of the cache.
     hot: std::sync::RwLock<Vec<(u32, Arc<Communicator>)>>,
+    /// The checked mode: every launch's signatures compared across ranks
+    /// before it reaches NCCL.
+    pub(crate) checker: Option<Checker>,
 }
 
 impl fmt::Debug for NcclBackend {
@@ -52,6 +56,7 @@ impl NcclBackend {
         store: Arc<dyn Store>,
         opts: NcclOptions,
         timeout: Duration,
+        checker: Option<Checker>,
     ) -> NcclBackend {
         let factory = NcclFactory::new(group.clone(), rank, size, store, opts, timeout);
         NcclBackend {
@@ -60,6 +65,7 @@ impl NcclBackend {
             live: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
             hot: std::sync::RwLock::new(Vec::new()),
+            checker,
         }
     }
 
@@ -342,6 +348,11 @@ impl NcclBackend {
         let mut counters = seq.lock();
         let n = counters.next(op);
         let ctx = seq.ctx(n, name);
+        if let Some(checker) = &self.checker {
+            if let Err(e) = checker.verify(seq, &mut counters, &ctx, &[signature_of(op, &meta)]) {
+                return Err(Rejected::new(e, bufs));
+            }
+        }
         let probe: Arc<dyn FinishedProbe> = end.clone();
         if prof {
             profile::stamp(2);

@@ -27,7 +27,7 @@ impl Backend for NcclBackend {
         timeout: Duration,
         staged: NcclStaged,
     ) -> Result<(), WorkError> {
-        staged.launch(seq, timeout, self.opts.poll_spin)
+        staged.launch(seq, timeout, self.opts.poll_spin, self.checker.as_ref())
     }
 
     fn abort(&self, cause: &WorkError) {

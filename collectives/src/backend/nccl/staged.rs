@@ -18,6 +18,7 @@ use chorus_core::{Op, OpContext, WorkBatch, WorkError};
 use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, NoBuffers};
 
 use super::backend::{comm_error, device_check, lookup_error, NcclBackend};
+use crate::backend::checked::{signature_of, Checker};
 use crate::device_work::{DeviceWork, GroupLead, Member};
 use crate::error::Rejected;
 use crate::grouped::{self, Grouped};
@@ -121,6 +122,7 @@ impl NcclStaged {
         seq: &Sequencer,
         timeout: Duration,
         spin: Duration,
+        checker: Option<&Checker>,
     ) -> Result<(), WorkError> {
         let mut ops = std::mem::take(&mut self.ops);
         let (Some(batch), Some(lead)) = (self.batch.take(), self.lead.take()) else {
@@ -131,6 +133,14 @@ impl NcclStaged {
             return Ok(());
         };
         let first = seq.ctx(counters.next(head.op), head.name);
+        if let Some(checker) = checker {
+            let sigs: Vec<_> = ops.iter().map(|o| signature_of(o.op, &o.meta)).collect();
+            if let Err(err) = checker.verify(seq, &mut counters, &first, &sigs) {
+                drop(counters);
+                lead.not_run(err.clone());
+                return Err(err);
+            }
+        }
         // Given back if the launch fails: the ops never ran.
         let mut taken = Taken::default();
         // One launch, one clock reading.

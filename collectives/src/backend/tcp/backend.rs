@@ -336,15 +336,30 @@ impl TcpBackend {
         name: &'static str,
         bufs: S,
     ) -> Result<Work<S>, Rejected<S>> {
+        let mut counters = seq.lock();
+        self.submit_own_locked(seq, &mut counters, timeout, op, name, bufs)
+    }
+
+    /// [`submit_own`](Self::submit_own) under the submission lock
+    /// `counters`, which the caller keeps (it waits for the op before
+    /// submitting the one it checks).
+    pub(crate) fn submit_own_locked<S: HostBuffers>(
+        &self,
+        seq: &Sequencer,
+        counters: &mut Counters,
+        timeout: Duration,
+        op: Op,
+        name: &'static str,
+        bufs: S,
+    ) -> Result<Work<S>, Rejected<S>> {
         let counts = counts(&bufs);
         if let Err(msg) = op.check(seq.size(), &counts) {
             return Err(Rejected::new(seq.invalid(name, msg), bufs));
         }
         let meta = Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0));
-        let mut counters = seq.lock();
         match Self::register(
             seq,
-            &mut counters,
+            counters,
             timeout,
             op,
             name,
@@ -353,13 +368,10 @@ impl TcpBackend {
             true,
         ) {
             Ok((work, req)) => {
-                let assist = self.start(req, counters);
+                let assist = self.start_then(req, || ());
                 Ok(Work::new(work, Vec::new(), assist))
             }
-            Err((error, host)) => {
-                drop(counters);
-                Err(Rejected::new(error, S::recover(host)))
-            }
+            Err((error, host)) => Err(Rejected::new(error, S::recover(host))),
         }
     }
 }

@@ -71,7 +71,7 @@ pub(super) const ALGO_RS_BCAST: u8 = 3;
 pub(super) const ALGO_CHECK: u8 = 4;
 
 /// Op names by wire code: the program's ops, then chorus's own.
-const OPS: [&str; 10] = [
+const OPS: [&str; 11] = [
     "all_reduce",
     "broadcast",
     "reduce",
@@ -82,6 +82,7 @@ const OPS: [&str; 10] = [
     "recv",
     "barrier",
     "admit",
+    "check",
 ];
 
 /// The seq a frame of the op at `ctx` carries: its sequence number, or for
@@ -124,7 +125,7 @@ pub(super) fn mismatch_detail(
             at_seq(ours.seq)
         )
     };
-    if (theirs.seq | ours.seq) & OWN_SEQ != 0 {
+    if op_name(theirs.op) == "admit" || our_name == "admit" {
         d.push_str(
             ": every member must call admit at the same point of its program, and a rank \
              that rejoined calls it before any op of its new group (docs/FAULTS.md, Growing back)",
@@ -176,7 +177,10 @@ impl Sig {
     /// name and where it comes from.
     pub(super) fn describe(&self, name: &str, other: &Sig) -> String {
         if self.seq & OWN_SEQ != 0 {
-            return format!("{name} (chorus's own exchange in ProcessGroup::{name})");
+            return match name {
+                "check" => "check (the checked mode's exchange before a device op)".into(),
+                name => format!("{name} (chorus's own exchange in ProcessGroup::{name})"),
+            };
         }
         let mut s = format!("{name}(count={}", self.count);
         // Only fields both sides have and disagree on.

@@ -3,10 +3,12 @@
 //! --max-restarts` each comes back as a replacement rank and rejoins.
 //!
 //! Every member of every group it forms (survivors and replacements alike)
-//! runs the same steps: broadcast the parameters from rank 0 (the lowest
-//! survivor), check an all_reduce against the serial reference, and, while
-//! the group is smaller than the world, `admit` joiners (up to
-//! `FAULT_ADMITS` tries, default 200, 10 ms apart). Each reports
+//! calls `admit` first (a group with replacements runs nothing before; its
+//! first `admit` returns it), then runs the same steps: broadcast the
+//! parameters from rank 0 (the lowest survivor), check an all_reduce
+//! against the serial reference, and, while the group is smaller than the
+//! world, `admit` joiners (up to `FAULT_ADMITS` tries, default 200, 10 ms
+//! apart). Each reports
 //! `RESULT rank=W kind=Grown elapsed_ms=MS msg=epoch=E size=N rank=R
 //! params=HASH` (W: world rank; MS: from the failure to the full group on a
 //! survivor, from the start on a replacement), or `kind=Shrunk` if the
@@ -66,6 +68,11 @@ pub(crate) async fn grow_scenario(pg: ProcessGroup, world: usize) -> Result<i32,
     let mut pg = pg;
     let mut p;
     if restarted {
+        // Its first admit returns its group, as the survivors' returned it
+        // to them.
+        if let Some(g) = pg.admit(window).await? {
+            pg = g;
+        }
         p = match sync(&pg, vec![0.0; 4099]).await? {
             Ok(p) => p,
             Err(msg) => {
@@ -114,6 +121,9 @@ pub(crate) async fn grow_scenario(pg: ProcessGroup, world: usize) -> Result<i32,
             failed.elapsed().as_millis(),
             pg.size()
         );
+        if let Some(g) = pg.admit(window).await? {
+            pg = g;
+        }
         p = match sync(&pg, p).await? {
             Ok(p) => p,
             Err(msg) => {
