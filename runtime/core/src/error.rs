@@ -13,7 +13,13 @@ pub struct OpContext {
     pub rank: usize,
     /// Name of the group (`"world"` for the default group).
     pub group: Arc<str>,
-    /// Sequence number of the op in its group, from 1.
+    /// Sequence number of the op in its group, from 1: collectives count
+    /// on one counter, a send or recv on the counter of its direction to
+    /// its peer. An op refused before it ran ([`WorkError::InvalidArgument`],
+    /// [`WorkError::GroupErrored`]) takes none: it shows the number it
+    /// would have taken, which the next op then takes. 0 where there is
+    /// no op (an abort, a capture) or none yet (an op staged in a group
+    /// takes its number at launch); it is then left out of the message.
     pub seq: u64,
     /// The op, e.g. `"all_reduce"`.
     pub op: &'static str,
@@ -21,11 +27,11 @@ pub struct OpContext {
 
 impl fmt::Display for OpContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "rank {} in group '{}' at seq {} ({})",
-            self.rank, self.group, self.seq, self.op
-        )
+        write!(f, "rank {} in group '{}' ", self.rank, self.group)?;
+        if self.seq != 0 {
+            write!(f, "at seq {} ", self.seq)?;
+        }
+        write!(f, "({})", self.op)
     }
 }
 
@@ -33,7 +39,10 @@ impl fmt::Display for OpContext {
 ///
 /// Errors are cloneable: when a communicator or group fails, every pending
 /// work receives the same error.
-#[derive(Clone, Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` and `unwrap` print it);
+/// `{:#?}` shows the structure (see [`message_debug`](crate::message_debug)).
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkError {
     /// The op did not complete within its timeout. A peer is hung, slow or out
@@ -62,7 +71,9 @@ pub enum WorkError {
         /// The store's error message.
         cause: String,
     },
-    /// The connection to a peer broke while the op needed it.
+    /// The connection to a peer broke while the op needed it: it ended
+    /// without the peer's goodbye (the process died, or its group failed
+    /// or was aborted), or broke mid-frame.
     #[error(
         "{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log"
     )]
@@ -73,6 +84,22 @@ pub enum WorkError {
         peer: usize,
         /// What the transport reported.
         cause: String,
+    },
+    /// A peer left the group cleanly, with a goodbye (it shut its group
+    /// down, or dropped it), before taking part in an op this rank needed
+    /// it for. It did not crash and its group had not failed: it called
+    /// fewer ops than this rank, or its program ended early.
+    #[error(
+        "{ctx}: rank {peer} left the group before taking part in this op: it shut the group down \
+         or dropped it, with a goodbye (it did not crash, and its group had not failed); it called \
+         fewer ops than this rank, or its program ended early: check its log, and that every rank \
+         calls the same ops"
+    )]
+    PeerLeft {
+        /// The op that needed the peer.
+        ctx: OpContext,
+        /// The peer rank that left.
+        peer: usize,
     },
     /// A peer went silent: nothing from it for the liveness timeout — not
     /// even the transport's acknowledgements (a network partition, a host
@@ -155,6 +182,7 @@ impl WorkError {
             WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
             WorkError::Store { .. } => "Store",
             WorkError::PeerLost { .. } => "PeerLost",
+            WorkError::PeerLeft { .. } => "PeerLeft",
             WorkError::PeerSilent { .. } => "PeerSilent",
             WorkError::Mismatch { .. } => "Mismatch",
             WorkError::Aborted { .. } => "Aborted",
@@ -172,6 +200,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx, .. }
             | WorkError::Store { ctx, .. }
             | WorkError::PeerLost { ctx, .. }
+            | WorkError::PeerLeft { ctx, .. }
             | WorkError::PeerSilent { ctx, .. }
             | WorkError::Mismatch { ctx, .. }
             | WorkError::Aborted { ctx, .. }
@@ -191,6 +220,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx: c, .. }
             | WorkError::Store { ctx: c, .. }
             | WorkError::PeerLost { ctx: c, .. }
+            | WorkError::PeerLeft { ctx: c, .. }
             | WorkError::PeerSilent { ctx: c, .. }
             | WorkError::Mismatch { ctx: c, .. }
             | WorkError::Aborted { ctx: c, .. }
@@ -202,6 +232,21 @@ impl WorkError {
         e
     }
 }
+
+debug_shows_message!(WorkError {
+    OpTimeout { ctx, after },
+    HeartbeatTimeout { ctx, after },
+    Store { ctx, cause },
+    PeerLost { ctx, peer, cause },
+    PeerLeft { ctx, peer },
+    PeerSilent { ctx, peer, after },
+    Mismatch { ctx, detail },
+    Aborted { ctx, reason },
+    GroupErrored { ctx, cause },
+    Remote { ctx, origin, cause },
+    InvalidArgument { ctx, msg },
+    Backend { ctx, msg },
+});
 
 /// An op that failed, with its buffers once nothing can touch them any
 /// more.
@@ -218,14 +263,33 @@ impl WorkError {
 /// once nothing touches them.
 ///
 /// Displays as its error does (like [`WorkError`] it has no source), so
-/// a log line or `?` into an error type reads the same as before.
-#[derive(Debug, thiserror::Error)]
+/// a log line or `?` into an error type reads the same as before. `Debug`
+/// shows that message too, for any `B` (so `?` in `main` prints it);
+/// `{:#?}` shows the structure, with the buffers by their type.
+#[derive(thiserror::Error)]
 #[error("{error}")]
 pub struct Failed<B> {
     /// Why the op failed.
     pub error: WorkError,
     /// The op's buffers, contents unspecified, when they came back.
     pub buffers: Option<B>,
+}
+
+impl<B> fmt::Debug for Failed<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::message_debug::fmt(self, f, |f| {
+            f.debug_struct("Failed")
+                .field("error", &self.error)
+                .field(
+                    "buffers",
+                    &self
+                        .buffers
+                        .as_ref()
+                        .map(|_| crate::message_debug::TypeName::<B>::of()),
+                )
+                .finish()
+        })
+    }
 }
 
 impl<B> Failed<B> {

@@ -153,7 +153,10 @@ fn left_key(rank: usize) -> String {
 const DROP_GOODBYE_WAIT: Duration = Duration::from_secs(1);
 
 /// Errors of [`rendezvous`], [`init_from_env`] and [`Rendezvous::shutdown`].
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` prints it); `{:#?}` the
+/// structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RendezvousError {
     /// The environment does not describe a rank.
@@ -243,6 +246,20 @@ pub enum RendezvousError {
     #[error("rendezvous: {0}")]
     Runtime(String),
 }
+
+chorus_core::debug_shows_message!(RendezvousError {
+    Env(e),
+    Host { addr, cause },
+    Connect { rank, host, addr, after, cause },
+    LauncherGone { pid, cause },
+    NeverJoined { missing, world_size, after },
+    DuplicateRank { rank },
+    WorldSizeMismatch { ours, theirs },
+    NeverLeft { missing, world_size, after },
+    NoRejoin { rank, why },
+    Store(e),
+    Runtime(msg),
+});
 
 /// A joined rank: who it is, and the job's store.
 ///
