@@ -467,6 +467,7 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
         let name = op.name();
         if matches!(op, Op::SendRecv { .. }) {
             let error = seq.invalid(
+                op,
                 name,
                 "send_recv runs on device buffers; on host buffers stage a send and a recv in \
                  a group (ProcessGroup::group)"
@@ -547,7 +548,7 @@ impl<T: Element> Coalesces<Vec<T>> for TcpBackend {
             } else {
                 format!("{op} cannot be coalesced; all_reduce, broadcast and reduce can")
             };
-            return Err(Rejected::new(seq.invalid(name, msg), bufs));
+            return Err(Rejected::new(seq.invalid(op, name, msg), bufs));
         }
         let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
         let total = lens.iter().sum();
