@@ -10,7 +10,7 @@ use chorus_core::Registry;
 use chorus_store::{PrefixStore, Store};
 
 use super::handle::ProcessGroup;
-use super::state::{GroupState, DEFAULT_TIMEOUT, GROUP_PREFIX};
+use super::state::{GroupState, Origin, DEFAULT_TIMEOUT, GROUP_PREFIX};
 use crate::backend::nccl::{NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::Backend;
@@ -36,6 +36,8 @@ pub struct GroupBuilder {
     propagate: bool,
     liveness: Duration,
     rejoin: Duration,
+    /// `CHORUS_RANK_RESTARTS`, read by [`ProcessGroup::builder`].
+    restarts: u64,
 }
 
 impl GroupBuilder {
@@ -157,7 +159,7 @@ impl GroupBuilder {
     /// ranks that never joined; setup errors as for [`build`](Self::build);
     /// for a restarted rank, those of [`rejoin_from_env`](Self::rejoin_from_env).
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
-        if config::rank_restarts() > 0 {
+        if self.restarts > 0 {
             return self.rejoin_from_env().await;
         }
         let rdzv = chorus_store::rendezvous::init_from_env().await?;
@@ -260,7 +262,9 @@ impl GroupBuilder {
         .await?;
         tracing::info!(group = %self.name, world_rank, rank, epoch = roster.epoch, world = ?roster.world, "admitted");
         let epoch = roster.epoch;
-        let pg = connect(self.setup(epoch, rank, roster.world.clone(), store))
+        let mut setup = self.setup(epoch, rank, roster.world.clone(), store);
+        setup.origin.replacement = true;
+        let pg = connect(setup)
             .await
             .map_err(|e| crate::error::ReformError::Connect {
                 group: self.name.clone(),
@@ -298,6 +302,10 @@ impl GroupBuilder {
             nccl: self.nccl,
             propagate: self.propagate,
             liveness: self.liveness,
+            origin: Origin {
+                restarts: self.restarts,
+                replacement: false,
+            },
         }
     }
 
@@ -384,7 +392,8 @@ impl ProcessGroup {
     /// A builder for the world group, starting from the environment's
     /// settings (`CHORUS_SHM`, `CHORUS_NCCL_BLOCKING`, `CHORUS_POLL_SPIN_US`,
     /// `CHORUS_PROPAGATE_ERRORS`; see docs/CONFIG.md), which its methods
-    /// override.
+    /// override, and from `CHORUS_RANK_RESTARTS` (what
+    /// [`restarts`](ProcessGroup::restarts) reports).
     pub fn builder() -> GroupBuilder {
         GroupBuilder {
             rank: 0,
@@ -399,6 +408,7 @@ impl ProcessGroup {
             propagate: config::propagate_errors(),
             liveness: config::peer_liveness(),
             rejoin: config::rejoin_timeout(),
+            restarts: config::rank_restarts(),
         }
     }
 }
@@ -420,6 +430,8 @@ pub(crate) struct Setup {
     pub(crate) nccl: NcclOptions,
     pub(crate) propagate: bool,
     pub(crate) liveness: Duration,
+    /// How this rank's process came into the job.
+    pub(crate) origin: Origin,
 }
 
 /// Connects this rank's part of a group: counts it in through the store,
@@ -439,6 +451,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         nccl: nccl_opts,
         propagate,
         liveness,
+        origin,
     } = setup;
     config::apply_profile();
     let size = members.len();
@@ -547,6 +560,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             epoch: group_epoch,
             reforms: AtomicU64::new(0),
             children: Mutex::new(Vec::new()),
+            origin,
         }),
         timeout,
     })

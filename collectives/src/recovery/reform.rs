@@ -171,6 +171,7 @@ impl ProcessGroup {
             nccl: g.nccl_opts,
             propagate: g.propagation.is_some(),
             liveness: g.liveness,
+            origin: g.origin,
         })
         .await
         .map_err(|e| ReformError::Connect {
