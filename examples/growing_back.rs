@@ -108,9 +108,8 @@ async fn rank(args: Args) -> Result<bool, BoxError> {
             println!("VICTIM rank={world_rank} step={step} killing itself");
             let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
         }
-        let averaged = async {
-            Ok::<_, chorus::Error>(pg.all_reduce(gradients(step), ReduceOp::Avg)?.await?)
-        };
+        let averaged =
+            async { Ok::<_, chorus::Error>(pg.all_reduce(gradients(step), ReduceOp::Avg)?.await?) };
         match averaged.await {
             Ok(g) => {
                 params.iter_mut().zip(&g).for_each(|(p, g)| *p -= g);

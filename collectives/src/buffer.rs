@@ -231,7 +231,7 @@ mod route {
             op: Op,
             b: Vec<T>,
         ) -> Result<Grouped<Self::Work>, Rejected<Vec<T>>> {
-            match staging.host(&st.seq, op.name()) {
+            match staging.host(&st.seq, op) {
                 Ok(staged) => st.tcp.stage(&st.seq, staged, op, b),
                 Err(e) => Err(Rejected::new(e, b)),
             }
@@ -244,7 +244,7 @@ mod route {
             i: Vec<T>,
             o: Vec<T>,
         ) -> Result<Grouped<Self::PairWork>, Rejected<(Vec<T>, Vec<T>)>> {
-            match staging.host(&st.seq, op.name()) {
+            match staging.host(&st.seq, op) {
                 Ok(staged) => st.tcp.stage(&st.seq, staged, op, (i, o)),
                 Err(e) => Err(Rejected::new(e, (i, o))),
             }
@@ -291,7 +291,7 @@ mod route {
             op: Op,
             b: B,
         ) -> Result<Grouped<Self::Work>, Rejected<B>> {
-            match staging.device(&st.seq, op.name()) {
+            match staging.device(&st.seq, op) {
                 Ok(staged) => st.nccl.stage(&st.seq, staged, op, b),
                 Err(e) => Err(Rejected::new(e, b)),
             }
@@ -304,7 +304,7 @@ mod route {
             i: B,
             o: B,
         ) -> Result<Grouped<Self::PairWork>, Rejected<(B, B)>> {
-            match staging.device(&st.seq, op.name()) {
+            match staging.device(&st.seq, op) {
                 Ok(staged) => st.nccl.stage(&st.seq, staged, op, (i, o)),
                 Err(e) => Err(Rejected::new(e, (i, o))),
             }

@@ -1,13 +1,30 @@
 //! The error types of chorus's public API: [`Error`], a refused op
 //! ([`Rejected`]), a group that could not be re-formed ([`ReformError`]).
+//!
+//! Every error type of chorus (these, [`WorkError`], [`Failed`], the
+//! store's and the rendezvous' errors) shows its message for `{:?}`, so a
+//! `main` that returns one with `?` prints what went wrong and what to do;
+//! `{:#?}` shows its structure.
+//!
+//! ```
+//! let e = chorus::Error::InvalidArgument("device 9 is out of range".into());
+//! assert_eq!(format!("{e:?}"), "invalid argument: device 9 is out of range");
+//! assert_eq!(format!("{e:#?}"), "InvalidArgument(\n    \"device 9 is out of range\",\n)");
+//! ```
 
+use std::fmt;
+
+use chorus_core::message_debug::TypeName;
 use chorus_core::{Failed, WorkError};
 use chorus_store::rendezvous::RendezvousError;
 use chorus_store::StoreError;
 
 /// Everything that can go wrong in chorus outside a running op's own
 /// [`WorkError`].
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` shows the message, so `fn main() -> Result<(), chorus::Error>`
+/// with `?` prints it; `{:#?}` shows the structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An op failed or was refused.
@@ -38,15 +55,38 @@ pub enum Error {
     Reform(#[from] ReformError),
 }
 
+chorus_core::debug_shows_message!(Error {
+    Work(e),
+    Store(e),
+    Rendezvous(e),
+    Setup { group, rank, msg },
+    InvalidArgument(msg),
+    Reform(e),
+});
+
 /// A submission that was refused before anything ran; gives the buffers
 /// back.
-#[derive(Debug, thiserror::Error)]
+///
+/// Displays as its error does; `Debug` shows that message too, for any
+/// `B`; `{:#?}` shows the structure, with the buffers by their type.
+#[derive(thiserror::Error)]
 #[error("{error}")]
 pub struct Rejected<B> {
     /// Why the op was refused.
     pub error: WorkError,
     /// The buffers, untouched.
     pub buffers: B,
+}
+
+impl<B> fmt::Debug for Rejected<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        chorus_core::message_debug::fmt(self, f, |f| {
+            f.debug_struct("Rejected")
+                .field("error", &self.error)
+                .field("buffers", &TypeName::<B>::of())
+                .finish()
+        })
+    }
 }
 
 impl<B> Rejected<B> {
@@ -75,6 +115,47 @@ impl<B> From<Rejected<B>> for WorkError {
     }
 }
 
+/// A refusal as a failure that carries its buffers back: a retry loop
+/// matches one type for an op that was refused (when it was called) and
+/// one that failed (when it was awaited), and gets its buffers back from
+/// either.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(pg: &chorus::ProcessGroup) -> Result<(), chorus::Error> {
+/// use chorus::{Failed, ReduceOp};
+///
+/// let mut grads = vec![0.5f32; 1024];
+/// for _attempt in 0..3 {
+///     // `?` inside turns a refusal into a `Failed` with its buffers.
+///     let run = async {
+///         let work = pg.all_reduce(grads, ReduceOp::Sum)?;
+///         work.await
+///     };
+///     let result: Result<Vec<f32>, Failed<Vec<f32>>> = run.await;
+///     match result {
+///         Ok(sum) => {
+///             grads = sum;
+///             break;
+///         }
+///         Err(failed) => {
+///             eprintln!("all_reduce did not run: {failed}");
+///             // Refused or failed: the buffers come back either way
+///             // (a device op's may not, when the device still holds
+///             // them).
+///             grads = failed.into_buffers().unwrap_or_else(|| vec![0.5; 1024]);
+///         }
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+impl<B> From<Rejected<B>> for Failed<B> {
+    fn from(r: Rejected<B>) -> Self {
+        Failed::new(r.error, r.buffers)
+    }
+}
+
 /// A failed op's error, without its buffers (for `?` in code that returns
 /// [`Error`]).
 impl<B> From<Failed<B>> for Error {
@@ -85,7 +166,9 @@ impl<B> From<Failed<B>> for Error {
 
 /// Why [`ProcessGroup::reform`](crate::ProcessGroup::reform) gave no new
 /// group.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` shows the message; `{:#?}` the structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ReformError {
     /// The survivors closed the roster of `epoch` without this rank: it
@@ -179,6 +262,15 @@ pub enum ReformError {
         rank: usize,
         /// The mismatch.
         #[source]
-        source: WorkError,
+        source: Box<WorkError>,
     },
 }
+
+chorus_core::debug_shows_message!(ReformError {
+    VotedOut { group, rank, epoch, members },
+    Store { group, rank, epoch, source },
+    Corrupt { group, epoch, value },
+    NotAdmitted { group, world_rank, epoch, after },
+    Connect { group, rank, epoch, members, source },
+    Mismatch { group, rank, source },
+});

@@ -28,7 +28,9 @@
 //!   group from the survivors of a failure ([`ProcessGroup::reform`]).
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
 //!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
-//!   chorus's own background I/O threads.
+//!   chorus's own background I/O threads; [`wait_report`]: how a rank that
+//!   waits for others (rendezvous, re-forming) reports it every few
+//!   seconds.
 //! * [`cuda`]: devices, streams and events; [`reactor`]: the completion
 //!   reactor's settings.
 //! * `config`: the one place where this layer reads `CHORUS_*` variables
@@ -71,7 +73,7 @@ pub use chorus_gpu::nccl::{
 };
 pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 pub use chorus_gpu::reactor;
-pub use chorus_store::{rendezvous, rt};
+pub use chorus_store::{rendezvous, rt, wait_report};
 pub use device_work::DeviceWork;
 pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;

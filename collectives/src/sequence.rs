@@ -119,7 +119,7 @@ impl Counters {
     /// program's last collective (see [`OpContext`]).
     pub(crate) fn next_own(&self, seq: &Sequencer, name: &'static str) -> OpContext {
         OpContext {
-            internal: Some(self.own + 1),
+            internal: std::num::NonZeroU64::new(self.own + 1),
             ..seq.ctx(self.collective, name)
         }
     }
@@ -204,10 +204,10 @@ impl Sequencer {
 
     /// Refuses every op while the group waits for `admit`
     /// ([`WorkError::NotAdmitted`]).
-    fn check_admitted(&self, name: &'static str) -> Result<(), WorkError> {
+    fn check_admitted(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
         if self.admit_first.load(Ordering::Acquire) {
             return Err(WorkError::NotAdmitted {
-                ctx: self.ctx(0, name),
+                ctx: self.refused_ctx(op, name),
             });
         }
         Ok(())
@@ -224,11 +224,26 @@ impl Sequencer {
         }
     }
 
-    /// An invalid-argument error of `op` (nothing was submitted, so no
-    /// sequence number).
-    pub(crate) fn invalid(&self, op: &'static str, msg: String) -> WorkError {
+    /// Where `op` (named `name`) sits when it is refused: the sequence
+    /// number it would have taken, which it does not take (the next op
+    /// takes it), as a refusal by the registry
+    /// ([`WorkError::GroupErrored`]) shows it. Takes the submission lock
+    /// briefly: never call it while holding it.
+    pub(crate) fn refused_ctx(&self, op: Op, name: &'static str) -> OpContext {
+        let seq = match op {
+            // A peer outside the group has no counter: no number.
+            Op::Send { peer } | Op::Recv { peer } | Op::SendRecv { peer } if peer >= self.size => 0,
+            _ => self.lock().next(op),
+        };
+        self.ctx(seq, name)
+    }
+
+    /// An invalid-argument error of `op` (named `name`): nothing was
+    /// submitted; the context shows the number it would have taken
+    /// ([`refused_ctx`](Self::refused_ctx)).
+    pub(crate) fn invalid(&self, op: Op, name: &'static str, msg: String) -> WorkError {
         WorkError::InvalidArgument {
-            ctx: self.ctx(0, op),
+            ctx: self.refused_ctx(op, name),
             msg,
         }
     }
@@ -246,15 +261,10 @@ impl Sequencer {
         name: &'static str,
         counts: &[usize],
     ) -> Result<(), WorkError> {
-        self.check_admitted(name)?;
+        self.check_admitted(op, name)?;
         op.check(self.size, counts)
-            .map_err(|msg| self.invalid(name, msg))?;
-        match op {
-            Op::Send { peer } | Op::Recv { peer } if peer == self.rank => {
-                Err(self.invalid(name, format!("rank {peer} cannot {name} to itself")))
-            }
-            _ => Ok(()),
-        }
+            .map_err(|msg| self.invalid(op, name, msg))?;
+        self.check_self(op, name)
     }
 
     /// Checks what only the group can tell of `op` (named `name`): a root
@@ -266,11 +276,12 @@ impl Sequencer {
     ///
     /// [`WorkError::InvalidArgument`] saying what is wrong.
     pub(crate) fn check_ranks(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
-        self.check_admitted(name)?;
+        self.check_admitted(op, name)?;
         match op.peer() {
             Some(r) if r >= self.size => {
                 let what = if op.is_collective() { "root" } else { "peer" };
                 Err(self.invalid(
+                    op,
                     name,
                     format!("{what} {r} is not a rank of a group of size {}", self.size),
                 ))
@@ -283,7 +294,7 @@ impl Sequencer {
     fn check_self(&self, op: Op, name: &'static str) -> Result<(), WorkError> {
         match op {
             Op::Send { peer } | Op::Recv { peer } if peer == self.rank => {
-                Err(self.invalid(name, format!("rank {peer} cannot {name} to itself")))
+                Err(self.invalid(op, name, format!("rank {peer} cannot {name} to itself")))
             }
             _ => Ok(()),
         }
@@ -341,6 +352,59 @@ mod tests {
         assert_eq!(
             (c.collective, c.sent, c.received),
             (before.collective, before.sent, before.received)
+        );
+    }
+
+    /// A refusal shows the number its op would have taken, on the op's own
+    /// counter, and takes none; a peer outside the group has no counter.
+    #[test]
+    fn refusals_show_the_number_they_would_have_taken_and_take_none() {
+        let seq = Sequencer::new("g".into(), 1, 3, Arc::new(Registry::new()), false);
+        {
+            let mut c = seq.lock();
+            let mut taken = Taken::default();
+            for op in [
+                Op::AllReduce(ReduceOp::Sum),
+                Op::Barrier,
+                Op::Send { peer: 2 },
+                Op::Recv { peer: 0 },
+                Op::Recv { peer: 0 },
+            ] {
+                c.take(op, &mut taken);
+            }
+        }
+        let seq_of = |e: WorkError| e.context().seq;
+        // A collective: the group's next collective number.
+        let e = seq.check(Op::Broadcast { root: 7 }, "broadcast", &[4]);
+        assert_eq!(e.map_err(seq_of), Err(3));
+        let e = seq.check(Op::AllGather, "all_gather", &[4, 5]);
+        assert_eq!(e.map_err(seq_of), Err(3));
+        // A send or recv: the next number towards or from its peer (here
+        // a send to itself, refused).
+        let e = seq.check(Op::Send { peer: 1 }, "send", &[1]).unwrap_err();
+        assert_eq!(e.context().seq, 1, "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("rank 1 in group 'g' at seq 1 (send): "),
+            "{e}"
+        );
+        let e = seq.invalid(Op::Recv { peer: 0 }, "recv", "no".into());
+        assert_eq!(e.context().seq, 3);
+        let e = seq.invalid(Op::Send { peer: 2 }, "send", "no".into());
+        assert_eq!(e.context().seq, 2);
+        // No counter for a peer outside the group: no number, none shown.
+        let e = seq.check_ranks(Op::Recv { peer: 9 }, "recv").unwrap_err();
+        assert_eq!(e.context().seq, 0);
+        assert!(
+            e.to_string()
+                .starts_with("rank 1 in group 'g' (recv): invalid argument: "),
+            "{e}"
+        );
+        // Nothing was taken.
+        let c = seq.lock();
+        assert_eq!(
+            (c.collective, c.sent.clone(), c.received.clone()),
+            (2, vec![0, 0, 1], vec![2, 0, 0])
         );
     }
 

@@ -26,7 +26,10 @@ fn a_killed_rank_rejoins_through_the_same_loop() {
         let (ok, text) = run(&["--nproc", "3", "--max-restarts", "1", "--kill", kill]);
         assert!(ok, "kill {kill}:\n{text}");
         let line = final_line(&text);
-        assert!(line.contains("final group of 3 ranks"), "kill {kill}: {line}\n{text}");
+        assert!(
+            line.contains("final group of 3 ranks"),
+            "kill {kill}: {line}\n{text}"
+        );
         assert!(line.ends_with("OK"), "kill {kill}: {line}");
         assert!(text.contains("VICTIM"), "kill {kill}: nobody died:\n{text}");
     }
@@ -45,11 +48,18 @@ fn taking_the_state_before_admit_is_refused_at_once() {
         "--misplace",
     ]);
     assert!(!ok, "the misplaced replacement must fail:\n{text}");
-    assert!(text.contains("NotAdmitted") || text.contains("call admit"), "{text}");
+    assert!(
+        text.contains("NotAdmitted") || text.contains("call admit"),
+        "{text}"
+    );
     // The survivors re-form without it and finish; no storm of epochs.
     let line = final_line(&text);
     assert!(line.ends_with("OK"), "{line}\n{text}");
     let epochs: Vec<&str> = text.matches("world@").collect();
-    assert!(epochs.len() < 20, "re-formed {} times:\n{text}", epochs.len());
+    assert!(
+        epochs.len() < 20,
+        "re-formed {} times:\n{text}",
+        epochs.len()
+    );
     assert!(t0.elapsed() < std::time::Duration::from_secs(60), "{text}");
 }

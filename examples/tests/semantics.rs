@@ -231,6 +231,50 @@ async fn invalid_arguments_give_the_buffers_back() {
     .await;
 }
 
+/// A refused op shows, like every other error, the sequence number it
+/// would have taken; it takes none, so the next op takes that number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_shows_the_number_the_next_op_takes() {
+    let groups = local_groups(2, T).await;
+    on_all(&groups, |pg| async move {
+        pg.all_reduce(vec![1.0f32; 8], ReduceOp::Sum)
+            .unwrap()
+            .await
+            .unwrap()
+    })
+    .await;
+    let pg = &groups[0];
+    let r = pg.all_gather(vec![1i32, 2, 3], vec![0; 5]).unwrap_err();
+    assert_eq!(r.error.context().seq, 2);
+    assert!(
+        r.error
+            .to_string()
+            .starts_with("rank 0 in group 'world' at seq 2 (all_gather): invalid argument: "),
+        "{}",
+        r.error
+    );
+    // In a group too (its ops take their numbers at launch: the next).
+    let mut g = pg.group();
+    let r = g.broadcast(vec![7u8; 4], 9).unwrap_err();
+    assert_eq!(r.error.context().seq, 2, "{}", r.error);
+    drop(g);
+    // A send's number counts the sends to its peer.
+    let r = pg.send(vec![1.5f64], 0).unwrap_err();
+    assert_eq!(r.error.context().seq, 1, "{}", r.error);
+    // The next collective takes number 2 on both ranks.
+    on_all(&groups, |pg| async move {
+        pg.all_reduce(vec![1.0f32; 8], ReduceOp::Sum)
+            .unwrap()
+            .await
+            .unwrap()
+    })
+    .await;
+    for pg in &groups {
+        let last = pg.flight_record().pop().expect("a record");
+        assert_eq!((last.seq, last.op.as_ref()), (2, "all_reduce"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_fails_pending_work_and_later_calls() {
     let groups = local_groups(2, T).await;

@@ -10,7 +10,7 @@ use chorus_core::Registry;
 use chorus_store::{PrefixStore, Store};
 
 use super::handle::ProcessGroup;
-use super::state::{GroupState, DEFAULT_TIMEOUT, GROUP_PREFIX};
+use super::state::{GroupState, Origin, DEFAULT_TIMEOUT, GROUP_PREFIX};
 use crate::backend::checked::Checker;
 use crate::backend::nccl::{NcclBackend, NcclOptions};
 use crate::backend::tcp::{TcpBackend, TcpOptions};
@@ -38,6 +38,8 @@ pub struct GroupBuilder {
     liveness: Duration,
     rejoin: Duration,
     check_ops: bool,
+    /// `CHORUS_RANK_RESTARTS`, read by [`ProcessGroup::builder`].
+    restarts: u64,
 }
 
 impl GroupBuilder {
@@ -177,7 +179,7 @@ impl GroupBuilder {
     /// ranks that never joined; setup errors as for [`build`](Self::build);
     /// for a restarted rank, those of [`rejoin_from_env`](Self::rejoin_from_env).
     pub async fn init_from_env(self) -> Result<ProcessGroup, Error> {
-        if config::rank_restarts() > 0 {
+        if self.restarts > 0 {
             return self.rejoin_from_env().await;
         }
         let rdzv = chorus_store::rendezvous::init_from_env().await?;
@@ -295,10 +297,11 @@ impl GroupBuilder {
         // The survivors let it in inside `admit` or `reform`: its first
         // call on the group must be `admit` too, so that both sides take
         // the state at the same point of their programs.
-        let setup = Setup {
+        let mut setup = Setup {
             admit_first: true,
             ..self.setup(epoch, rank, roster.world.clone(), store)
         };
+        setup.origin.replacement = true;
         let pg = connect(setup)
             .await
             .map_err(|e| crate::error::ReformError::Connect {
@@ -339,6 +342,10 @@ impl GroupBuilder {
             liveness: self.liveness,
             check_ops: self.check_ops,
             admit_first: false,
+            origin: Origin {
+                restarts: self.restarts,
+                replacement: false,
+            },
         }
     }
 
@@ -425,7 +432,8 @@ impl ProcessGroup {
     /// A builder for the world group, starting from the environment's
     /// settings (`CHORUS_SHM`, `CHORUS_NCCL_BLOCKING`, `CHORUS_POLL_SPIN_US`,
     /// `CHORUS_PROPAGATE_ERRORS`; see docs/CONFIG.md), which its methods
-    /// override.
+    /// override, and from `CHORUS_RANK_RESTARTS` (what
+    /// [`restarts`](ProcessGroup::restarts) reports).
     pub fn builder() -> GroupBuilder {
         GroupBuilder {
             rank: 0,
@@ -441,6 +449,7 @@ impl ProcessGroup {
             liveness: config::peer_liveness(),
             rejoin: config::rejoin_timeout(),
             check_ops: config::check_ops(),
+            restarts: config::rank_restarts(),
         }
     }
 }
@@ -467,6 +476,8 @@ pub(crate) struct Setup {
     /// The group takes in replacement ranks: it refuses ops until `admit`
     /// returned it (see `ProcessGroup::admit`).
     pub(crate) admit_first: bool,
+    /// How this rank's process came into the job.
+    pub(crate) origin: Origin,
 }
 
 /// Connects this rank's part of a group: counts it in through the store,
@@ -488,6 +499,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         liveness,
         check_ops,
         admit_first,
+        origin,
     } = setup;
     config::apply_profile();
     let size = members.len();
@@ -605,6 +617,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
             reforms: AtomicU64::new(0),
             children: Mutex::new(Vec::new()),
             check_ops,
+            origin,
         }),
         timeout,
     })

@@ -179,11 +179,12 @@ impl CaptureGroup<'_> {
     fn stage<C: DeviceBuffers>(&mut self, op: Op, bufs: C) -> Result<Ticket<C>, Rejected<C>> {
         let name = op.name();
         let first = |b: &C| b.get(0).map_or(0, DeviceMem::count);
+        // A captured op takes no sequence number (the graph replays it).
+        let ctx = self.pg.ctx(0, name);
         let (dev, _) = match device_check(&self.pg.inner.seq, op, name, &bufs, first) {
             Ok(v) => v,
-            Err(e) => return Err(Rejected::new(e, bufs)),
+            Err(e) => return Err(Rejected::new(e.for_op(ctx), bufs)),
         };
-        let ctx = self.pg.ctx(0, name);
         if dev != self.dev {
             let msg = format!(
                 "the buffers are on device {dev} but the capture's stream on device {}",

@@ -64,6 +64,83 @@ impl ProcessGroup {
         &self.inner.members
     }
 
+    /// This rank's world rank: its rank in the job (`members()[rank()]`).
+    /// It stays the same in every group of this process, while
+    /// [`rank`](Self::rank) is the rank inside this group (a subgroup's,
+    /// or a re-formed group's after the ranks were renumbered).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), chorus::Error> {
+    /// let store = std::sync::Arc::new(chorus::store::InMemoryStore::new());
+    /// let world = chorus::ProcessGroup::builder().store(store).build().await?;
+    /// let sub = world.new_group(&[0]).await?.expect("rank 0 is a member");
+    /// assert_eq!(sub.world_rank(), world.world_rank());
+    /// assert_eq!(sub.world_rank(), sub.members()[sub.rank()]);
+    /// # Ok(()) }
+    /// # futures::executor::block_on(demo()).unwrap();
+    /// ```
+    pub fn world_rank(&self) -> usize {
+        self.inner.members[self.rank()]
+    }
+
+    /// How many times the launcher restarted this rank's process in place
+    /// after it failed: `CHORUS_RANK_RESTARTS`, which `chorus-run
+    /// --max-restarts` sets (0 on a first start, and under launchers that
+    /// do not restart ranks in place). The same in every group of this
+    /// process. Whether this rank rejoined a running group, whoever
+    /// restarted it, is [`is_replacement`](Self::is_replacement).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), chorus::Error> {
+    /// let pg = chorus::ProcessGroup::init_from_env().await?;
+    /// if pg.restarts() > 0 {
+    ///     eprintln!(
+    ///         "world rank {} restarted {} time(s); rejoined as rank {} of '{}'",
+    ///         pg.world_rank(),
+    ///         pg.restarts(),
+    ///         pg.rank(),
+    ///         pg.name()
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn restarts(&self) -> u64 {
+        self.inner.origin.restarts
+    }
+
+    /// True when this rank is a replacement: it came into the job by
+    /// rejoining the running group ([`GroupBuilder::rejoin`](crate::GroupBuilder::rejoin),
+    /// [`rejoin_from_env`](crate::GroupBuilder::rejoin_from_env), or
+    /// [`init_from_env`](crate::GroupBuilder::init_from_env) in a rank
+    /// that `chorus-run --max-restarts` restarted), not through the
+    /// initial rendezvous, and so holds none of the others' state. Groups
+    /// made from its group keep the answer: those re-formed from it
+    /// ([`reform`](Self::reform), [`admit`](Self::admit)) and its
+    /// subgroups ([`new_group`](Self::new_group)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn load_checkpoint() -> Vec<f32> { vec![0.0; 1024] }
+    /// # fn fresh_model() -> Vec<f32> { vec![0.0; 1024] }
+    /// # async fn demo() -> Result<(), chorus::Error> {
+    /// let pg = chorus::ProcessGroup::init_from_env().await?;
+    /// let params = if pg.is_replacement() {
+    ///     // The others trained on while this rank was down.
+    ///     load_checkpoint()
+    /// } else {
+    ///     fresh_model()
+    /// };
+    /// # let _ = params; Ok(()) }
+    /// ```
+    pub fn is_replacement(&self) -> bool {
+        self.inner.origin.replacement
+    }
+
     /// The name of the backend host buffers run on (`"tcp"`); device
     /// buffers run on NCCL.
     pub fn backend_name(&self) -> &'static str {

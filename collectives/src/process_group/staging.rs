@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use chorus_core::WorkError;
+use chorus_core::{Op, WorkError};
 
 use super::state::GroupState;
 use crate::backend::nccl::NcclStaged;
@@ -54,9 +54,10 @@ impl Staging {
         }
     }
 
-    fn wrong_backend(seq: &Sequencer, op: &'static str, this: &str) -> WorkError {
+    fn wrong_backend(seq: &Sequencer, op: Op, this: &str) -> WorkError {
         seq.invalid(
             op,
+            op.name(),
             format!(
                 "a group runs on one backend: its first op took {} buffers, this one {this} \
                  buffers",
@@ -71,11 +72,7 @@ impl Staging {
     /// # Errors
     ///
     /// The group already holds device ops.
-    pub(crate) fn host(
-        &mut self,
-        seq: &Sequencer,
-        op: &'static str,
-    ) -> Result<&mut TcpStaged, WorkError> {
+    pub(crate) fn host(&mut self, seq: &Sequencer, op: Op) -> Result<&mut TcpStaged, WorkError> {
         if matches!(self.0, Staged::Empty) {
             self.0 = Staged::Host(TcpStaged::default());
         }
@@ -90,11 +87,7 @@ impl Staging {
     /// # Errors
     ///
     /// The group already holds host ops.
-    pub(crate) fn device(
-        &mut self,
-        seq: &Sequencer,
-        op: &'static str,
-    ) -> Result<&mut NcclStaged, WorkError> {
+    pub(crate) fn device(&mut self, seq: &Sequencer, op: Op) -> Result<&mut NcclStaged, WorkError> {
         if matches!(self.0, Staged::Empty) {
             self.0 = Staged::Device(NcclStaged::default());
         }

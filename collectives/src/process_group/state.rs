@@ -22,6 +22,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Store prefix under which every group keeps its keys.
 pub(crate) const GROUP_PREFIX: &str = "chorus/group";
 
+/// How this rank's process came into the job: what
+/// [`ProcessGroup::restarts`](crate::ProcessGroup::restarts) and
+/// [`ProcessGroup::is_replacement`](crate::ProcessGroup::is_replacement)
+/// answer. Groups made from a group (re-formed, subgroups) keep it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// How many times the launcher restarted this rank in place
+    /// (`CHORUS_RANK_RESTARTS`).
+    pub(crate) restarts: u64,
+    /// This rank rejoined a running group instead of the initial
+    /// rendezvous.
+    pub(crate) replacement: bool,
+}
+
 /// The state of one group, shared by its [`ProcessGroup`](crate::ProcessGroup)
 /// handles. Its parts are the crate's own; the type is public only because
 /// the buffer routing ([`OpBuffer`](crate::OpBuffer)) names it.
@@ -64,6 +78,8 @@ pub struct GroupState {
     pub(crate) children: Mutex<Vec<Weak<GroupState>>>,
     /// The checked mode (subgroups and re-formed groups inherit it).
     pub(crate) check_ops: bool,
+    /// How this rank's process came into the job.
+    pub(crate) origin: Origin,
 }
 
 impl fmt::Debug for GroupState {

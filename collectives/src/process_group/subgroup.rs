@@ -84,6 +84,7 @@ impl ProcessGroup {
             liveness: g.liveness,
             check_ops: g.check_ops,
             admit_first: false,
+            origin: g.origin,
         })
         .await?;
         g.children

@@ -169,7 +169,7 @@ impl ProcessGroup {
             return Err(ReformError::Mismatch {
                 group: self.name().to_string(),
                 rank: self.rank(),
-                source: e,
+                source: Box::new(e),
             });
         }
         tracing::warn!(error = %e, "the group failed: re-forming");

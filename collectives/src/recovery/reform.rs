@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chorus_store::wait_report::Waiting;
 use chorus_store::{PrefixStore, Store};
 use tracing::Instrument;
 
@@ -130,8 +131,23 @@ impl ProcessGroup {
             epoch,
             source,
         };
+        // The quorum waits for the others: say so while it lasts.
+        let what = format!(
+            "rank {me} of group '{old}' waits for its {size} ranks to agree on epoch {epoch} \
+             (store keys {GROUP_PREFIX}/{}/reform/{epoch}/)",
+            g.base
+        );
+        let hint = format!(
+            "every survivor must call reform (or admit); the roster closes once all {size} \
+             announced themselves or the window of {window:?} passed"
+        );
         let outcome = chorus_store::rt::run(async move {
-            store_io::drive(store.as_ref(), me, size, q, bound).await
+            let store = store.as_ref();
+            Waiting::new(what, now, bound - now)
+                .progress(move || store_io::quorum_progress(store, size))
+                .hint(hint)
+                .run(store_io::drive(store, me, size, q, bound))
+                .await
         })
         .await
         .map_err(|msg| store_err(chorus_store::StoreError::Runtime(msg)))?
@@ -173,6 +189,7 @@ impl ProcessGroup {
             liveness: g.liveness,
             check_ops: g.check_ops,
             admit_first: !roster.joiners.is_empty(),
+            origin: g.origin,
         })
         .await
         .map_err(|e| ReformError::Connect {

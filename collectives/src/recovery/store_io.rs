@@ -80,6 +80,28 @@ pub(super) async fn drive(
     }
 }
 
+/// How far a survivors' quorum got, for the report of a rank waiting in
+/// it: how many old ranks announced themselves, and how many replacement
+/// ranks wait to join.
+pub(super) async fn quorum_progress(store: &dyn Store, size: usize) -> Option<String> {
+    let n = store.add(ANNOUNCED, 0).await.ok()?;
+    let j = store.add(JOINED, 0).await.ok()?;
+    Some(format!(
+        "{n} of {size} ranks announced themselves, {j} replacement rank(s) wait to join"
+    ))
+}
+
+/// How far the joiners of an epoch got, for the report of a replacement
+/// rank waiting to be admitted.
+pub(super) async fn join_progress(store: &dyn Store, epoch: u64) -> Option<String> {
+    let j = store.add(JOINED, 0).await.ok()?;
+    let closed = store.check(&[ROSTER]).await.ok()?;
+    Some(format!(
+        "epoch {epoch}: {j} replacement rank(s) announced, roster {}",
+        if closed { "closed" } else { "not closed yet" }
+    ))
+}
+
 /// Runs `j` to its end over `store` (the keys of its epoch); `next` holds
 /// the keys of the epoch after. Every store
 /// operation must end by `bound`.

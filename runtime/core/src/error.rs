@@ -2,6 +2,7 @@
 //! number, op) and what to do about it.
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,15 +20,21 @@ pub struct OpContext {
     pub rank: usize,
     /// Name of the group (`"world"` for the default group).
     pub group: Arc<str>,
-    /// Sequence number of the op in its group, from 1 (for one of chorus's
-    /// own ops: the program's last sequence number before it).
+    /// Sequence number of the op in its group, from 1: collectives count
+    /// on one counter, a send or recv on the counter of its direction to
+    /// its peer. An op refused before it ran ([`WorkError::InvalidArgument`],
+    /// [`WorkError::GroupErrored`]) takes none: it shows the number it
+    /// would have taken, which the next op then takes. 0 where there is
+    /// no op (an abort, a capture) or none yet (an op staged in a group
+    /// takes its number at launch); it is then left out of the message.
+    /// For one of chorus's own ops: the program's last number before it.
     pub seq: u64,
     /// The op, e.g. `"all_reduce"`, or the name of one of chorus's own ops
     /// (`"admit"`).
     pub op: &'static str,
     /// For an op chorus issued for itself: its number among those ops of
     /// the group, from 1; `None` for the program's ops.
-    pub internal: Option<u64>,
+    pub internal: Option<NonZeroU64>,
 }
 
 impl OpContext {
@@ -45,16 +52,14 @@ impl OpContext {
 
 impl fmt::Display for OpContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} in group '{}' ", self.rank, self.group)?;
         match self.internal {
-            None => write!(
-                f,
-                "rank {} in group '{}' at seq {} ({})",
-                self.rank, self.group, self.seq, self.op
-            ),
+            None if self.seq != 0 => write!(f, "at seq {} ({})", self.seq, self.op),
+            None => write!(f, "({})", self.op),
             Some(k) => write!(
                 f,
-                "rank {} in group '{}' after seq {} ({}: chorus's own op #{k}, not one of the program's)",
-                self.rank, self.group, self.seq, self.op
+                "after seq {} ({}: chorus's own op #{k}, not one of the program's)",
+                self.seq, self.op
             ),
         }
     }
@@ -64,7 +69,10 @@ impl fmt::Display for OpContext {
 ///
 /// Errors are cloneable: when a communicator or group fails, every pending
 /// work receives the same error.
-#[derive(Clone, Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` and `unwrap` print it);
+/// `{:#?}` shows the structure (see [`message_debug`](crate::message_debug)).
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkError {
     /// The op did not complete within its timeout. A peer is hung, slow or out
@@ -93,7 +101,9 @@ pub enum WorkError {
         /// The store's error message.
         cause: String,
     },
-    /// The connection to a peer broke while the op needed it.
+    /// The connection to a peer broke while the op needed it: it ended
+    /// without the peer's goodbye (the process died, or its group failed
+    /// or was aborted), or broke mid-frame.
     #[error(
         "{ctx}: lost connection to rank {peer}: {cause}; that rank probably died, check its log"
     )]
@@ -104,6 +114,22 @@ pub enum WorkError {
         peer: usize,
         /// What the transport reported.
         cause: String,
+    },
+    /// A peer left the group cleanly, with a goodbye (it shut its group
+    /// down, or dropped it), before taking part in an op this rank needed
+    /// it for. It did not crash and its group had not failed: it called
+    /// fewer ops than this rank, or its program ended early.
+    #[error(
+        "{ctx}: rank {peer} left the group before taking part in this op: it shut the group down \
+         or dropped it, with a goodbye (it did not crash, and its group had not failed); it called \
+         fewer ops than this rank, or its program ended early: check its log, and that every rank \
+         calls the same ops"
+    )]
+    PeerLeft {
+        /// The op that needed the peer.
+        ctx: OpContext,
+        /// The peer rank that left.
+        peer: usize,
     },
     /// A peer went silent: nothing from it for the liveness timeout — not
     /// even the transport's acknowledgements (a network partition, a host
@@ -195,6 +221,7 @@ impl WorkError {
             WorkError::HeartbeatTimeout { .. } => "HeartbeatTimeout",
             WorkError::Store { .. } => "Store",
             WorkError::PeerLost { .. } => "PeerLost",
+            WorkError::PeerLeft { .. } => "PeerLeft",
             WorkError::PeerSilent { .. } => "PeerSilent",
             WorkError::Mismatch { .. } => "Mismatch",
             WorkError::Aborted { .. } => "Aborted",
@@ -213,6 +240,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx, .. }
             | WorkError::Store { ctx, .. }
             | WorkError::PeerLost { ctx, .. }
+            | WorkError::PeerLeft { ctx, .. }
             | WorkError::PeerSilent { ctx, .. }
             | WorkError::Mismatch { ctx, .. }
             | WorkError::Aborted { ctx, .. }
@@ -233,6 +261,7 @@ impl WorkError {
             | WorkError::HeartbeatTimeout { ctx: c, .. }
             | WorkError::Store { ctx: c, .. }
             | WorkError::PeerLost { ctx: c, .. }
+            | WorkError::PeerLeft { ctx: c, .. }
             | WorkError::PeerSilent { ctx: c, .. }
             | WorkError::Mismatch { ctx: c, .. }
             | WorkError::Aborted { ctx: c, .. }
@@ -245,6 +274,22 @@ impl WorkError {
         e
     }
 }
+
+debug_shows_message!(WorkError {
+    OpTimeout { ctx, after },
+    HeartbeatTimeout { ctx, after },
+    Store { ctx, cause },
+    PeerLost { ctx, peer, cause },
+    PeerLeft { ctx, peer },
+    PeerSilent { ctx, peer, after },
+    Mismatch { ctx, detail },
+    Aborted { ctx, reason },
+    GroupErrored { ctx, cause },
+    Remote { ctx, origin, cause },
+    NotAdmitted { ctx },
+    InvalidArgument { ctx, msg },
+    Backend { ctx, msg },
+});
 
 /// An op that failed, with its buffers once nothing can touch them any
 /// more.
@@ -261,14 +306,33 @@ impl WorkError {
 /// once nothing touches them.
 ///
 /// Displays as its error does (like [`WorkError`] it has no source), so
-/// a log line or `?` into an error type reads the same as before.
-#[derive(Debug, thiserror::Error)]
+/// a log line or `?` into an error type reads the same as before. `Debug`
+/// shows that message too, for any `B` (so `?` in `main` prints it);
+/// `{:#?}` shows the structure, with the buffers by their type.
+#[derive(thiserror::Error)]
 #[error("{error}")]
 pub struct Failed<B> {
     /// Why the op failed.
     pub error: WorkError,
     /// The op's buffers, contents unspecified, when they came back.
     pub buffers: Option<B>,
+}
+
+impl<B> fmt::Debug for Failed<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        crate::message_debug::fmt(self, f, |f| {
+            f.debug_struct("Failed")
+                .field("error", &self.error)
+                .field(
+                    "buffers",
+                    &self
+                        .buffers
+                        .as_ref()
+                        .map(|_| crate::message_debug::TypeName::<B>::of()),
+                )
+                .finish()
+        })
+    }
 }
 
 impl<B> Failed<B> {

@@ -31,10 +31,17 @@
 //! * [`error`]: [`WorkError`], the typed error of an op, with the rank,
 //!   group, sequence number and op ([`OpContext`]); [`Failed`], a failed
 //!   op's error with its buffers.
+//! * [`message_debug`]: `Debug` of the error types of every layer shows
+//!   their message (`{:#?}` their structure), so `?` in `main` prints it;
+//!   [`debug_shows_message!`] implements it for an enum.
 //! * `profile`: per-phase timing of the enqueue path (feature `profile`).
 //! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+// First: the files below use its macro by name.
+#[macro_use]
+pub mod message_debug;
 
 pub mod calls;
 pub mod comm_cache;

@@ -6,10 +6,13 @@
 //! | `CHORUS_STORE_TOKEN` | none | [`ServerOptions::token`](crate::ServerOptions::token), [`ClientOptions::token`](crate::ClientOptions::token), `RendezvousConfigBuilder::token` |
 //! | `CHORUS_RENDEZVOUS_TIMEOUT` | 300 s | `RendezvousConfigBuilder::timeout` |
 //! | `CHORUS_IO_THREADS` | cores ÷ local ranks, 1–2 | [`rt::configure`](crate::rt::configure) |
+//! | `CHORUS_WAIT_REPORT_S` | 5 | [`wait_report::set_every`](crate::wait_report::set_every) (`0`: off) |
 //!
 //! The rendezvous reads its two (with torchrun's, SLURM's and Open MPI's
 //! variables) through `RendezvousConfig::from_env`, which takes their names
 //! from here.
+
+use std::time::Duration;
 
 /// Environment variable holding the shared store token.
 pub const TOKEN_ENV: &str = "CHORUS_STORE_TOKEN";
@@ -34,4 +37,13 @@ pub(crate) fn io_threads() -> Option<usize> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n| n > 0)
+}
+
+/// How often long waits report, from `CHORUS_WAIT_REPORT_S` (seconds,
+/// decimals allowed; `0`: never), if set to such a number.
+pub(crate) fn wait_report_every() -> Option<Duration> {
+    std::env::var("CHORUS_WAIT_REPORT_S")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
 }

@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 /// Errors of store operations.
-#[derive(Clone, Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` prints it); `{:#?}` the
+/// structure.
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Keys did not appear within the timeout.
@@ -61,3 +64,14 @@ pub enum StoreError {
         store: &'static str,
     },
 }
+
+chorus_core::debug_shows_message!(StoreError {
+    Timeout { keys, after },
+    Connection { addr, cause },
+    Auth(reason),
+    TooLarge { what, len, limit },
+    Protocol(msg),
+    InvalidValue { key, msg },
+    Runtime(msg),
+    Unsupported { op, store },
+});

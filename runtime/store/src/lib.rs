@@ -9,6 +9,8 @@
 //!   SLURM or Open MPI environment, or a builder) through rank 0's store.
 //! * [`rt`]: chorus's own background I/O threads (tokio), so that the
 //!   futures chorus returns stay executor-agnostic.
+//! * [`wait_report`]: long waits (rendezvous, and chorus's re-forming of
+//!   groups) report what they wait for every few seconds.
 //!
 //! # The store
 //!
@@ -58,6 +60,7 @@ pub mod rt;
 mod server;
 mod store;
 mod torch;
+pub mod wait_report;
 pub(crate) mod wire;
 
 pub use client::{ClientOptions, TcpStore};

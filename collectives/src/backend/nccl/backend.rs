@@ -240,7 +240,7 @@ pub(crate) fn device_check<C: DeviceBuffers>(
     count: impl FnOnce(&C) -> usize,
 ) -> Result<(u32, OpMeta), WorkError> {
     let Some(first) = bufs.get(0) else {
-        return Err(seq.invalid(name, "no buffer given".into()));
+        return Err(seq.invalid(op, name, "no buffer given".into()));
     };
     seq.check_ranks(op, name)?;
     let dev = first.stream().device().ordinal() as u32;
@@ -331,7 +331,12 @@ impl NcclBackend {
         };
         let comm = match found {
             Ok(c) => c,
-            Err(e) => return Err(Rejected::new(lookup_error(seq.ctx(0, name), &e), bufs)),
+            Err(e) => {
+                return Err(Rejected::new(
+                    lookup_error(seq.refused_ctx(op, name), &e),
+                    bufs,
+                ))
+            }
         };
         if prof {
             profile::stamp(0);
@@ -340,7 +345,12 @@ impl NcclBackend {
         // watchdog times the op out (the work completes lazily).
         let end = match comm.reserve_end_event() {
             Ok(e) => e,
-            Err(e) => return Err(Rejected::new(comm_error(&seq.ctx(0, name), e.into()), bufs)),
+            Err(e) => {
+                return Err(Rejected::new(
+                    comm_error(&seq.refused_ctx(op, name), e.into()),
+                    bufs,
+                ))
+            }
         };
         if prof {
             profile::stamp(1);

@@ -69,6 +69,7 @@ impl NcclStaged {
         let name = op.name();
         if matches!(op, Op::SendRecv { .. }) {
             let e = seq.invalid(
+                op,
                 name,
                 "send_recv cannot be grouped; stage a send and a recv".into(),
             );

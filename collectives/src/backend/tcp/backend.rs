@@ -292,7 +292,7 @@ impl TcpBackend {
         } else {
             seq.ctx(counters.next(op), name)
         };
-        meta.internal = ctx.internal;
+        meta.internal = ctx.internal.map(std::num::NonZeroU64::get);
         let deadline = Instant::now().checked_add(timeout);
         // Holding: a work failed from outside (abort, timeout) waits for
         // the worker to hand its buffers back (`Completer::fail`), which
@@ -354,7 +354,11 @@ impl TcpBackend {
     ) -> Result<Work<S>, Rejected<S>> {
         let counts = counts(&bufs);
         if let Err(msg) = op.check(seq.size(), &counts) {
-            return Err(Rejected::new(seq.invalid(name, msg), bufs));
+            let error = WorkError::InvalidArgument {
+                ctx: counters.next_own(seq, name),
+                msg,
+            };
+            return Err(Rejected::new(error, bufs));
         }
         let meta = Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0));
         match Self::register(
@@ -544,6 +548,7 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
         let name = op.name();
         if matches!(op, Op::SendRecv { .. }) {
             let error = seq.invalid(
+                op,
                 name,
                 "send_recv runs on device buffers; on host buffers stage a send and a recv in \
                  a group (ProcessGroup::group)"
@@ -625,7 +630,7 @@ impl<T: Element> Coalesces<Vec<T>> for TcpBackend {
             } else {
                 format!("{op} cannot be coalesced; all_reduce, broadcast and reduce can")
             };
-            return Err(Rejected::new(seq.invalid(name, msg), bufs));
+            return Err(Rejected::new(seq.invalid(op, name, msg), bufs));
         }
         let lens: Vec<usize> = bufs.iter().map(Vec::len).collect();
         let total = lens.iter().sum();

@@ -85,7 +85,8 @@
 //! a failure spreads through the group without waiting for timeouts; a rank
 //! that is alive but stuck (SIGSTOP) makes the ranks waiting on it time out.
 //! A peer whose backend was dropped after finishing its ops says goodbye;
-//! ops that then need it fail with `PeerLost`.
+//! ops that then need it fail with [`WorkError::PeerLeft`] (it left, it
+//! did not die).
 //!
 //! # Algorithms
 //!

@@ -51,9 +51,13 @@ impl PeerState {
                 }
             }
             PeerState::Failed(e) => return e.for_op(ctx.clone()),
-            PeerState::Departed => format!(
-                "rank {peer} shut its group down (its backend was dropped) before taking part in this op"
-            ),
+            // A goodbye: the peer left, it did not die.
+            PeerState::Departed => {
+                return WorkError::PeerLeft {
+                    ctx: ctx.clone(),
+                    peer,
+                }
+            }
             PeerState::Lost(c) => c.clone(),
             PeerState::Open => "the connection's queue closed".to_string(),
         };

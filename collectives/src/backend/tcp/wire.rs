@@ -88,7 +88,7 @@ const OPS: [&str; 11] = [
 /// The seq a frame of the op at `ctx` carries: its sequence number, or for
 /// one of chorus's own ops its number among those with [`OWN_SEQ`] set.
 pub(super) fn wire_seq(ctx: &chorus_core::OpContext) -> u64 {
-    ctx.internal.map_or(ctx.seq, |k| OWN_SEQ | k)
+    ctx.internal.map_or(ctx.seq, |k| OWN_SEQ | k.get())
 }
 
 /// Where a wire seq sits, for messages: `at seq 7`, or `at chorus's own op

@@ -354,10 +354,7 @@ impl Worker {
                 let theirs = f.hdr.sig;
                 return Err(self.late_error(ctx, peer, &theirs));
             }
-            loop {
-                let Some(q) = self.coll.get_mut(peer).and_then(Option::as_mut) else {
-                    break;
-                };
+            while let Some(q) = self.coll.get_mut(peer).and_then(Option::as_mut) {
                 let f = match q.try_recv() {
                     Ok(Incoming::Frame(f)) => f,
                     Ok(Incoming::Lent(l)) => {

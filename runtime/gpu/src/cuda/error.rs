@@ -5,7 +5,10 @@ use std::panic::AssertUnwindSafe;
 use cudarc::driver::DriverError;
 
 /// What went wrong in the CUDA layer.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` prints it); `{:#?}` the
+/// structure.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// There is no usable CUDA here: no driver library, no GPU, or a driver
@@ -63,6 +66,14 @@ pub enum CudaError {
         stream_device: usize,
     },
 }
+
+chorus_core::debug_shows_message!(CudaError {
+    Unavailable { reason },
+    NoSuchDevice { ordinal, count },
+    Driver { call, code, name },
+    LengthMismatch { what, expected, found },
+    DeviceMismatch { what, event_device, stream_device },
+});
 
 /// A failed driver call as a [`CudaError::Driver`]. The name comes from the
 /// `CUresult` enum itself, so building the error needs no driver call.

@@ -9,7 +9,10 @@ use nccl_sys::Nccl;
 use crate::cuda::CudaError;
 
 /// What went wrong with an NCCL communicator or op.
-#[derive(Clone, Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` prints it); `{:#?}` the
+/// structure.
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum NcclCommError {
     /// No usable NCCL library (the text says what was searched).
@@ -51,6 +54,16 @@ pub enum NcclCommError {
         after: Duration,
     },
 }
+
+chorus_core::debug_shows_message!(NcclCommError {
+    Unavailable(reason),
+    Cuda(e),
+    Nccl { call, code, detail },
+    InvalidArgument(msg),
+    Aborted(reason),
+    Capturing,
+    Timeout { what, after },
+});
 
 /// The NCCL library this process loads (found once, then cached): its
 /// path and version, `(major, minor, patch)`.

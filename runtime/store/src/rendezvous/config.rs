@@ -80,7 +80,9 @@ impl StoreHost {
 }
 
 /// An environment variable that is missing, malformed or inconsistent.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// `Debug` shows the message; `{:#?}` the structure.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EnvError {
     /// None of the launcher conventions is present.
@@ -130,8 +132,18 @@ pub enum EnvError {
     },
 }
 
+chorus_core::debug_shows_message!(EnvError {
+    NoLauncher,
+    Missing { var, expected },
+    Malformed { var, value, expected },
+    OutOfRange { var, value, bound_var, bound },
+    Exceeds { var, value, bound_var, bound },
+});
+
 /// A [`RendezvousConfigBuilder`] that cannot build a valid config.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// `Debug` shows the message; `{:#?}` the structure.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// A required field was not given.
@@ -153,6 +165,12 @@ pub enum ConfigError {
     #[error("rendezvous config: {0}")]
     Invalid(String),
 }
+
+chorus_core::debug_shows_message!(ConfigError {
+    Missing(field),
+    OutOfRange { field, value, bound_field, bound },
+    Invalid(msg),
+});
 
 /// Everything a rank needs to join the job: who it is, how many there are,
 /// where rank 0's store is, and how long to wait.

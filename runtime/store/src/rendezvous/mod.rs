@@ -99,6 +99,7 @@ use crate::prefix::PrefixStore;
 use crate::server::{ServerOptions, TcpStoreServer};
 use crate::store::Store;
 use crate::torch::{TorchStore, TorchStoreOptions};
+use crate::wait_report::Waiting;
 
 const K_WORLD: &str = "chorus/rdzv/world_size";
 const K_JOINED: &str = "chorus/rdzv/joined";
@@ -153,7 +154,10 @@ fn left_key(rank: usize) -> String {
 const DROP_GOODBYE_WAIT: Duration = Duration::from_secs(1);
 
 /// Errors of [`rendezvous`], [`init_from_env`] and [`Rendezvous::shutdown`].
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` shows the message (so `?` in `main` prints it); `{:#?}` the
+/// structure.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum RendezvousError {
     /// The environment does not describe a rank.
@@ -243,6 +247,20 @@ pub enum RendezvousError {
     #[error("rendezvous: {0}")]
     Runtime(String),
 }
+
+chorus_core::debug_shows_message!(RendezvousError {
+    Env(e),
+    Host { addr, cause },
+    Connect { rank, host, addr, after, cause },
+    LauncherGone { pid, cause },
+    NeverJoined { missing, world_size, after },
+    DuplicateRank { rank },
+    WorldSizeMismatch { ours, theirs },
+    NeverLeft { missing, world_size, after },
+    NoRejoin { rank, why },
+    Store(e),
+    Runtime(msg),
+});
 
 /// A joined rank: who it is, and the job's store.
 ///
@@ -518,6 +536,20 @@ async fn connect(
         after: cfg.timeout(),
         cause,
     };
+    // Connecting retries until the deadline: say so while it lasts.
+    let started = deadline
+        .checked_sub(cfg.timeout())
+        .unwrap_or_else(Instant::now);
+    let waiting = |addr: &str| {
+        Waiting::new(
+            format!("rank {rank} waits to connect to the job's store, served by {host}, at {addr}"),
+            started,
+            cfg.timeout(),
+        )
+        .hint(format!(
+            "is {host} running, and MASTER_ADDR/MASTER_PORT the same on every rank?"
+        ))
+    };
     if let StoreHost::Torch { namespace } = cfg.store_host() {
         if cfg.token().is_some() {
             tracing::warn!(
@@ -530,7 +562,8 @@ async fn connect(
             connect_timeout: remaining(deadline),
             ..TorchStoreOptions::default()
         };
-        let torch = TorchStore::connect(&addr, opts)
+        let torch = waiting(&addr)
+            .run(TorchStore::connect(&addr, opts))
             .await
             .map_err(|cause| connect_err(&addr, cause))?;
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(namespace.clone(), Arc::new(torch)));
@@ -555,7 +588,8 @@ async fn connect(
         connect_timeout: remaining(deadline),
         ..ClientOptions::default()
     };
-    let client = TcpStore::connect(&addr, opts)
+    let client = waiting(&addr)
+        .run(TcpStore::connect(&addr, opts))
         .await
         .map_err(|cause| connect_err(&addr, cause))?;
     Ok((Arc::new(client), addr))
@@ -594,8 +628,30 @@ async fn connect_and_join(
     if client.add(K_JOINED, 1).await? == world as i64 {
         client.compare_set(K_ALL_JOINED, b"", b"1").await?;
     }
-    // 4. Wait for everyone.
-    let door = match client.get(K_ALL_JOINED, remaining(deadline)).await {
+    // 4. Wait for everyone, saying how many came while it lasts.
+    let counter = &*client;
+    let waiting = Waiting::new(
+        format!(
+            "rank {rank} waits for the job's {world} ranks to join, through the store at {addr} \
+             (key {K_ALL_JOINED})"
+        ),
+        deadline
+            .checked_sub(cfg.timeout())
+            .unwrap_or_else(Instant::now),
+        cfg.timeout(),
+    )
+    .progress(move || async move {
+        let n = counter.add(K_JOINED, 0).await.ok()?;
+        Some(format!("{n} of {world} ranks joined"))
+    })
+    .hint(
+        "did every rank start, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE? (the \
+         rendezvous fails once the wait is over, naming the ranks that never joined)",
+    );
+    let joined = waiting
+        .run(client.get(K_ALL_JOINED, remaining(deadline)))
+        .await;
+    let door = match joined {
         Ok(v) => v,
         Err(StoreError::Timeout { .. }) => {
             let missing = absent(&*client, world, rank_key).await?;
@@ -662,7 +718,25 @@ pub async fn wait_until_all_left(
     world: usize,
     timeout: Duration,
 ) -> Result<(), RendezvousError> {
-    match store.wait(&[K_ALL_LEFT], timeout).await {
+    let left = Waiting::new(
+        format!(
+            "the job's store waits for its {world} ranks to leave (key {K_ALL_LEFT}) before it \
+             stops serving"
+        ),
+        Instant::now(),
+        timeout,
+    )
+    .progress(move || async move {
+        let n = store.add(K_LEFT, 0).await.ok()?;
+        Some(format!("{n} of {world} ranks left"))
+    })
+    .hint(
+        "a rank leaves with Rendezvous::shutdown (ProcessGroup::shutdown) or when its last \
+         store handle is dropped; one still running keeps the store up until the wait is over",
+    )
+    .run(store.wait(&[K_ALL_LEFT], timeout))
+    .await;
+    match left {
         Ok(()) => Ok(()),
         Err(StoreError::Timeout { .. }) => Err(RendezvousError::NeverLeft {
             missing: absent(store, world, left_key).await.unwrap_or_default(),
