@@ -9,7 +9,8 @@
 //! * in the checked mode (`GroupBuilder::check_ops`), every rank fails the
 //!   op itself.
 //!
-//! Every mismatch error names both sides. The ranks are tasks of this
+//! Every mismatch error names both sides. A send and a recv that disagree
+//! fail the recv, and the sender's next op. The ranks are tasks of this
 //! process over loopback.
 
 use std::sync::Arc;
@@ -38,6 +39,10 @@ enum Call {
     ReduceScatter(usize, DType, ReduceOp),
     AllToAll(usize, DType),
     Barrier,
+    Send(usize, DType, usize),
+    Recv(usize, DType, usize),
+    /// No op (a rank a point-to-point mismatch does not involve).
+    Skip,
 }
 
 /// A buffer of `len` elements of `dtype` (f32 or f64) holding `rank`.
@@ -108,6 +113,9 @@ fn submit(
             _ => unreachable!("one dtype"),
         },
         Call::Barrier => outcome(pg.barrier()),
+        Call::Send(len, d, peer) => on!(buf(d, len, rank), v => outcome(pg.send(v, peer))),
+        Call::Recv(len, d, peer) => on!(buf(d, len, rank), v => outcome(pg.recv(v, peer))),
+        Call::Skip => Box::pin(std::future::ready(Ok(()))),
     }
 }
 
@@ -374,4 +382,27 @@ matrix_tests! {
     all_to_all_mismatches_checked: "all_to_all", true;
     op_mismatches: "op:", false;
     op_mismatches_checked: "op:", true;
+}
+
+/// A send and its recv that disagree on count or dtype: the receiver
+/// fails the recv; the sender's send finished when its bytes left, and
+/// its next op fails with the receiver's mismatch, as does the next op of
+/// a rank the pair does not involve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_recv_mismatches() {
+    use DType::{F32, F64};
+    for n in [3, 4] {
+        for len in [SMALL, LARGE] {
+            for (name, recv) in [
+                ("count", Call::Recv(len + 1, F32, 0)),
+                ("dtype", Call::Recv(len, F64, 0)),
+            ] {
+                let mut calls = vec![Call::Skip; n];
+                calls[0] = Call::Send(len, F32, 1);
+                calls[1] = recv;
+                let case = format!("send/recv {name}, {n} ranks, {len} elements");
+                run(&case, &calls, false).await;
+            }
+        }
+    }
 }

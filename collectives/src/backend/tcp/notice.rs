@@ -11,7 +11,9 @@
 //! |---------|-------|---------------------------------------------------|
 //! | 0       | kind  | [`Kind`]                                          |
 //! | 1..4    | -     | zero                                              |
-//! | 4..8    | peer  | the rank lost or silent (`PeerLost`, `PeerSilent`)|
+//! | 4..8    | peer  | the rank lost, silent or gone (`PeerLost`,        |
+//! |         |       | `PeerSilent`, `PeerLeft`), or where a relayed     |
+//! |         |       | failure began (`Remote`)                          |
 //! | 8..16   | after | the liveness timeout in ms (`PeerSilent`)         |
 //! | 16..20  | len   | bytes of text that follow                         |
 //! | 20..    | text  | UTF-8: the mismatch's detail, else the error      |
@@ -39,6 +41,12 @@ enum Kind {
     PeerLost = 2,
     /// Another rank went silent.
     PeerSilent = 3,
+    /// Another rank left the group cleanly, before an op needed it.
+    PeerLeft = 4,
+    /// Another rank failed and reported it to the sender: passed on with
+    /// that rank as the origin, so a failure relayed from rank to rank
+    /// still names where it began.
+    Remote = 5,
 }
 
 /// Why a peer's group failed, as it told this rank.
@@ -65,6 +73,10 @@ impl Notice {
                 after.as_millis() as u64,
                 String::new(),
             ),
+            WorkError::PeerLeft { peer, .. } => (Kind::PeerLeft, *peer as u32, 0, String::new()),
+            WorkError::Remote { origin, cause, .. } => {
+                (Kind::Remote, *origin as u32, 0, cause.clone())
+            }
             other => (Kind::Other, 0, 0, other.to_string()),
         };
         let mut text = text;
@@ -109,6 +121,8 @@ impl Notice {
             1 => Kind::Mismatch,
             2 => Kind::PeerLost,
             3 => Kind::PeerSilent,
+            4 => Kind::PeerLeft,
+            5 => Kind::Remote,
             k => return Err(bad(&format!("unknown kind {k}"))),
         };
         let mut after = [0u8; 8];
@@ -128,7 +142,8 @@ impl Notice {
 
     /// The failure of this rank (`ctx`: its failure outside any op) that
     /// the notice of `from` means: a mismatch stays a mismatch, a rank
-    /// lost or silent stays one naming that rank, anything else is
+    /// lost, silent or gone stays one naming that rank, a failure relayed
+    /// names the rank where it began, anything else is
     /// [`WorkError::Remote`] from `from`.
     pub(super) fn error(&self, ctx: OpContext, from: usize) -> WorkError {
         let peer = self.peer as usize;
@@ -149,6 +164,12 @@ impl Notice {
                 ctx,
                 peer,
                 after: Duration::from_millis(self.after_ms),
+            },
+            Kind::PeerLeft if peer != ctx.rank => WorkError::PeerLeft { ctx, peer },
+            Kind::Remote => WorkError::Remote {
+                ctx,
+                origin: peer,
+                cause: self.text.clone(),
             },
             _ => WorkError::Remote {
                 ctx,
@@ -188,6 +209,10 @@ mod tests {
                 peer: 2,
                 after: Duration::from_secs(10),
             },
+            WorkError::PeerLeft {
+                ctx: ctx(0),
+                peer: 2,
+            },
             WorkError::OpTimeout {
                 ctx: ctx(0),
                 after: Duration::from_secs(1),
@@ -216,6 +241,9 @@ mod tests {
                         peer: b, after: y, ..
                     },
                 ) => assert_eq!((a, x), (b, y)),
+                (WorkError::PeerLeft { peer: a, .. }, WorkError::PeerLeft { peer: b, .. }) => {
+                    assert_eq!(a, b)
+                }
                 (WorkError::OpTimeout { .. }, WorkError::Remote { origin, cause, .. }) => {
                     assert_eq!(*origin, 0);
                     assert!(cause.contains("timed out"), "{cause}");
@@ -223,6 +251,19 @@ mod tests {
                 _ => panic!("{e} became {seen}"),
             }
         }
+    }
+
+    #[test]
+    fn a_relayed_failure_names_where_it_began() {
+        let n = Notice::of(&WorkError::Remote {
+            ctx: ctx(1),
+            origin: 3,
+            cause: "rank 3 timed out".into(),
+        });
+        assert!(matches!(
+            n.error(ctx(2), 1),
+            WorkError::Remote { origin: 3, ref cause, .. } if cause == "rank 3 timed out"
+        ));
     }
 
     #[test]
