@@ -110,20 +110,11 @@ pub(super) fn read_failed(e: &io::Error, live: Duration) -> PeerState {
     }
 }
 
-/// Queues a received collective frame for the worker; one that belongs to
-/// an op this rank has already finished is a mismatch, and fails the group
-/// at once (see `state::Progress`).
-fn deliver_coll(coll: &UnboundedSender<Incoming>, peer: usize, f: Frame, inner: &Inner) {
-    let sig = f.hdr.sig;
-    // A closed queue means the worker is gone: the frame is dropped.
+/// Queues a received collective frame for the worker (a closed queue
+/// means the worker is gone: the frame is dropped). The worker tells a
+/// frame that came for an op it finished (see `state::Progress`).
+fn deliver_coll(coll: &UnboundedSender<Incoming>, f: Frame) {
     let _ = coll.send(Incoming::Frame(f));
-    if inner.progress.is_late(sig.seq) {
-        let e = inner
-            .progress
-            .late_mismatch(inner.base_ctx(), inner.rank, peer, &sig);
-        tracing::debug!(group = %inner.group, rank = inner.rank, peer, error = %e, "a frame came for an op already finished");
-        inner.fail(&e);
-    }
 }
 
 /// Reads a fault notice of `len` bytes: how the peer's group failed, as
@@ -221,7 +212,7 @@ pub(super) async fn reader(
             if hdr.class == CLASS_P2P {
                 let _ = p2p.send(Frame { hdr, payload });
             } else {
-                deliver_coll(&coll, peer, Frame { hdr, payload }, &inner);
+                deliver_coll(&coll, Frame { hdr, payload });
             }
             continue;
         }
@@ -267,7 +258,7 @@ pub(super) async fn reader(
         if hdr.class == CLASS_P2P {
             let _ = p2p.send(Frame { hdr, payload });
         } else {
-            deliver_coll(&coll, peer, Frame { hdr, payload }, &inner);
+            deliver_coll(&coll, Frame { hdr, payload });
         }
     };
     tracing::debug!(group = %inner.group, rank = inner.rank, peer, state = ?end, "peer connection ended");

@@ -111,11 +111,14 @@ pub(super) struct Inner {
 }
 
 /// The collectives this rank's worker has finished, so that a frame that
-/// arrives for one of them — which no op will ever read, as every op reads
+/// comes for one of them — which no op will ever read, as every op reads
 /// all the frames it expects before it finishes — is known for what it is:
 /// its sender called a different op at that seq (a root this rank did not
-/// take for one, say). The reader that queues such a frame, or the worker
-/// finishing the op while it is queued, reports the mismatch.
+/// take for one, say). The worker looks through the queues for such frames
+/// when it finishes an op, and checks every frame it takes, so a rank that
+/// finished an op its peers called differently fails at its next op at the
+/// latest. Readers use it to tell whether this rank reached the op at
+/// which a peer's group failed ([`Inner::peer_failed`]).
 #[derive(Debug, Default)]
 pub(super) struct Progress {
     /// The last program collective finished (its seq).
@@ -130,10 +133,6 @@ pub(super) struct Progress {
     /// fails at that seq (see [`Inner::peer_failed`]).
     ahead: Mutex<Option<(u64, WorkError)>>,
 }
-
-/// How long an op that needs a peer whose connection broke without a word
-/// waits for another rank's fault notice to name the cause.
-const NOTICE_GRACE: Duration = Duration::from_millis(50);
 
 /// How many finished collectives [`Progress`] remembers.
 const RECENT: usize = 64;
@@ -150,10 +149,9 @@ fn same_seq_at_or_before(a: u64, done: u64, done_own: u64) -> bool {
 
 impl Progress {
     /// Records that the collective `sig` (named `name`) finished here.
-    ///
-    /// The worker calls it before it looks through the queues for frames
-    /// of that op, and a reader checks after it queued a frame: between a
-    /// fence on either side, one of the two sees a late frame.
+    /// The fence pairs with the one a reader makes after it noted a peer's
+    /// failure ahead ([`Inner::peer_failed`]): one of the two sees the
+    /// other.
     pub(super) fn finished(&self, sig: Sig, name: &'static str) {
         {
             let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
@@ -170,10 +168,9 @@ impl Progress {
         fence(Ordering::SeqCst);
     }
 
-    /// Whether a collective frame of wire seq `seq` arrived after this
-    /// rank finished that op.
+    /// Whether a collective frame of wire seq `seq`, taken by the worker,
+    /// belongs to an op this rank has finished.
     pub(super) fn is_late(&self, seq: u64) -> bool {
-        fence(Ordering::SeqCst);
         seq != 0
             && same_seq_at_or_before(
                 seq,
@@ -183,7 +180,7 @@ impl Progress {
     }
 
     /// The mismatch a late frame `theirs` from `peer` shows, as the error
-    /// of this rank (`me`, failing outside any op: `ctx`).
+    /// of the op `ctx` of this rank `me`.
     pub(super) fn late_mismatch(
         &self,
         ctx: OpContext,
@@ -203,7 +200,7 @@ impl Progress {
             Some((ours, name)) => {
                 let mut d = mismatch_detail(peer, theirs, me, &ours, name);
                 d.push_str(&format!(
-                    "; rank {me} had finished that op when the frame came, as it did not wait for one from rank {peer}"
+                    "; rank {me} had finished that op without a frame from rank {peer} when this one came"
                 ));
                 d
             }
@@ -216,6 +213,10 @@ impl Progress {
         WorkError::Mismatch { ctx, detail }
     }
 }
+
+/// How long an op that needs a peer whose connection broke without a word
+/// waits for another rank's fault notice to name the cause.
+const NOTICE_GRACE: Duration = Duration::from_millis(50);
 
 impl fmt::Debug for Inner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -774,6 +774,13 @@ impl Worker {
             });
         }
         let (t, o) = (&h.sig, &op.sig);
+        if op.class != CLASS_P2P && t.seq != o.seq && self.inner.progress.is_late(t.seq) {
+            // A frame of an op this rank finished without it.
+            return Err(self
+                .inner
+                .progress
+                .late_mismatch(op.ctx.clone(), me, peer, t));
+        }
         let same_op = t.seq == o.seq
             && t.op == o.op
             && t.dtype == o.dtype
