@@ -1,5 +1,6 @@
-//! The completion reactor: one thread per process that watches in-flight GPU
-//! ops and completes them when they finish (docs/ARCHITECTURE.md, rule 2).
+//! The completion reactor: completes in-flight GPU ops when they finish and
+//! wakes the futures awaiting them (docs/ARCHITECTURE.md, rule 2 and
+//! "Waking on time").
 //!
 //! A backend hands the reactor one [`Pending`] entry per op it cannot
 //! complete itself: typically the op's end event together with its
@@ -7,41 +8,45 @@
 //! the op still running ([`Reactor::register`]); an op that a poll finds
 //! finished never reaches the reactor, and ops nobody waits for any more
 //! are retired by the threads that let go of them, with a slow sweeper
-//! here for the last ones ([`Reactor::register_detached`]). The reactor thread calls
-//! [`Pending::poll_complete`] on every entry in turn; an entry that finds
-//! its event complete (or failed) completes its work, which wakes the
-//! future awaiting it, and leaves the reactor.
+//! here for the last ones ([`Reactor::register_detached`]). An entry that
+//! finds its event complete (or failed) in [`Pending::poll_complete`]
+//! completes its work, which wakes the future awaiting it.
 //!
-//! # Backoff and pre-wake
+//! # Driver waiters
 //!
-//! While entries are pending the thread spins (`spin`, default 50 µs since
-//! the last progress), may yield its core between rounds (until
-//! `yield_for`, default: no yielding), then sleeps between rounds for an
-//! eighth of how long the ops have been running (10 µs up to `max_sleep`,
-//! default 1 ms, with the thread's timer slack at 1 µs): a long op costs a
-//! few dozen wake-ups, not a core. Any progress (a completion, a new
-//! registration, a [`Reactor::nudge`] from a future being polled) starts
-//! the spin phase again.
+//! An awaited op is watched by a thread that sleeps in the driver until
+//! its end event completes (`waiters`): entries with a
+//! [`Pending::sleeper`] and an [`order`](Pending::order) go to their
+//! stream's waiter, which sleeps on the stream's earliest pending entry
+//! and completes what ended when the GPU wakes it. It costs no CPU while
+//! the op runs and sees the end when the driver does, however long the op
+//! ran and whatever ran before it.
+//!
+//! # The reactor thread and the pre-wake
 //!
 //! A thread parked for a millisecond takes tens to hundreds of
-//! microseconds to run again, so an op whose end is expected (its
-//! [`Pending::expected_end`], learned from ops like it) has its awaiting
-//! future woken `prewake_lead` (default 500 µs) before that end
-//! ([`Pending::prewake`]): the future then watches the end event itself and
-//! sees it within microseconds. While every pending op's end is expected
-//! later, the thread skips the spin and sleeps until the first pre-wake
-//! (looking in every eight `max_sleep`s: each look costs the thread tens of
-//! microseconds of a cold wake-up), so a long op costs a handful of
-//! wake-ups. Registering such an op does not wake a sleeping thread: it
-//! brings the thread's sleep forward to the op's pre-wake if the sleep
-//! would end later (the thread sleeps on a timer others can re-arm,
-//! `crate::bell`), so the thread wakes once for the op, at its pre-wake.
-//! With nothing to watch
-//! it spins the same way and yields for at most 1 ms (so a stream of ops
-//! finds it awake and needs no unpark system call), then parks and uses no
-//! CPU until the next registration unparks it — at once when the op that
-//! just completed had it sleeping (a long op: no stream of short ones to
-//! stay awake for).
+//! microseconds to run again once woken, whoever wakes it. So an op whose
+//! end is expected (its [`Pending::expected_end`], learned from ops like
+//! it, given only where they ended alike) also has an entry on the
+//! reactor thread that wakes its future `prewake_lead` (default 500 µs)
+//! before that end ([`Pending::prewake`]): the future then watches the end
+//! event itself and sees it within microseconds. The thread sleeps until
+//! the first pre-wake; registering such an op does not wake it, but brings
+//! its sleep forward to the op's pre-wake if it would end later (it sleeps
+//! on a timer others can re-arm, `crate::bell`). The driver waiter
+//! completes the op all the same if it ends before its pre-wake, or after
+//! the woken future stopped watching.
+//!
+//! The thread also polls entries that cannot be slept on (no sleeper or
+//! no order): it spins (`spin`, default 50 µs since the last progress),
+//! may yield its core between rounds (until `yield_for`, default: no
+//! yielding), then sleeps between rounds for an eighth of how long the
+//! ops have been running (10 µs up to `max_sleep`, default 1 ms, with the
+//! thread's timer slack at 1 µs). Any progress (a completion, a new
+//! registration, a [`Reactor::nudge`]) starts the spin phase again. With
+//! nothing to watch it spins the same way and yields for at most 1 ms,
+//! then parks and uses no CPU until the next registration unparks it — at
+//! once when the op that just completed had it sleeping.
 //!
 //! The settings ([`ReactorConfig`]) come from [`configure`], or from the
 //! `CHORUS_REACTOR_*` variables (see `crate::config`).
@@ -61,8 +66,9 @@
 //!
 //! # Safety of buffers
 //!
-//! An entry owns the op's buffers until it completes; the reactor never drops
-//! an entry before `poll_complete` returned true. An entry whose
+//! An entry owns the op's buffers until it completes; neither the reactor
+//! thread nor a driver waiter drops an entry before `poll_complete`
+//! returned true. An entry whose
 //! `poll_complete` panics is leaked (never dropped), so memory the GPU may
 //! still touch is never freed.
 
@@ -74,6 +80,19 @@ use crate::bell::Bell;
 use crate::exit_gate;
 
 pub use crate::config::ReactorConfig;
+
+mod waiters;
+
+/// How a thread sleeps until an op has ended (see [`Pending::sleeper`]).
+pub trait Sleeper: Send + Sync {
+    /// Blocks the calling thread, asleep, until the op has ended or failed
+    /// (a failure is not reported here: the entry's next poll finds it).
+    /// May return earlier when the driver cannot sleep on it; never
+    /// returns while the GPU runs otherwise, however long that is. Returns
+    /// whether it slept (false: the op had ended already, or the driver
+    /// refused).
+    fn sleep_until_end(&self) -> bool;
+}
 
 /// One watched op.
 pub trait Pending: Send + 'static {
@@ -119,6 +138,25 @@ pub trait Pending: Send + 'static {
     fn quiet_until(&self) -> Option<Instant> {
         None
     }
+
+    /// How a thread can sleep until the op ends (in the driver, woken by
+    /// the GPU), for an entry someone waits for. Such an entry with an
+    /// [`order`](Self::order) is completed by a driver waiter of its queue
+    /// (see the module docs), not polled by the reactor thread. `None`
+    /// (the default): the reactor thread polls it.
+    fn sleeper(&self) -> Option<Arc<dyn Sleeper>> {
+        None
+    }
+
+    /// True for an entry that needs the reactor thread only at its
+    /// pre-wake ([`expected_end`](Self::expected_end)): its op is watched
+    /// elsewhere (a driver waiter), and a poll before then asks nothing of
+    /// the driver. While every entry is such or expected to end later, the
+    /// thread sleeps until the first pre-wake without looking in. The
+    /// default: false.
+    fn timer_only(&self) -> bool {
+        false
+    }
 }
 
 /// Keeps a value on its own cache line (no false sharing between the
@@ -149,6 +187,11 @@ pub struct ReactorStats {
     pub completed: u64,
     /// Times the thread parked with nothing to watch.
     pub parks: u64,
+    /// Driver waiters alive now (sleeping on an op, or idle until they
+    /// end).
+    pub waiters: u64,
+    /// Times a driver waiter slept on an op's end.
+    pub waits: u64,
 }
 
 /// The reactor could not start its thread.
@@ -176,6 +219,21 @@ struct Shared {
     config: ReactorConfig,
     /// The thread's sleep (made when the thread starts).
     bell: OnceLock<Bell>,
+    /// The driver waiters and the entries they watch.
+    waiters: waiters::Waiters,
+    waiters_alive: AtomicU64,
+    waits: AtomicU64,
+}
+
+impl Shared {
+    /// Gives entries to the reactor thread to poll (whatever they are).
+    fn hand_back(&self, entries: Vec<Box<dyn Pending>>) {
+        lock_vec(&self.incoming).extend(entries);
+        self.wake.store(true, Ordering::SeqCst);
+        if let Some(b) = self.bell.get() {
+            b.ring();
+        }
+    }
 }
 
 /// A completion reactor: a thread that completes registered [`Pending`]
@@ -235,6 +293,9 @@ impl Reactor {
                 parks: AtomicU64::new(0),
                 config,
                 bell: OnceLock::new(),
+                waiters: waiters::Waiters::default(),
+                waiters_alive: AtomicU64::new(0),
+                waits: AtomicU64::new(0),
             }),
             thread: OnceLock::new(),
         }
@@ -288,6 +349,17 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        // An op a thread can sleep on goes to its stream's driver waiter.
+        if let (Some(order), true) = (entry.order(), entry.sleeper().is_some()) {
+            if let Err(e) = self.thread() {
+                return Err((e, entry));
+            }
+            self.shared.registered.fetch_add(1, Ordering::Relaxed);
+            if let Err(entries) = self.shared.waiters.register(&self.shared, order, entry) {
+                self.shared.hand_back(entries);
+            }
+            return Ok(());
+        }
         // An op expected to end later needs the thread only at its
         // pre-wake: a sleeping thread is then not woken before that. One
         // its waiter watches by itself (woken by its own timer) needs it
@@ -367,6 +439,8 @@ impl Reactor {
             registered: self.shared.registered.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
             parks: self.shared.parks.load(Ordering::Relaxed),
+            waiters: self.shared.waiters_alive.load(Ordering::Relaxed),
+            waits: self.shared.waits.load(Ordering::Relaxed),
         }
     }
 
@@ -542,8 +616,11 @@ fn run(shared: Arc<Shared>) {
         // to finish before the next pre-wake.
         let lead = crate::lead::lead(&cfg);
         let mut all_expected = !lead.is_zero();
+        // True while every entry needs the thread only at its pre-wake.
+        let mut timers_only = true;
         if !lead.is_zero() {
             for e in local.iter_mut() {
+                timers_only &= e.timer_only();
                 let Some(end) = e.expected_end() else {
                     // Watched by its woken future, which nudges the thread
                     // if its watch ends before the op: no reason to wake
@@ -590,8 +667,12 @@ fn run(shared: Arc<Shared>) {
                 // it (a few wake-ups per op), looking in at least every
                 // eight `max_sleep`s in case one ends early (an op that
                 // ends well before ops like it did is then seen within
-                // 8 ms by default).
-                d = look_in(&cfg);
+                // 8 ms by default) — unless driver waiters watch them all.
+                d = if timers_only && next_prewake.is_some() {
+                    Duration::MAX
+                } else {
+                    look_in(&cfg)
+                };
             }
             if !slow.is_empty() {
                 d = d.min(next_slow.saturating_duration_since(now));
