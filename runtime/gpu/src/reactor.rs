@@ -126,19 +126,6 @@ pub trait Pending: Send + 'static {
         let _ = lead;
     }
 
-    /// Until when the awaiting future watches the op itself: after a
-    /// pre-wake, or from the registration for a waiter that wakes itself
-    /// (a blocking wait's own timer; such an entry has no
-    /// [`expected_end`](Self::expected_end) and its registration does not
-    /// wake a sleeping thread before its next look-in). The waiter nudges
-    /// the reactor if it gives up first. Until then the op gives the
-    /// reactor no reason to spin or to look in: the waiter sees its end
-    /// first, and the reactor completes the entry at its next round. The
-    /// default: never.
-    fn quiet_until(&self) -> Option<Instant> {
-        None
-    }
-
     /// How a thread can sleep until the op ends (in the driver, woken by
     /// the GPU), for an entry someone waits for. Such an entry with an
     /// [`order`](Self::order) is completed by a driver waiter of its queue
@@ -361,23 +348,17 @@ impl Reactor {
             return Ok(());
         }
         // An op expected to end later needs the thread only at its
-        // pre-wake: a sleeping thread is then not woken before that. One
-        // its waiter watches by itself (woken by its own timer) needs it
-        // only at its next look-in.
+        // pre-wake: a sleeping thread is then not woken before that.
         let lead = self.prewake_lead();
         let prewake = entry
             .expected_end()
             .filter(|_| !lead.is_zero())
             .and_then(|end| end.checked_sub(lead));
-        let quiet = prewake.is_none() && entry.quiet_until().is_some_and(|q| q > Instant::now());
         self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
             match (prewake, self.shared.bell.get()) {
                 (Some(at), Some(bell)) if at > Instant::now() => bell.ring_by(at),
-                (None, Some(bell)) if quiet => {
-                    bell.ring_by(Instant::now() + look_in(&self.shared.config))
-                }
                 _ => self.ring(),
             }
         }
@@ -618,27 +599,34 @@ fn run(shared: Arc<Shared>) {
         let mut all_expected = !lead.is_zero();
         // True while every entry needs the thread only at its pre-wake.
         let mut timers_only = true;
+        // A pre-wake-only entry gave its pre-wake: it is done.
+        let mut fired = false;
         if !lead.is_zero() {
             for e in local.iter_mut() {
-                timers_only &= e.timer_only();
+                let timer = e.timer_only();
+                timers_only &= timer;
                 let Some(end) = e.expected_end() else {
-                    // Watched by its woken future, which nudges the thread
-                    // if its watch ends before the op: no reason to wake
-                    // for it (its bookkeeping waits for the next round).
-                    if e.quiet_until().is_none_or(|q| q <= now) {
-                        all_expected = false;
-                    }
+                    all_expected &= timer;
                     continue;
                 };
                 let at = end.checked_sub(lead).unwrap_or(now);
                 if at <= now {
                     e.prewake(lead);
-                    if e.quiet_until().is_none_or(|q| q <= now) {
-                        all_expected = false;
-                    }
+                    fired |= timer;
+                    all_expected &= timer;
                 } else {
                     next_prewake = Some(next_prewake.map_or(at, |n| n.min(at)));
                 }
+            }
+        }
+        if fired {
+            let before = local.len();
+            local.retain_mut(|e| !(e.timer_only() && poll_one(e) != Some(false)));
+            shared
+                .completed
+                .fetch_add((before - local.len()) as u64, Ordering::Relaxed);
+            if local.is_empty() {
+                continue;
             }
         }
         let idle = now.saturating_duration_since(last_progress);
@@ -1023,81 +1011,6 @@ mod tests {
         assert!(p[0] < done);
     }
 
-    /// A [`Flag`] watched by its waiter from the registration on (a
-    /// blocking wait woken by its own timer): no expected end, quiet until
-    /// `quiet_until`.
-    struct SelfTimed {
-        flag: Flag,
-        quiet_until: Instant,
-    }
-
-    impl Pending for SelfTimed {
-        fn poll_complete(&mut self) -> bool {
-            self.flag.poll_complete()
-        }
-        fn quiet_until(&self) -> Option<Instant> {
-            Some(self.quiet_until)
-        }
-    }
-
-    #[test]
-    fn an_op_its_waiter_watches_wakes_the_thread_only_at_a_look_in_or_a_nudge() {
-        // Looks in every 400 ms.
-        let r = Reactor::new(ReactorConfig {
-            max_sleep: Duration::from_millis(50),
-            ..ReactorConfig::default()
-        });
-        let (tx, rx) = mpsc::channel();
-        let first = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(Flag {
-            done: Arc::new(AtomicBool::new(true)),
-            tx: tx.clone(),
-            id: 0,
-            polls: first,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0);
-        let t0 = Instant::now();
-        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(r.stats().parks >= 1);
-        let done = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(SelfTimed {
-            flag: Flag {
-                done: done.clone(),
-                tx,
-                id: 7,
-                polls: polls.clone(),
-            },
-            quiet_until: Instant::now() + Duration::from_secs(60),
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        // The parked thread is not woken for it...
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(
-            polls.load(Ordering::Relaxed),
-            0,
-            "woken at the registration"
-        );
-        // ...but at once by a nudge (its waiter gave up watching).
-        r.nudge();
-        let t0 = Instant::now();
-        while polls.load(Ordering::Relaxed) == 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::yield_now();
-        }
-        assert!(polls.load(Ordering::Relaxed) >= 1, "a nudge looks at once");
-        // Ended while its waiter watches: completed at a look-in, with a
-        // few looks meanwhile, never a spin.
-        done.store(true, Ordering::Release);
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 7);
-        let n = polls.load(Ordering::Relaxed);
-        assert!(n < 50, "{n} looks at a quiet entry");
-    }
-
     #[test]
     fn a_long_op_costs_few_rounds_not_a_spinning_core() {
         let r = Reactor::new(ReactorConfig::default());
@@ -1120,86 +1033,6 @@ mod tests {
         // most (the 50 µs spin phase included).
         let n = polls.load(Ordering::Relaxed);
         assert!(n < 20_000, "{n} polls for one 100 ms op");
-    }
-
-    /// Pre-woken at once, then watched by its future for `quiet`: counts
-    /// the reactor's polls.
-    struct Watched {
-        end: Instant,
-        expected: Instant,
-        quiet: Duration,
-        quiet_until: Option<Instant>,
-        prewoken: bool,
-        polls: Arc<AtomicU64>,
-        tx: mpsc::Sender<Instant>,
-    }
-
-    impl Pending for Watched {
-        fn poll_complete(&mut self) -> bool {
-            self.polls.fetch_add(1, Ordering::Relaxed);
-            if Instant::now() < self.end {
-                return false;
-            }
-            let _ = self.tx.send(Instant::now());
-            true
-        }
-        fn expected_end(&self) -> Option<Instant> {
-            (!self.prewoken).then_some(self.expected)
-        }
-        fn prewake(&mut self, _lead: Duration) {
-            self.prewoken = true;
-            self.quiet_until = Some(Instant::now() + self.quiet);
-        }
-        fn quiet_until(&self) -> Option<Instant> {
-            self.quiet_until
-        }
-    }
-
-    /// Registers a [`Watched`] that is expected at once and ends at `end`,
-    /// its future watching for `quiet`: its poll count and completions.
-    fn register_watched(
-        r: &Reactor,
-        end: Instant,
-        quiet: Duration,
-    ) -> (Arc<AtomicU64>, mpsc::Receiver<Instant>) {
-        let (tx, rx) = mpsc::channel();
-        let polls = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(Watched {
-            end,
-            expected: Instant::now(),
-            quiet,
-            quiet_until: None,
-            prewoken: false,
-            polls: polls.clone(),
-            tx,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        (polls, rx)
-    }
-
-    #[test]
-    fn an_op_its_woken_future_watches_gets_no_spin_from_the_reactor() {
-        // A spin phase of a minute: a reactor that spun for the watched op
-        // would poll it without pause.
-        let r = Reactor::new(ReactorConfig {
-            spin: Duration::from_secs(60),
-            ..ReactorConfig::default()
-        });
-        // Expected at once, so pre-woken at registration; it ends 20 ms
-        // later, while its future still watches (40 ms).
-        let t0 = Instant::now();
-        let (polls, rx) = register_watched(
-            &r,
-            t0 + Duration::from_millis(20),
-            Duration::from_millis(40),
-        );
-        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert!(done >= t0 + Duration::from_millis(20));
-        // The reactor only looks in (every 8 ms by default) while the
-        // future watches.
-        let n = polls.load(Ordering::Relaxed);
-        assert!(n <= 10, "{n} polls while the future watched");
     }
 
     #[test]
@@ -1310,23 +1143,68 @@ mod tests {
         assert!(p >= seen && p < end + Duration::from_secs(10));
     }
 
+    /// A pre-wake only entry (its op is watched elsewhere): counts its
+    /// polls, notes when it gave its pre-wake.
+    struct PrewakeOnly {
+        expected: Option<Instant>,
+        polls: Arc<AtomicU64>,
+        fired: Arc<Mutex<Option<Instant>>>,
+    }
+
+    impl Pending for PrewakeOnly {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            self.expected.is_none()
+        }
+        fn expected_end(&self) -> Option<Instant> {
+            self.expected
+        }
+        fn prewake(&mut self, _lead: Duration) {
+            self.expected = None;
+            *self.fired.lock().unwrap() = Some(Instant::now());
+        }
+        fn timer_only(&self) -> bool {
+            true
+        }
+    }
+
     #[test]
-    fn a_watched_op_costs_no_wake_up_at_the_end_of_its_watch() {
-        // Look-ins every 8 s: the thread sleeps unless woken.
+    fn a_prewake_only_entry_costs_the_thread_one_wake_up_at_its_prewake() {
+        let lead = Duration::from_millis(5);
+        // Look-ins every 80 ms: a 300 ms wait would see three or four.
         let r = Reactor::new(ReactorConfig {
-            max_sleep: Duration::from_secs(1),
+            prewake_lead: lead,
+            max_sleep: Duration::from_millis(10),
             ..ReactorConfig::default()
         });
-        // Pre-woken at registration, watched by its future for 30 ms; it
-        // ends after 10 ms, which the future (not the reactor) sees.
-        let end = Instant::now() + Duration::from_millis(10);
-        let (polls, rx) = register_watched(&r, end, Duration::from_millis(30));
-        std::thread::sleep(Duration::from_millis(100));
-        // Looked at once, at registration: not at the watch's end.
-        assert_eq!(polls.load(Ordering::Relaxed), 1);
-        assert!(rx.try_recv().is_err());
-        // The next round (here a nudge) completes it.
-        r.nudge();
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let polls = Arc::new(AtomicU64::new(0));
+        let fired = Arc::new(Mutex::new(None));
+        let end = Instant::now() + Duration::from_millis(300);
+        r.register(Box::new(PrewakeOnly {
+            expected: Some(end),
+            polls: polls.clone(),
+            fired: fired.clone(),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let t0 = Instant::now();
+        while r.pending() != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never completed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let at = fired.lock().unwrap().expect("never pre-woken");
+        assert!(
+            at + Duration::from_micros(100) >= end - lead,
+            "pre-woken early"
+        );
+        // Polled at its registration and once after its pre-wake, with no
+        // look-in between.
+        let n = polls.load(Ordering::Relaxed);
+        assert!(n <= 3, "{n} polls");
+        // Then the thread parks.
+        while r.stats().parks == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -163,8 +163,6 @@ fn run(shared: Arc<Shared>, me: Arc<Mailbox>) {
     // The driver was used before the first op was registered: the exit
     // handler registered now runs before the driver's own.
     exit_gate::install();
-    #[cfg(target_os = "linux")]
-    let _ = nix::sys::prctl::set_timerslack(1_000);
     let linger = shared.config.waiter_linger;
     loop {
         let Some(queue) = me.take().or_else(|| next_queue(&shared, &me, linger)) else {
