@@ -214,7 +214,6 @@ fn gpu_an_abort_while_a_waiter_sleeps_in_the_driver_wakes_every_waiter() {
         .map(|b| pg.all_reduce(b, ReduceOp::Sum).unwrap())
         .collect();
     let events: Vec<_> = works.iter().map(|w| w.end_event_handle()).collect();
-    let waits0 = chorus::reactor::global().stats().waits;
     let (tx, rx) = std::sync::mpsc::channel();
     let mut threads = Vec::new();
     for (i, work) in works.into_iter().enumerate() {
@@ -241,7 +240,7 @@ fn gpu_an_abort_while_a_waiter_sleeps_in_the_driver_wakes_every_waiter() {
     }
     // Every waiter waits; the earliest op's driver waiter sleeps on it.
     let t0 = Instant::now();
-    while chorus::reactor::global().stats().waits == waits0 {
+    while chorus::reactor::global().stats().asleep == 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "no driver waiter slept: {:?}",
@@ -335,6 +334,9 @@ fn gpu_waiters_dropped_mid_wait_leak_no_thread_and_free_nothing_early() {
         .enable_all()
         .build()
         .unwrap();
+    // Waiters left idle by earlier tests of this process may serve these
+    // ops too: the bound is on what the ops add.
+    let named0 = threads_named("chorus-gpu-wait");
     let early = Arc::new(AtomicBool::new(false));
     let mut dropped = Vec::new();
     let mut last = None;
@@ -360,13 +362,12 @@ fn gpu_waiters_dropped_mid_wait_leak_no_thread_and_free_nothing_early() {
         dropped.push(d);
         last = Some(end);
     }
-    let waiters = chorus::reactor::global().stats().waiters;
     let named = threads_named("chorus-gpu-wait");
-    println!("driver waiters after 20 dropped waits: {waiters} ({named} threads)");
-    assert!(
-        waiters <= 4 && named <= 4,
-        "{waiters} waiters, {named} threads"
+    println!(
+        "driver waiters after 20 dropped waits: {named} threads ({named0} before); {:?}",
+        chorus::reactor::global().stats()
     );
+    assert!(named <= named0.max(4), "{named} waiter threads");
     last.unwrap().event().synchronize().unwrap();
     until_settled();
     assert!(!early.load(Ordering::SeqCst), "a buffer was released early");
@@ -378,7 +379,7 @@ fn gpu_waiters_dropped_mid_wait_leak_no_thread_and_free_nothing_early() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(threads_named("chorus-gpu-wait") <= 4);
+    assert!(threads_named("chorus-gpu-wait") <= named0.max(4));
 }
 
 /// Run in a process of its own by the test below: a CUDA error (a kernel
@@ -408,7 +409,6 @@ fn child_cuda_error_wakes_every_waiter() {
         .into_iter()
         .map(|b| pg.all_reduce(b, ReduceOp::Sum).unwrap())
         .collect();
-    let waits0 = chorus::reactor::global().stats().waits;
     let (tx, rx) = std::sync::mpsc::channel();
     for (i, work) in works.into_iter().enumerate() {
         let tx = tx.clone();
@@ -432,7 +432,7 @@ fn child_cuda_error_wakes_every_waiter() {
         });
     }
     let t0 = Instant::now();
-    while chorus::reactor::global().stats().waits == waits0 {
+    while chorus::reactor::global().stats().asleep == 0 {
         assert!(t0.elapsed() < Duration::from_secs(10), "no waiter slept");
         std::thread::sleep(Duration::from_millis(1));
     }

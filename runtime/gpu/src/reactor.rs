@@ -177,8 +177,11 @@ pub struct ReactorStats {
     /// Driver waiters alive now (sleeping on an op, or idle until they
     /// end).
     pub waiters: u64,
-    /// Times a driver waiter slept on an op's end.
+    /// Times a driver waiter slept on an op's end (counted when it woke).
     pub waits: u64,
+    /// Driver waiters in a sleep on an op's end now (or about to look
+    /// whether it ended).
+    pub asleep: u64,
 }
 
 /// The reactor could not start its thread.
@@ -210,6 +213,7 @@ struct Shared {
     waiters: waiters::Waiters,
     waiters_alive: AtomicU64,
     waits: AtomicU64,
+    asleep: AtomicU64,
 }
 
 impl Shared {
@@ -283,6 +287,7 @@ impl Reactor {
                 waiters: waiters::Waiters::default(),
                 waiters_alive: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
+                asleep: AtomicU64::new(0),
             }),
             thread: OnceLock::new(),
         }
@@ -422,6 +427,7 @@ impl Reactor {
             parks: self.shared.parks.load(Ordering::Relaxed),
             waiters: self.shared.waiters_alive.load(Ordering::Relaxed),
             waits: self.shared.waits.load(Ordering::Relaxed),
+            asleep: self.shared.asleep.load(Ordering::Relaxed),
         }
     }
 

@@ -233,8 +233,12 @@ fn serve(shared: &Shared, queue: u64) {
             let Some(_inside) = exit_gate::enter() else {
                 stop_for_exit();
             };
-            if sleeper.as_ref().is_some_and(|s| s.sleep_until_end()) {
-                shared.waits.fetch_add(1, Ordering::Relaxed);
+            if let Some(s) = &sleeper {
+                shared.asleep.fetch_add(1, Ordering::Relaxed);
+                if s.sleep_until_end() {
+                    shared.waits.fetch_add(1, Ordering::Relaxed);
+                }
+                shared.asleep.fetch_sub(1, Ordering::Relaxed);
             }
         }
         // That entry has ended, and every one before it on the stream.
