@@ -164,10 +164,7 @@ fn run(shared: Arc<Shared>, me: Arc<Mailbox>) {
     // handler registered now runs before the driver's own.
     exit_gate::install();
     let linger = shared.config.waiter_linger;
-    loop {
-        let Some(queue) = me.take().or_else(|| next_queue(&shared, &me, linger)) else {
-            break;
-        };
+    while let Some(queue) = me.take().or_else(|| next_queue(&shared, &me, linger)) {
         serve(&shared, queue);
         shared.waiters.state().idle.push(me.clone());
     }
