@@ -357,7 +357,7 @@ fn gpu_waiters_dropped_mid_wait_leak_no_thread_and_free_nothing_early() {
             let end = end.clone();
             move || matches!(end.event().query(), Ok(true))
         }));
-        let r = rt.block_on(tokio::time::timeout(Duration::from_millis(1), work));
+        let r = rt.block_on(async { tokio::time::timeout(Duration::from_millis(1), work).await });
         assert!(r.is_err(), "op {i} ended within 1 ms of 5 ms of GPU time");
         dropped.push(d);
         last = Some(end);
