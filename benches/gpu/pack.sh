@@ -53,9 +53,9 @@ probe)
   ;;
 wake)
   D=.gpu; RUN=benches/gpu/run-wake.sh
-  WANT="wake_probe group_bench group_probe nccl_bench watchdog_overhead nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu gpu cuda"
+  WANT="wake_probe group_bench group_probe nccl_bench watchdog_overhead nccl_gpu wake_gpu watchdog_gpu groups_gpu foreign_buffer_gpu gpu cuda"
   cargo build --release -p chorus-benches --bin wake_probe --bin group_bench --bin group_probe --bin nccl_bench --bin watchdog_overhead --message-format=json > "$json"
-  cargo test --release -p chorus --test nccl_gpu --test watchdog_gpu --test groups_gpu --test foreign_buffer_gpu --no-run --message-format=json >> "$json"
+  cargo test --release -p chorus --test nccl_gpu --test wake_gpu --test watchdog_gpu --test groups_gpu --test foreign_buffer_gpu --no-run --message-format=json >> "$json"
   cargo test --release -p nccl-sys --test gpu -p chorus-gpu --test cuda --no-run --message-format=json >> "$json"
   ;;
 ecosystem)

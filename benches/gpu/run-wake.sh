@@ -4,7 +4,8 @@
 # (torch_wake.py, spinning and blocking waits); group_bench and
 # group_probe with the enqueue profile; the watchdog's overhead; nccl_bench.
 #
-#   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200)
+#   bash .gpu/run.sh [tests|probe|torch|groups|nccl|watchdog|all]    (SAMPLES=200; PATTERNS=fixed,random,rising
+#                            # and MECHANISMS=... narrow or widen the probe and PyTorch's side)
 #   bash .gpu/run.sh rt      # awaited round trips only, this build against bin/nccl_bench_a
 #                            # (another build, copied in by hand), in turn (the order changing
 #                            # round by round), pinned to cores 2-5 (CORES)
@@ -34,7 +35,7 @@ MODE=${1:-all}; SAMPLES=${SAMPLES:-200}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   export CHORUS_GPU_MACHINE=1
-  for t in gpu cuda nccl_gpu watchdog_gpu groups_gpu foreign_buffer_gpu; do
+  for t in gpu cuda nccl_gpu wake_gpu watchdog_gpu groups_gpu foreign_buffer_gpu; do
     [ -x "$D/bin/$t" ] || continue
     echo "=== $t"
     timeout 300 "$D/bin/$t" --include-ignored --test-threads=1 > "$OUT/$t.log" 2>&1; echo "rc=$?"
@@ -43,13 +44,13 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
 fi
 if [ "$MODE" = all ] || [ "$MODE" = probe ]; then
   echo "=== wake_probe"
-  timeout 400 "$D/bin/wake_probe" --samples "$SAMPLES" ${MECHANISMS:+--mechanisms "$MECHANISMS"} > "$OUT/wake_probe.log" 2>&1; echo "rc=$?"
+  timeout 400 "$D/bin/wake_probe" --samples "$SAMPLES" ${MECHANISMS:+--mechanisms "$MECHANISMS"} ${PATTERNS:+--patterns "$PATTERNS"} > "$OUT/wake_probe.log" 2>&1; echo "rc=$?"
   grep -v '^wake_probe: ' "$OUT/wake_probe.log"; grep '^wake_probe: ' "$OUT/wake_probe.log" | tail -1
 fi
 if [ "$MODE" = all ] || [ "$MODE" = torch ]; then
   echo "=== PyTorch (torch_wake.py)"
-  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" 2>&1 | grep -v Warning | tee "$OUT/torch_wake.log"
-  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" --blocking 2>&1 | grep -v Warning | tee -a "$OUT/torch_wake.log"
+  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" ${PATTERNS:+--patterns "$PATTERNS"} 2>&1 | grep -v Warning | tee "$OUT/torch_wake.log"
+  timeout 200 python3 "$D/compare/torch_wake.py" --samples "$SAMPLES" ${PATTERNS:+--patterns "$PATTERNS"} --blocking 2>&1 | grep -v Warning | tee -a "$OUT/torch_wake.log"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = groups ]; then
   echo "=== group_bench (CHORUS_NCCL_PROFILE=1)"

@@ -63,8 +63,20 @@
 //! the waiting thread's includes the handshake's spinning). Also: what
 //! recording each kind of event costs.
 //!
+//! Patterns (`--patterns`): `fixed` runs each length of `--lengths-us` in
+//! a cell of its own, after warm-up samples of the same length (the steady
+//! state of a training step's ops, whose lengths repeat); `random` draws
+//! each sample's length at random, log-uniform from 0.1 to 30 ms
+//! (`--random-samples`), and reports it by length band; `rising` runs
+//! steps of 1, 3, 7 and 20 ms (`--rising-samples` each, `--rising-cycles`
+//! times), so that each new length follows a history of another, and
+//! reports it by length. Both draw from a fixed seed (the same lengths in
+//! every run and in `torch_wake.py`), after warm-up samples drawn at
+//! random.
+//!
 //! ```sh
 //! wake_probe [--samples 200] [--lengths-us 100,1000,3000,10000,30000] [--mechanisms ...]
+//!            [--patterns fixed,random,rising] [--random-samples 200] [--rising-samples 12] [--rising-cycles 3]
 //! ```
 #![forbid(unsafe_code)]
 
@@ -103,6 +115,50 @@ struct Args {
     /// with what its pre-wake did (0: no list).
     #[arg(long, default_value_t = 100.0)]
     tail_us: f64,
+    /// Patterns of op lengths: `fixed`, `random`, `rising` (see the module
+    /// docs).
+    #[arg(long, value_delimiter = ',', default_value = "fixed")]
+    patterns: Vec<String>,
+    /// Samples of the `random` pattern per mechanism.
+    #[arg(long, default_value_t = 200)]
+    random_samples: usize,
+    /// Samples per step of the `rising` pattern.
+    #[arg(long, default_value_t = 12)]
+    rising_samples: usize,
+    /// Times the `rising` pattern's steps run.
+    #[arg(long, default_value_t = 3)]
+    rising_cycles: usize,
+}
+
+/// The steps of the `rising` pattern, µs.
+const RISING_US: [u64; 4] = [1_000, 3_000, 7_000, 20_000];
+
+/// The bands the `random` pattern is reported by, µs (lower bounds; the
+/// last band ends at 30 ms).
+const BANDS_US: [u64; 5] = [100, 300, 1_000, 3_000, 10_000];
+
+/// Lengths drawn log-uniform from 0.1 to 30 ms by xorshift64 from `seed`:
+/// the same sequence as `torch_wake.py`'s.
+fn random_lengths(n: usize, seed: u64) -> Vec<Duration> {
+    let mut x = seed.max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let us = 100.0 * (300.0f64).powf(u);
+            Duration::from_micros(us as u64)
+        })
+        .collect()
+}
+
+/// The `rising` pattern's lengths.
+fn rising_lengths(per_step: usize, cycles: usize) -> Vec<Duration> {
+    (0..cycles)
+        .flat_map(|_| RISING_US.iter())
+        .flat_map(|&us| std::iter::repeat_n(Duration::from_micros(us), per_step))
+        .collect()
 }
 
 /// A one-shot flag the waiting thread parks on.
@@ -338,15 +394,16 @@ impl Rig {
         )
     }
 
-    /// `n` `chorus-tokio-mt-task` samples, each with the pre-wakes given
-    /// and seen while watching during it, in one task spawned on the
-    /// multi-thread runtime.
-    fn samples_in_task(self: &Arc<Self>, n: usize, len: Duration) -> Vec<(Raw, u64, u64)> {
+    /// `chorus-tokio-mt-task` samples of the ops' `lens`, each with the
+    /// pre-wakes given and seen while watching during it, in one task
+    /// spawned on the multi-thread runtime.
+    fn samples_in_task(self: &Arc<Self>, lens: &[Duration]) -> Vec<(Raw, u64, u64)> {
         let rig = self.clone();
+        let lens = lens.to_vec();
         let task = self.tokio_mt.spawn(async move {
             rig.device.bind_to_thread().expect("bind");
-            let mut out = Vec::with_capacity(n);
-            for _ in 0..n {
+            let mut out = Vec::with_capacity(lens.len());
+            for len in lens {
                 let before = chorus::test_util::prewake_counts();
                 let raw = rig.sample_in_task(len).await;
                 out.push(with_prewakes(raw, before));
@@ -354,6 +411,51 @@ impl Rig {
             out
         });
         self.tokio_mt.block_on(task).expect("task")
+    }
+
+    /// Runs `warm` untimed, then `lens` timed, by `mech`: each sample's
+    /// timings with the pre-wakes given and seen while watching during
+    /// it, and the cell's CPU.
+    fn cell(
+        self: &Arc<Self>,
+        mech: &str,
+        ev: &Arc<Event>,
+        warm: &[Duration],
+        lens: &[Duration],
+    ) -> Cell {
+        let in_task = mech == "chorus-tokio-mt-task";
+        if in_task {
+            self.samples_in_task(warm);
+        } else {
+            for &len in warm {
+                self.sample(mech, len, ev);
+            }
+        }
+        let pw0 = chorus::test_util::prewake_counts();
+        let (cpu0, wall0, threads0) = (cpu_time(), Instant::now(), thread_cpu());
+        let samples: Vec<(Raw, u64, u64)> = if in_task {
+            self.samples_in_task(lens)
+        } else {
+            lens.iter()
+                .map(|&len| {
+                    let before = chorus::test_util::prewake_counts();
+                    let raw = self.sample(mech, len, ev);
+                    with_prewakes(raw, before)
+                })
+                .collect()
+        };
+        let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
+        let wall = wall0.elapsed().as_secs_f64();
+        let threads = thread_cpu_line(&threads0, &thread_cpu(), wall, lens.len());
+        let pw = chorus::test_util::prewake_counts();
+        Cell {
+            samples,
+            lens: lens.to_vec(),
+            cpu,
+            wall,
+            threads,
+            prewakes: (pw.0 - pw0.0, pw.1 - pw0.1),
+        }
     }
 
     /// One sample: its handshake, its GPU stamps, and when the waiting
@@ -488,6 +590,102 @@ impl Rig {
             g1,
             back,
             elapsed,
+        }
+    }
+}
+
+/// A cell's samples, the lengths of their ops, and what the process spent
+/// meanwhile.
+struct Cell {
+    samples: Vec<(Raw, u64, u64)>,
+    lens: Vec<Duration>,
+    /// CPU time and wall time, s.
+    cpu: f64,
+    wall: f64,
+    threads: String,
+    /// Pre-wakes given, and seen end while watching.
+    prewakes: (u64, u64),
+}
+
+impl Cell {
+    fn all(&self) -> Vec<usize> {
+        (0..self.samples.len()).collect()
+    }
+
+    /// The GPU clock's rate against the host's, from the cell's own
+    /// handshakes (see [`clock_drift`]).
+    fn drift(&self) -> f64 {
+        let raws: Vec<Raw> = self.samples.iter().map(|s| s.0).collect();
+        clock_drift(&raws)
+    }
+
+    /// Latency median, p99, max and crude median of the samples `idx`, µs.
+    fn latency(&self, idx: &[usize]) -> Option<(f64, f64, f64, f64)> {
+        if idx.is_empty() {
+            return None;
+        }
+        let drift = self.drift();
+        let mut lat: Vec<f64> = idx
+            .iter()
+            .map(|&i| self.samples[i].0.latency(drift))
+            .collect();
+        let mut crude: Vec<f64> = idx
+            .iter()
+            .map(|&i| self.samples[i].0.crude(self.lens[i], drift))
+            .collect();
+        Some((
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+            pct(&mut lat, 1.0),
+            pct(&mut crude, 0.5),
+        ))
+    }
+
+    /// One line: the latency of the samples `idx` under `label`.
+    fn print_latency(&self, mech: &str, label: &str, idx: &[usize]) {
+        if let Some((med, p99, max, crude)) = self.latency(idx) {
+            println!(
+                "{mech:<20} {label:>16}: latency median {med:7.2} us  p99 {p99:7.2} us  max {max:7.2} us; crude median {crude:7.2} us ({} samples)",
+                idx.len()
+            );
+        }
+    }
+
+    /// The latency of the samples `idx`, then the cell's CPU, by thread,
+    /// its clock and pre-wakes, and its slow samples (over `tail_us`).
+    fn print(&self, mech: &str, label: &str, idx: &[usize], tail_us: f64) {
+        let n = self.samples.len();
+        let drift = self.drift();
+        // The handshake's 100 µs of host spinning per sample is the
+        // probe's, not the mechanism's.
+        let own = (self.cpu - n as f64 * 100e-6).max(0.0);
+        self.print_latency(mech, label, idx);
+        let pad = "";
+        println!(
+            "{pad:<20} {label:>16}  CPU {:5.1}% of a core, {:5.1}% less the probe's handshake, {:6.1} us per op; GPU clock {:+.1} ppm",
+            100.0 * self.cpu / self.wall,
+            100.0 * own / self.wall,
+            1e6 * own / n as f64,
+            drift * 1e6,
+        );
+        println!("{pad:<20} {label:>16}  CPU by thread: {}", self.threads);
+        if mech.starts_with("chorus-") {
+            println!(
+                "{pad:<20} {label:>16}  pre-wakes {}, of which seen end while watching {}; lead now {:.0} us; reactor {:?}",
+                self.prewakes.0,
+                self.prewakes.1,
+                chorus_gpu::reactor::global().prewake_lead().as_secs_f64() * 1e6,
+                chorus_gpu::reactor::global().stats(),
+            );
+            for (i, (raw, given, seen)) in self.samples.iter().enumerate() {
+                let l = raw.latency(drift);
+                if tail_us > 0.0 && l > tail_us {
+                    println!(
+                        "{pad:<20} {label:>16}  slow sample {i} ({} us op): {l:.1} us, pre-wakes {given}, seen while watching {seen}",
+                        self.lens[i].as_micros()
+                    );
+                }
+            }
         }
     }
 }
@@ -630,92 +828,68 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "bsync" | "bsync-waiter" => rig.device.new_blocking_event()?,
             _ => rig.device.new_event()?,
         });
-        for &us in &args.lengths_us {
-            let len = Duration::from_micros(us);
-            let n = if us >= 10_000 {
-                args.samples / 2
-            } else {
-                args.samples
-            }
-            .max(10);
-            eprintln!("wake_probe: {mech} {us} us");
-            // Warm-up: chorus learns how long ops like these take (a
-            // training step's ops repeat); the samples then measure the
-            // steady state.
-            let in_task = mech == "chorus-tokio-mt-task";
-            if in_task {
-                rig.samples_in_task(WARMUP, len);
-            } else {
-                for _ in 0..WARMUP {
-                    rig.sample(mech, len, &ev);
-                }
-            }
-            let pw0 = chorus::test_util::prewake_counts();
-            let (cpu0, wall0, threads0) = (cpu_time(), Instant::now(), thread_cpu());
-            // Per sample: its timings, and the pre-wakes given and seen
-            // while watching during it.
-            let samples: Vec<(Raw, u64, u64)> = if in_task {
-                rig.samples_in_task(n, len)
-            } else {
-                (0..n)
-                    .map(|_| {
-                        let before = chorus::test_util::prewake_counts();
-                        let raw = rig.sample(mech, len, &ev);
-                        with_prewakes(raw, before)
-                    })
-                    .collect()
-            };
-            let cpu = cpu_time().saturating_sub(cpu0).as_secs_f64();
-            let wall = wall0.elapsed().as_secs_f64();
-            let threads = thread_cpu_line(&threads0, &thread_cpu(), wall, n);
-            // The GPU's clock runs at its own rate: its time between the
-            // stamps becomes host time at the rate these samples' own
-            // handshakes show.
-            let raws: Vec<Raw> = samples.iter().map(|s| s.0).collect();
-            let drift = clock_drift(&raws);
-            let mut lat: Vec<f64> = raws.iter().map(|r| r.latency(drift)).collect();
-            let mut crude: Vec<f64> = raws.iter().map(|r| r.crude(len, drift)).collect();
-            // The handshake's 100 µs of host spinning per sample is the
-            // probe's, not the mechanism's.
-            let own = (cpu - n as f64 * 100e-6).max(0.0);
-            println!(
-                "{mech:<19} {:>6} us op: latency median {:7.2} us  p99 {:7.2} us  max {:7.2} us; crude median {:7.2} us; CPU {:5.1}% of a core, {:5.1}% less the probe's handshake, {:6.1} us per op ({n} samples)",
-                us,
-                pct(&mut lat, 0.5),
-                pct(&mut lat, 0.99),
-                pct(&mut lat, 1.0),
-                pct(&mut crude, 0.5),
-                100.0 * cpu / wall,
-                100.0 * own / wall,
-                1e6 * own / n as f64,
-            );
-            println!(
-                "{:<19} {:>6}          GPU clock {:+.1} ppm against the host's (a GPU span of this length is {:+.2} us off in host time)",
-                "",
-                "",
-                drift * 1e6,
-                len.as_secs_f64() * 1e6 * drift,
-            );
-            println!("{:<19} {:>6}          CPU by thread: {threads}", "", "");
-            if mech.starts_with("chorus-") {
-                let pw = chorus::test_util::prewake_counts();
-                println!(
-                    "{:<19} {:>6}          pre-wakes {}, of which seen end while watching {}; lead now {:.0} us",
-                    "",
-                    "",
-                    pw.0 - pw0.0,
-                    pw.1 - pw0.1,
-                    chorus_gpu::reactor::global().prewake_lead().as_secs_f64() * 1e6
-                );
-                for (i, (raw, given, seen)) in samples.iter().enumerate() {
-                    let l = raw.latency(drift);
-                    if args.tail_us > 0.0 && l > args.tail_us {
-                        println!(
-                            "{:<19} {:>6}          slow sample {i}: {l:.1} us, pre-wakes {given}, seen while watching {seen}",
-                            "", ""
-                        );
+        for pattern in &args.patterns {
+            match pattern.as_str() {
+                "fixed" => {
+                    for &us in &args.lengths_us {
+                        let len = Duration::from_micros(us);
+                        let n = if us >= 10_000 {
+                            args.samples / 2
+                        } else {
+                            args.samples
+                        }
+                        .max(10);
+                        eprintln!("wake_probe: {mech} {us} us");
+                        // Warm-up: chorus learns how long ops like these
+                        // take (a training step's ops repeat); the samples
+                        // then measure the steady state.
+                        let cell = rig.cell(mech, &ev, &[len; WARMUP], &vec![len; n]);
+                        let label = format!("{us:>6} us op");
+                        cell.print(mech, &label, &cell.all(), args.tail_us);
                     }
                 }
+                "random" | "rising" => {
+                    eprintln!("wake_probe: {mech} {pattern}");
+                    let warm = random_lengths(WARMUP, 7);
+                    let lens = if pattern == "random" {
+                        random_lengths(args.random_samples, 1)
+                    } else {
+                        rising_lengths(args.rising_samples, args.rising_cycles)
+                    };
+                    let cell = rig.cell(mech, &ev, &warm, &lens);
+                    let groups: Vec<(String, Vec<usize>)> = if pattern == "random" {
+                        BANDS_US
+                            .iter()
+                            .enumerate()
+                            .map(|(b, &lo)| {
+                                let hi = BANDS_US.get(b + 1).copied().unwrap_or(30_001);
+                                let idx = (0..lens.len())
+                                    .filter(|&i| {
+                                        let us = lens[i].as_micros() as u64;
+                                        us >= lo && us < hi
+                                    })
+                                    .collect();
+                                let top = hi.min(30_000) as f64 / 1e3;
+                                (format!("random {}-{top} ms", lo as f64 / 1e3), idx)
+                            })
+                            .collect()
+                    } else {
+                        RISING_US
+                            .iter()
+                            .map(|&us| {
+                                let idx = (0..lens.len())
+                                    .filter(|&i| lens[i].as_micros() as u64 == us)
+                                    .collect();
+                                (format!("rising {} ms", us / 1000), idx)
+                            })
+                            .collect()
+                    };
+                    for (label, idx) in &groups {
+                        cell.print_latency(mech, label, idx);
+                    }
+                    cell.print(mech, &format!("{pattern} all"), &cell.all(), args.tail_us);
+                }
+                other => panic!("unknown pattern {other}"),
             }
         }
     }
@@ -748,6 +922,44 @@ mod tests {
             })
             .collect()
     }
+
+    #[test]
+    fn the_patterns_draw_the_same_lengths_in_range_every_run() {
+        let a = random_lengths(2000, 1);
+        assert_eq!(a, random_lengths(2000, 1));
+        assert_ne!(a, random_lengths(2000, 7));
+        let us: Vec<u64> = a.iter().map(|d| d.as_micros() as u64).collect();
+        assert!(us.iter().all(|&u| (100..30_000).contains(&u)));
+        // Log-uniform: each decade about a third of the draws.
+        for (lo, hi) in [(100, 1000), (1000, 10_000), (10_000, 30_000)] {
+            let k = us.iter().filter(|&&u| u >= lo && u < hi).count();
+            let want = 2000.0 * ((hi as f64).ln() - (lo as f64).ln()) / 300f64.ln();
+            assert!(
+                (k as f64 - want).abs() < want * 0.15,
+                "{lo}-{hi}: {k} of ~{want}"
+            );
+        }
+        // The first draws, as torch_wake.py's generator gives them.
+        assert_eq!(
+            &us[..4],
+            &[
+                FIRST_DRAWS[0],
+                FIRST_DRAWS[1],
+                FIRST_DRAWS[2],
+                FIRST_DRAWS[3]
+            ]
+        );
+        let r = rising_lengths(12, 3);
+        assert_eq!(r.len(), 12 * 4 * 3);
+        assert_eq!(r[0], Duration::from_millis(1));
+        assert_eq!(r[12], Duration::from_millis(3));
+        assert_eq!(r[47], Duration::from_millis(20));
+        assert_eq!(r[48], Duration::from_millis(1));
+    }
+
+    /// `random_lengths(_, 1)`'s first draws in µs (torch_wake.py's
+    /// `random_lengths` must give the same).
+    const FIRST_DRAWS: [u64; 4] = [100, 142, 3169, 23653];
 
     #[test]
     fn the_gpu_clocks_rate_comes_from_the_lowest_handshakes_at_each_end() {

@@ -119,11 +119,10 @@ impl Watch {
 
 impl<C: DeviceBuffers> Held<C> {
     /// Hands the op to the reactor for a blocking wait that wakes itself
-    /// at `wake_at` to watch it (no pre-wake, see
-    /// [`InFlight::watch_self_timed`]).
-    fn watch_self_timed(mut self, wake_at: Instant) -> Option<Watched<C>> {
+    /// to watch it (no pre-wake, see [`InFlight::watch_self_timed`]).
+    fn watch_self_timed(mut self) -> Option<Watched<C>> {
         let (f, c) = self.0.take()?;
-        Some(f.watch_self_timed(finisher(c), wake_at))
+        Some(f.watch_self_timed(finisher(c)))
     }
 }
 
@@ -391,13 +390,13 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 return Ok(bufs);
             }
         }
-        // Sleep until the op is done, the deadline, or a little before the
-        // op's expected end (then watch the end event closely): a parked
-        // thread takes long to run again, a watching one sees the end at
-        // once. This thread wakes itself for that, so the reactor gives
-        // the op no pre-wake (one cold wake-up of its thread less).
-        // (An op whose pre-wake instant has passed already is pre-woken by
-        // the reactor at once, as for a future.)
+        // Sleep until the op is done (its driver waiter completes it), the
+        // deadline, or a little before the op's expected end (then watch
+        // the end event closely): a parked thread takes long to run again,
+        // a watching one sees the end at once. This thread wakes itself for
+        // that, so the reactor gives the op no pre-wake (one cold wake-up
+        // of its thread less). (An op whose pre-wake instant has passed
+        // already is pre-woken by the reactor at once, as for a future.)
         let lead = reactor::global().prewake_lead();
         let mut wake_at = match &self.track {
             Some(Track::Held(Held(Some((f, _))))) if !lead.is_zero() => f
@@ -407,10 +406,9 @@ impl<R: DeviceBuffers> OwnWork<R> {
             _ => None,
         };
         match wake_at {
-            Some(at) => self.hand_over(|h| h.watch_self_timed(at)),
+            Some(_) => self.hand_over(Held::watch_self_timed),
             None => self.watch(),
         }
-        self.nudge();
         loop {
             if let Some(r) = self.inner.wait_until(wake_at.unwrap_or(deadline)) {
                 return self.resolved(r);
@@ -434,8 +432,7 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 if let Some(bufs) = self.watch_briefly(watch.within(deadline - now)) {
                     return Ok(bufs);
                 }
-                // Not seen: the reactor finds the end, looking closely now.
-                reactor::global().nudge();
+                // Not seen: its driver waiter completes it when it ends.
             }
         }
         self.time_out_after(&ctx, timeout)
@@ -453,20 +450,6 @@ impl<R: DeviceBuffers> OwnWork<R> {
         let inner = std::mem::replace(&mut self.inner, OpFuture::failed(missing(ctx)));
         let r = inner.time_out(after);
         self.resolved(r)
-    }
-
-    /// Asks the reactor to look closely now (a future waits on the op),
-    /// unless the op is expected to end after its pre-wake: the reactor
-    /// wakes for that instant by itself, and a nudge would only wake it
-    /// early for nothing.
-    fn nudge(&self) {
-        let lead = reactor::global().prewake_lead();
-        let foreseen = !lead.is_zero()
-            && matches!(&self.track, Some(Track::Watched(w))
-                if w.expected_end().is_some_and(|e| e > std::time::Instant::now() + lead));
-        if !foreseen {
-            reactor::global().nudge();
-        }
     }
 
     /// How long the first look at the op, still held, watches it:
@@ -540,9 +523,8 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 }
             }
             Some(Track::Watched(w)) => {
-                // The reactor is not nudged while this thread watches: one
-                // watcher is enough (a poll that returns `Pending` nudges
-                // it afterwards).
+                // Its driver waiter sleeps meanwhile: whichever sees the
+                // end first takes it.
                 w.bind_device().ok()?;
                 // Far from the expected end, nap (halving the way, then
                 // short steps: the thread is awake already, so each ends
@@ -554,9 +536,9 @@ impl<R: DeviceBuffers> OwnWork<R> {
                 loop {
                     match w.take_finished() {
                         Ok(Some(bufs)) => return Some(bufs),
-                        // Running, or the reactor is completing it.
+                        // Running, or its driver waiter is completing it.
                         Ok(None) => {}
-                        // The reactor fails the work with it.
+                        // Its driver waiter fails the work with it.
                         Err(_) => return None,
                     }
                     if self.inner.is_done() || t0.elapsed() >= spin {
@@ -650,10 +632,7 @@ impl<R: DeviceBuffers> Future for OwnWork<R> {
         }
         match Pin::new(&mut self.inner).poll(cx) {
             Poll::Ready(r) => Poll::Ready(self.resolved(r)),
-            Poll::Pending => {
-                self.nudge();
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }

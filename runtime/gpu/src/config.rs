@@ -44,6 +44,9 @@ pub struct ReactorConfig {
     /// [`doze::STEP`](crate::doze::STEP) and at most this; a value of
     /// `STEP` (40 µs) naps in even steps.
     pub watch_nap: Duration,
+    /// A driver waiter (a thread that sleeps in the driver until an
+    /// awaited op's end) with nothing to wait for ends after this long.
+    pub waiter_linger: Duration,
 }
 
 impl Default for ReactorConfig {
@@ -57,6 +60,7 @@ impl Default for ReactorConfig {
             prewake_max: Duration::from_millis(2),
             watch_spin: Duration::from_micros(20),
             watch_nap: Duration::from_micros(120),
+            waiter_linger: Duration::from_secs(10),
         }
     }
 }
@@ -84,6 +88,7 @@ impl ReactorConfig {
             prewake_max: us("CHORUS_REACTOR_PREWAKE_MAX_US").unwrap_or(d.prewake_max),
             watch_spin: us("CHORUS_REACTOR_WATCH_SPIN_US").unwrap_or(d.watch_spin),
             watch_nap: us("CHORUS_REACTOR_WATCH_NAP_US").unwrap_or(d.watch_nap),
+            waiter_linger: d.waiter_linger,
         }
     }
 }

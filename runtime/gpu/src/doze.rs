@@ -2,9 +2,8 @@
 //! (docs/ARCHITECTURE.md, "Waking on time").
 //!
 //! A future woken ahead of its op's expected end has to see the end within
-//! microseconds, but spinning all the way to it costs the whole lead (half
-//! a millisecond per op, a few percent of a core for a stream of 30 ms
-//! ops). A thread that is already running can instead nap: half the way
+//! microseconds, but spinning all the way to it costs the whole lead per
+//! op. A thread that is already running can instead nap: half the way
 //! to the expected end while it is far, then steps of a few dozen
 //! microseconds. The core it naps on stays in a shallow idle state, so
 //! each nap ends within a few microseconds of its time, and the thread

@@ -7,8 +7,8 @@
 //! millisecond or more usually runs again within tens to a few hundred
 //! microseconds of its wake-up, which the configured lead (500 µs)
 //! covers. But a host has stretches, of a minute or so, where such
-//! wake-ups take milliseconds (0.1–2.6 ms on the lent H200 hosts,
-//! benches/RESULTS.md): then every op is seen late by as much.
+//! wake-ups take milliseconds: then every pre-woken op is seen late by
+//! as much (its driver waiter, woken late too, does no better).
 //!
 //! So, where the lead may grow, each future the reactor pre-wakes tells
 //! how long after its due instant it ran ([`note`]); the reactor's own

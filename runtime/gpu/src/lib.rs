@@ -8,8 +8,9 @@
 //!   ops), device buffers, in-flight ops and their retire queue;
 //!   [`nccl::Batch`]: several ops in one NCCL group; [`nccl::GraphCapture`]:
 //!   CUDA graph capture of NCCL ops.
-//! * [`reactor`]: the completion reactor thread that completes GPU ops
-//!   when their end event completes.
+//! * [`reactor`]: completes GPU ops when their end event completes: driver
+//!   waiters that sleep in the driver until an awaited op's end, and the
+//!   reactor thread (pre-wakes, ops nobody awaits).
 //! * [`placement`]: which side of the machine a buffer type lives on, the
 //!   compile-time switch by which chorus picks a backend.
 //! * `config`: the settings this layer reads from the environment.

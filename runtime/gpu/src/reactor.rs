@@ -1,5 +1,6 @@
-//! The completion reactor: one thread per process that watches in-flight GPU
-//! ops and completes them when they finish (docs/ARCHITECTURE.md, rule 2).
+//! The completion reactor: completes in-flight GPU ops when they finish and
+//! wakes the futures awaiting them (docs/ARCHITECTURE.md, rule 2 and
+//! "Waking on time").
 //!
 //! A backend hands the reactor one [`Pending`] entry per op it cannot
 //! complete itself: typically the op's end event together with its
@@ -7,41 +8,45 @@
 //! the op still running ([`Reactor::register`]); an op that a poll finds
 //! finished never reaches the reactor, and ops nobody waits for any more
 //! are retired by the threads that let go of them, with a slow sweeper
-//! here for the last ones ([`Reactor::register_detached`]). The reactor thread calls
-//! [`Pending::poll_complete`] on every entry in turn; an entry that finds
-//! its event complete (or failed) completes its work, which wakes the
-//! future awaiting it, and leaves the reactor.
+//! here for the last ones ([`Reactor::register_detached`]). An entry that
+//! finds its event complete (or failed) in [`Pending::poll_complete`]
+//! completes its work, which wakes the future awaiting it.
 //!
-//! # Backoff and pre-wake
+//! # Driver waiters
 //!
-//! While entries are pending the thread spins (`spin`, default 50 µs since
-//! the last progress), may yield its core between rounds (until
-//! `yield_for`, default: no yielding), then sleeps between rounds for an
-//! eighth of how long the ops have been running (10 µs up to `max_sleep`,
-//! default 1 ms, with the thread's timer slack at 1 µs): a long op costs a
-//! few dozen wake-ups, not a core. Any progress (a completion, a new
-//! registration, a [`Reactor::nudge`] from a future being polled) starts
-//! the spin phase again.
+//! An awaited op is watched by a thread that sleeps in the driver until
+//! its end event completes (`waiters`): entries with a
+//! [`Pending::sleeper`] and an [`order`](Pending::order) go to their
+//! stream's waiter, which sleeps on the stream's earliest pending entry
+//! and completes what ended when the GPU wakes it. It costs no CPU while
+//! the op runs and sees the end when the driver does, however long the op
+//! ran and whatever ran before it.
+//!
+//! # The reactor thread and the pre-wake
 //!
 //! A thread parked for a millisecond takes tens to hundreds of
-//! microseconds to run again, so an op whose end is expected (its
-//! [`Pending::expected_end`], learned from ops like it) has its awaiting
-//! future woken `prewake_lead` (default 500 µs) before that end
-//! ([`Pending::prewake`]): the future then watches the end event itself and
-//! sees it within microseconds. While every pending op's end is expected
-//! later, the thread skips the spin and sleeps until the first pre-wake
-//! (looking in every eight `max_sleep`s: each look costs the thread tens of
-//! microseconds of a cold wake-up), so a long op costs a handful of
-//! wake-ups. Registering such an op does not wake a sleeping thread: it
-//! brings the thread's sleep forward to the op's pre-wake if the sleep
-//! would end later (the thread sleeps on a timer others can re-arm,
-//! `crate::bell`), so the thread wakes once for the op, at its pre-wake.
-//! With nothing to watch
-//! it spins the same way and yields for at most 1 ms (so a stream of ops
-//! finds it awake and needs no unpark system call), then parks and uses no
-//! CPU until the next registration unparks it — at once when the op that
-//! just completed had it sleeping (a long op: no stream of short ones to
-//! stay awake for).
+//! microseconds to run again once woken, whoever wakes it. So an op whose
+//! end is expected (its [`Pending::expected_end`], learned from ops like
+//! it, given only where they ended alike) also has an entry on the
+//! reactor thread that wakes its future `prewake_lead` (default 500 µs)
+//! before that end ([`Pending::prewake`]): the future then watches the end
+//! event itself and sees it within microseconds. The thread sleeps until
+//! the first pre-wake; registering such an op does not wake it, but brings
+//! its sleep forward to the op's pre-wake if it would end later (it sleeps
+//! on a timer others can re-arm, `crate::bell`). The driver waiter
+//! completes the op all the same if it ends before its pre-wake, or after
+//! the woken future stopped watching.
+//!
+//! The thread also polls entries that cannot be slept on (no sleeper or
+//! no order): it spins (`spin`, default 50 µs since the last progress),
+//! may yield its core between rounds (until `yield_for`, default: no
+//! yielding), then sleeps between rounds for an eighth of how long the
+//! ops have been running (10 µs up to `max_sleep`, default 1 ms, with the
+//! thread's timer slack at 1 µs). Any progress (a completion, a new
+//! registration, a [`Reactor::nudge`]) starts the spin phase again. With
+//! nothing to watch it spins the same way and yields for at most 1 ms,
+//! then parks and uses no CPU until the next registration unparks it — at
+//! once when the op that just completed had it sleeping.
 //!
 //! The settings ([`ReactorConfig`]) come from [`configure`], or from the
 //! `CHORUS_REACTOR_*` variables (see `crate::config`).
@@ -61,8 +66,9 @@
 //!
 //! # Safety of buffers
 //!
-//! An entry owns the op's buffers until it completes; the reactor never drops
-//! an entry before `poll_complete` returned true. An entry whose
+//! An entry owns the op's buffers until it completes; neither the reactor
+//! thread nor a driver waiter drops an entry before `poll_complete`
+//! returned true. An entry whose
 //! `poll_complete` panics is leaked (never dropped), so memory the GPU may
 //! still touch is never freed.
 
@@ -74,6 +80,19 @@ use crate::bell::Bell;
 use crate::exit_gate;
 
 pub use crate::config::ReactorConfig;
+
+mod waiters;
+
+/// How a thread sleeps until an op has ended (see [`Pending::sleeper`]).
+pub trait Sleeper: Send + Sync {
+    /// Blocks the calling thread, asleep, until the op has ended or failed
+    /// (a failure is not reported here: the entry's next poll finds it).
+    /// May return earlier when the driver cannot sleep on it; never
+    /// returns while the GPU runs otherwise, however long that is. Returns
+    /// whether it slept (false: the op had ended already, or the driver
+    /// refused).
+    fn sleep_until_end(&self) -> bool;
+}
 
 /// One watched op.
 pub trait Pending: Send + 'static {
@@ -107,17 +126,23 @@ pub trait Pending: Send + 'static {
         let _ = lead;
     }
 
-    /// Until when the awaiting future watches the op itself: after a
-    /// pre-wake, or from the registration for a waiter that wakes itself
-    /// (a blocking wait's own timer; such an entry has no
-    /// [`expected_end`](Self::expected_end) and its registration does not
-    /// wake a sleeping thread before its next look-in). The waiter nudges
-    /// the reactor if it gives up first. Until then the op gives the
-    /// reactor no reason to spin or to look in: the waiter sees its end
-    /// first, and the reactor completes the entry at its next round. The
-    /// default: never.
-    fn quiet_until(&self) -> Option<Instant> {
+    /// How a thread can sleep until the op ends (in the driver, woken by
+    /// the GPU), for an entry someone waits for. Such an entry with an
+    /// [`order`](Self::order) is completed by a driver waiter of its queue
+    /// (see the module docs), not polled by the reactor thread. `None`
+    /// (the default): the reactor thread polls it.
+    fn sleeper(&self) -> Option<Arc<dyn Sleeper>> {
         None
+    }
+
+    /// True for an entry that needs the reactor thread only at its
+    /// pre-wake ([`expected_end`](Self::expected_end)): its op is watched
+    /// elsewhere (a driver waiter), and a poll before then asks nothing of
+    /// the driver. While every entry is such or expected to end later, the
+    /// thread sleeps until the first pre-wake without looking in. The
+    /// default: false.
+    fn timer_only(&self) -> bool {
+        false
     }
 }
 
@@ -149,6 +174,14 @@ pub struct ReactorStats {
     pub completed: u64,
     /// Times the thread parked with nothing to watch.
     pub parks: u64,
+    /// Driver waiters alive now (sleeping on an op, or idle until they
+    /// end).
+    pub waiters: u64,
+    /// Times a driver waiter slept on an op's end (counted when it woke).
+    pub waits: u64,
+    /// Driver waiters in a sleep on an op's end now (or about to look
+    /// whether it ended).
+    pub asleep: u64,
 }
 
 /// The reactor could not start its thread.
@@ -176,6 +209,22 @@ struct Shared {
     config: ReactorConfig,
     /// The thread's sleep (made when the thread starts).
     bell: OnceLock<Bell>,
+    /// The driver waiters and the entries they watch.
+    waiters: waiters::Waiters,
+    waiters_alive: AtomicU64,
+    waits: AtomicU64,
+    asleep: AtomicU64,
+}
+
+impl Shared {
+    /// Gives entries to the reactor thread to poll (whatever they are).
+    fn hand_back(&self, entries: Vec<Box<dyn Pending>>) {
+        lock_vec(&self.incoming).extend(entries);
+        self.wake.store(true, Ordering::SeqCst);
+        if let Some(b) = self.bell.get() {
+            b.ring();
+        }
+    }
 }
 
 /// A completion reactor: a thread that completes registered [`Pending`]
@@ -235,6 +284,10 @@ impl Reactor {
                 parks: AtomicU64::new(0),
                 config,
                 bell: OnceLock::new(),
+                waiters: waiters::Waiters::default(),
+                waiters_alive: AtomicU64::new(0),
+                waits: AtomicU64::new(0),
+                asleep: AtomicU64::new(0),
             }),
             thread: OnceLock::new(),
         }
@@ -288,24 +341,29 @@ impl Reactor {
         &self,
         entry: Box<dyn Pending>,
     ) -> Result<(), (ReactorError, Box<dyn Pending>)> {
+        // An op a thread can sleep on goes to its stream's driver waiter.
+        if let (Some(order), true) = (entry.order(), entry.sleeper().is_some()) {
+            if let Err(e) = self.thread() {
+                return Err((e, entry));
+            }
+            self.shared.registered.fetch_add(1, Ordering::Relaxed);
+            if let Err(entries) = self.shared.waiters.register(&self.shared, order, entry) {
+                self.shared.hand_back(entries);
+            }
+            return Ok(());
+        }
         // An op expected to end later needs the thread only at its
-        // pre-wake: a sleeping thread is then not woken before that. One
-        // its waiter watches by itself (woken by its own timer) needs it
-        // only at its next look-in.
+        // pre-wake: a sleeping thread is then not woken before that.
         let lead = self.prewake_lead();
         let prewake = entry
             .expected_end()
             .filter(|_| !lead.is_zero())
             .and_then(|end| end.checked_sub(lead));
-        let quiet = prewake.is_none() && entry.quiet_until().is_some_and(|q| q > Instant::now());
         self.push(&self.shared.incoming, entry)?;
         self.shared.wake.store(true, Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
             match (prewake, self.shared.bell.get()) {
                 (Some(at), Some(bell)) if at > Instant::now() => bell.ring_by(at),
-                (None, Some(bell)) if quiet => {
-                    bell.ring_by(Instant::now() + look_in(&self.shared.config))
-                }
                 _ => self.ring(),
             }
         }
@@ -367,6 +425,9 @@ impl Reactor {
             registered: self.shared.registered.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
             parks: self.shared.parks.load(Ordering::Relaxed),
+            waiters: self.shared.waiters_alive.load(Ordering::Relaxed),
+            waits: self.shared.waits.load(Ordering::Relaxed),
+            asleep: self.shared.asleep.load(Ordering::Relaxed),
         }
     }
 
@@ -542,26 +603,36 @@ fn run(shared: Arc<Shared>) {
         // to finish before the next pre-wake.
         let lead = crate::lead::lead(&cfg);
         let mut all_expected = !lead.is_zero();
+        // True while every entry needs the thread only at its pre-wake.
+        let mut timers_only = true;
+        // A pre-wake-only entry gave its pre-wake: it is done.
+        let mut fired = false;
         if !lead.is_zero() {
             for e in local.iter_mut() {
+                let timer = e.timer_only();
+                timers_only &= timer;
                 let Some(end) = e.expected_end() else {
-                    // Watched by its woken future, which nudges the thread
-                    // if its watch ends before the op: no reason to wake
-                    // for it (its bookkeeping waits for the next round).
-                    if e.quiet_until().is_none_or(|q| q <= now) {
-                        all_expected = false;
-                    }
+                    all_expected &= timer;
                     continue;
                 };
                 let at = end.checked_sub(lead).unwrap_or(now);
                 if at <= now {
                     e.prewake(lead);
-                    if e.quiet_until().is_none_or(|q| q <= now) {
-                        all_expected = false;
-                    }
+                    fired |= timer;
+                    all_expected &= timer;
                 } else {
                     next_prewake = Some(next_prewake.map_or(at, |n| n.min(at)));
                 }
+            }
+        }
+        if fired {
+            let before = local.len();
+            local.retain_mut(|e| !(e.timer_only() && poll_one(e) != Some(false)));
+            shared
+                .completed
+                .fetch_add((before - local.len()) as u64, Ordering::Relaxed);
+            if local.is_empty() {
+                continue;
             }
         }
         let idle = now.saturating_duration_since(last_progress);
@@ -590,8 +661,12 @@ fn run(shared: Arc<Shared>) {
                 // it (a few wake-ups per op), looking in at least every
                 // eight `max_sleep`s in case one ends early (an op that
                 // ends well before ops like it did is then seen within
-                // 8 ms by default).
-                d = look_in(&cfg);
+                // 8 ms by default) — unless driver waiters watch them all.
+                d = if timers_only && next_prewake.is_some() {
+                    Duration::MAX
+                } else {
+                    look_in(&cfg)
+                };
             }
             if !slow.is_empty() {
                 d = d.min(next_slow.saturating_duration_since(now));
@@ -942,81 +1017,6 @@ mod tests {
         assert!(p[0] < done);
     }
 
-    /// A [`Flag`] watched by its waiter from the registration on (a
-    /// blocking wait woken by its own timer): no expected end, quiet until
-    /// `quiet_until`.
-    struct SelfTimed {
-        flag: Flag,
-        quiet_until: Instant,
-    }
-
-    impl Pending for SelfTimed {
-        fn poll_complete(&mut self) -> bool {
-            self.flag.poll_complete()
-        }
-        fn quiet_until(&self) -> Option<Instant> {
-            Some(self.quiet_until)
-        }
-    }
-
-    #[test]
-    fn an_op_its_waiter_watches_wakes_the_thread_only_at_a_look_in_or_a_nudge() {
-        // Looks in every 400 ms.
-        let r = Reactor::new(ReactorConfig {
-            max_sleep: Duration::from_millis(50),
-            ..ReactorConfig::default()
-        });
-        let (tx, rx) = mpsc::channel();
-        let first = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(Flag {
-            done: Arc::new(AtomicBool::new(true)),
-            tx: tx.clone(),
-            id: 0,
-            polls: first,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 0);
-        let t0 = Instant::now();
-        while r.stats().parks == 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert!(r.stats().parks >= 1);
-        let done = Arc::new(AtomicBool::new(false));
-        let polls = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(SelfTimed {
-            flag: Flag {
-                done: done.clone(),
-                tx,
-                id: 7,
-                polls: polls.clone(),
-            },
-            quiet_until: Instant::now() + Duration::from_secs(60),
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        // The parked thread is not woken for it...
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(
-            polls.load(Ordering::Relaxed),
-            0,
-            "woken at the registration"
-        );
-        // ...but at once by a nudge (its waiter gave up watching).
-        r.nudge();
-        let t0 = Instant::now();
-        while polls.load(Ordering::Relaxed) == 0 && t0.elapsed() < Duration::from_secs(10) {
-            std::thread::yield_now();
-        }
-        assert!(polls.load(Ordering::Relaxed) >= 1, "a nudge looks at once");
-        // Ended while its waiter watches: completed at a look-in, with a
-        // few looks meanwhile, never a spin.
-        done.store(true, Ordering::Release);
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 7);
-        let n = polls.load(Ordering::Relaxed);
-        assert!(n < 50, "{n} looks at a quiet entry");
-    }
-
     #[test]
     fn a_long_op_costs_few_rounds_not_a_spinning_core() {
         let r = Reactor::new(ReactorConfig::default());
@@ -1039,86 +1039,6 @@ mod tests {
         // most (the 50 µs spin phase included).
         let n = polls.load(Ordering::Relaxed);
         assert!(n < 20_000, "{n} polls for one 100 ms op");
-    }
-
-    /// Pre-woken at once, then watched by its future for `quiet`: counts
-    /// the reactor's polls.
-    struct Watched {
-        end: Instant,
-        expected: Instant,
-        quiet: Duration,
-        quiet_until: Option<Instant>,
-        prewoken: bool,
-        polls: Arc<AtomicU64>,
-        tx: mpsc::Sender<Instant>,
-    }
-
-    impl Pending for Watched {
-        fn poll_complete(&mut self) -> bool {
-            self.polls.fetch_add(1, Ordering::Relaxed);
-            if Instant::now() < self.end {
-                return false;
-            }
-            let _ = self.tx.send(Instant::now());
-            true
-        }
-        fn expected_end(&self) -> Option<Instant> {
-            (!self.prewoken).then_some(self.expected)
-        }
-        fn prewake(&mut self, _lead: Duration) {
-            self.prewoken = true;
-            self.quiet_until = Some(Instant::now() + self.quiet);
-        }
-        fn quiet_until(&self) -> Option<Instant> {
-            self.quiet_until
-        }
-    }
-
-    /// Registers a [`Watched`] that is expected at once and ends at `end`,
-    /// its future watching for `quiet`: its poll count and completions.
-    fn register_watched(
-        r: &Reactor,
-        end: Instant,
-        quiet: Duration,
-    ) -> (Arc<AtomicU64>, mpsc::Receiver<Instant>) {
-        let (tx, rx) = mpsc::channel();
-        let polls = Arc::new(AtomicU64::new(0));
-        r.register(Box::new(Watched {
-            end,
-            expected: Instant::now(),
-            quiet,
-            quiet_until: None,
-            prewoken: false,
-            polls: polls.clone(),
-            tx,
-        }))
-        .map_err(|(e, _)| e)
-        .unwrap();
-        (polls, rx)
-    }
-
-    #[test]
-    fn an_op_its_woken_future_watches_gets_no_spin_from_the_reactor() {
-        // A spin phase of a minute: a reactor that spun for the watched op
-        // would poll it without pause.
-        let r = Reactor::new(ReactorConfig {
-            spin: Duration::from_secs(60),
-            ..ReactorConfig::default()
-        });
-        // Expected at once, so pre-woken at registration; it ends 20 ms
-        // later, while its future still watches (40 ms).
-        let t0 = Instant::now();
-        let (polls, rx) = register_watched(
-            &r,
-            t0 + Duration::from_millis(20),
-            Duration::from_millis(40),
-        );
-        let done = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert!(done >= t0 + Duration::from_millis(20));
-        // The reactor only looks in (every 8 ms by default) while the
-        // future watches.
-        let n = polls.load(Ordering::Relaxed);
-        assert!(n <= 10, "{n} polls while the future watched");
     }
 
     #[test]
@@ -1229,23 +1149,68 @@ mod tests {
         assert!(p >= seen && p < end + Duration::from_secs(10));
     }
 
+    /// A pre-wake only entry (its op is watched elsewhere): counts its
+    /// polls, notes when it gave its pre-wake.
+    struct PrewakeOnly {
+        expected: Option<Instant>,
+        polls: Arc<AtomicU64>,
+        fired: Arc<Mutex<Option<Instant>>>,
+    }
+
+    impl Pending for PrewakeOnly {
+        fn poll_complete(&mut self) -> bool {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            self.expected.is_none()
+        }
+        fn expected_end(&self) -> Option<Instant> {
+            self.expected
+        }
+        fn prewake(&mut self, _lead: Duration) {
+            self.expected = None;
+            *self.fired.lock().unwrap() = Some(Instant::now());
+        }
+        fn timer_only(&self) -> bool {
+            true
+        }
+    }
+
     #[test]
-    fn a_watched_op_costs_no_wake_up_at_the_end_of_its_watch() {
-        // Look-ins every 8 s: the thread sleeps unless woken.
+    fn a_prewake_only_entry_costs_the_thread_one_wake_up_at_its_prewake() {
+        let lead = Duration::from_millis(5);
+        // Look-ins every 80 ms: a 300 ms wait would see three or four.
         let r = Reactor::new(ReactorConfig {
-            max_sleep: Duration::from_secs(1),
+            prewake_lead: lead,
+            max_sleep: Duration::from_millis(10),
             ..ReactorConfig::default()
         });
-        // Pre-woken at registration, watched by its future for 30 ms; it
-        // ends after 10 ms, which the future (not the reactor) sees.
-        let end = Instant::now() + Duration::from_millis(10);
-        let (polls, rx) = register_watched(&r, end, Duration::from_millis(30));
-        std::thread::sleep(Duration::from_millis(100));
-        // Looked at once, at registration: not at the watch's end.
-        assert_eq!(polls.load(Ordering::Relaxed), 1);
-        assert!(rx.try_recv().is_err());
-        // The next round (here a nudge) completes it.
-        r.nudge();
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let polls = Arc::new(AtomicU64::new(0));
+        let fired = Arc::new(Mutex::new(None));
+        let end = Instant::now() + Duration::from_millis(300);
+        r.register(Box::new(PrewakeOnly {
+            expected: Some(end),
+            polls: polls.clone(),
+            fired: fired.clone(),
+        }))
+        .map_err(|(e, _)| e)
+        .unwrap();
+        let t0 = Instant::now();
+        while r.pending() != 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never completed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let at = fired.lock().unwrap().expect("never pre-woken");
+        assert!(
+            at + Duration::from_micros(100) >= end - lead,
+            "pre-woken early"
+        );
+        // Polled at its registration and once after its pre-wake, with no
+        // look-in between.
+        let n = polls.load(Ordering::Relaxed);
+        assert!(n <= 3, "{n} polls");
+        // Then the thread parks.
+        while r.stats().parks == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }

@@ -11,6 +11,9 @@
 //! * [`Kernels::wait_flag`]: spins until a host-written flag is non-zero,
 //!   then stamps: relates the GPU's clock to the host's
 //!   ([`GpuClock`](super::GpuClock)).
+//! * [`Kernels::trap`]: faults (`trap`): a CUDA error that leaves the
+//!   context unusable, for tests of how errors reach waiters (run it in a
+//!   process of its own).
 
 use std::ffi::{c_void, CString};
 use std::time::Duration;
@@ -67,6 +70,11 @@ WAIT:
     ret;
 }
 
+.visible .entry chorus_trap()
+{
+    trap;
+}
+
 .visible .entry chorus_add_one(.param .u64 src, .param .u64 dst, .param .u32 n)
 {
     .reg .u32 %r<6>;
@@ -103,6 +111,7 @@ pub struct Kernels {
     add_one: sys::CUfunction,
     stamp: sys::CUfunction,
     wait_flag: sys::CUfunction,
+    trap: sys::CUfunction,
 }
 
 // SAFETY: module and function handles are plain driver handles, usable from
@@ -145,6 +154,7 @@ impl Kernels {
         let add_one = get("chorus_add_one")?;
         let stamp = get("chorus_stamp")?;
         let wait_flag = get("chorus_wait_flag")?;
+        let trap = get("chorus_trap")?;
         Ok(Kernels {
             device: device.clone(),
             module,
@@ -152,6 +162,7 @@ impl Kernels {
             add_one,
             stamp,
             wait_flag,
+            trap,
         })
     }
 
@@ -207,6 +218,17 @@ impl Kernels {
     ) -> Result<(), CudaError> {
         let args = [slots.device_ptr(flag), slots.device_ptr(dst)];
         self.launch_u64s(self.wait_flag, stream, &mut { args })
+    }
+
+    /// Enqueues a kernel on `stream` that faults when it runs: every later
+    /// driver call of the process's context fails (a sticky error). For a
+    /// test in a process of its own.
+    ///
+    /// # Errors
+    ///
+    /// [`CudaError::Driver`] if the launch fails.
+    pub fn trap(&self, stream: &Stream) -> Result<(), CudaError> {
+        self.launch_u64s(self.trap, stream, &mut [])
     }
 
     /// Launches `f` as one thread with u64 parameters `args`.

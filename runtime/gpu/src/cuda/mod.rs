@@ -11,6 +11,8 @@
 //!   [`Event::query`] tells "not finished" (`Ok(false)`) apart from a real
 //!   CUDA error (`Err`), unlike a plain `is_complete() -> bool`;
 //!   [`Stream::wait_event`] (`cuStreamWaitEvent`).
+//! * `sleep`: a thread sleeps in the driver until an event completes
+//!   (the completion reactor's driver waiters).
 //! * With the `test-util` feature: `StreamHold`, which holds a stream at a
 //!   point until released (tests observe "not finished yet" without timing
 //!   assumptions); `kernels` (a spin kernel of exact length, an add-one
@@ -36,6 +38,7 @@ mod host_mapped;
 #[cfg(feature = "test-util")]
 pub mod kernels;
 mod library_names;
+mod sleep;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -54,4 +57,5 @@ pub use hold::StreamHold;
 #[cfg(feature = "test-util")]
 pub use host_mapped::HostSlots;
 pub use library_names::library_names;
+pub(crate) use sleep::{release_side_streams, sleep_until};
 pub use stream::Stream;

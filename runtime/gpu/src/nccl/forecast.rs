@@ -2,12 +2,12 @@
 //! before (docs/ARCHITECTURE.md, "Waking on time").
 //!
 //! A thread parked for a millisecond or more takes tens to hundreds of
-//! microseconds to run again once woken (on the lent H200 host: 38–73 µs
-//! at the median, ~280 µs at p99), whatever wakes it: the driver's
-//! blocking sync, a host function, a futex. Only a thread already awake
-//! when the GPU finishes sees it within a few microseconds. So the reactor
-//! wakes an awaited op's future shortly *before* the op is expected to end,
-//! and the woken future watches the end event itself until it completes.
+//! microseconds to run again once woken, whatever wakes it: the driver's
+//! blocking sync, a host function, a futex (benches/RESULTS.md). Only a
+//! thread already awake when the GPU finishes sees it within a few
+//! microseconds. So the reactor wakes an awaited op's future shortly
+//! *before* the op is expected to end, and the woken future watches the
+//! end event itself until it completes.
 //!
 //! The expectation comes from history: ops of one kind and size on one
 //! communicator stream (a gradient bucket's all_reduce, step after step)
@@ -16,8 +16,11 @@
 //! key, a moving average of that time and of its deviation; an op's
 //! expected end is its submission plus the average minus twice the
 //! deviation (early rather than late: an early wake costs a little
-//! watching, a late one the whole wake-up latency). Without history there
-//! is no expectation and the reactor's ordinary back-off applies.
+//! watching, a late one the whole wake-up latency). Without history, or
+//! when ops of the key did not end alike (their length follows the work
+//! queued before them), there is no expectation: the op's driver waiter
+//! wakes its future when the driver sees the end, and a pre-wake would
+//! only buy a watch that gives up before the op ends.
 //!
 //! An op found already done tells only that it ended no later than then.
 //! Such a bound is learned when it lies before the average, and only then:
@@ -74,7 +77,8 @@ const MIN_SEEN: u32 = 2;
 const MAX_KEYS: usize = 4096;
 
 /// How long, from `now`, a future watches an op due to end soon (its
-/// pre-wake's window, see `Watched::prewake_watch`): `tail` (the
+/// pre-wake's window, see `Watched::prewake_watch`), the op submitted and
+/// expected to end at the two instants of `expected`: `tail` (the
 /// configured lead) twice over and an eighth of the op's expected length,
 /// or until `tail` and that eighth past its expected end if that is
 /// later; `tail` twice over without an expected end.
@@ -82,18 +86,7 @@ const MAX_KEYS: usize = 4096;
 /// With the configured lead in force, a future woken on time watches
 /// until `tail` and the eighth past the expected end either way. A lead
 /// grown for late wake-ups (`crate::lead`) moves the watch's start, not
-/// its end: a future whose expectation was early by much (a history that
-/// mixes lengths) watches no longer for it.
-pub(crate) fn watch_window(forecast: Option<&Forecast>, now: Instant, tail: Duration) -> Duration {
-    window(
-        forecast.and_then(|f| Some((f.submitted, f.expected_end()?))),
-        now,
-        tail,
-    )
-}
-
-/// [`watch_window`] of an op submitted and expected to end at the two
-/// instants of `expected`.
+/// its end.
 pub(crate) fn window(
     expected: Option<(Instant, Instant)>,
     now: Instant,
@@ -108,17 +101,30 @@ pub(crate) fn window(
         .max(tail * 2 + eighth)
 }
 
+/// Whether ops of a key ended alike enough to expect the next one's end:
+/// seen twice, and twice their deviation within `lead` (the configured
+/// pre-wake lead) and an eighth of their average length, which a woken
+/// future's watch covers past the expected end. Ops whose length varies
+/// more (the work queued before them changes from step to step) get no
+/// expectation: their driver waiter wakes their future when they end, and
+/// a pre-wake would only buy a watch that gives up before the op ends.
+fn trusted(s: &Stat, lead: Duration) -> bool {
+    s.seen >= MIN_SEEN && 2.0 * s.dev <= lead.as_nanos() as f64 + s.mean / 8.0
+}
+
 fn table() -> &'static Mutex<HashMap<Key, Stat>> {
     static T: OnceLock<Mutex<HashMap<Key, Stat>>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 impl Forecast {
-    /// When the op is expected to end, if ops like it ended before.
+    /// When the op is expected to end, if ops like it ended alike before
+    /// (see [`trusted`]).
     pub(crate) fn expected_end(&self) -> Option<Instant> {
+        let lead = crate::reactor::global().config().prewake_lead;
         let t = table().lock().unwrap_or_else(|p| p.into_inner());
         let s = t.get(&self.key)?;
-        if s.seen < MIN_SEEN {
+        if !trusted(s, lead) {
             return None;
         }
         let ns = (s.mean - 2.0 * s.dev).max(0.0);
@@ -186,8 +192,7 @@ mod tests {
         let us = Duration::from_micros;
         let f = forecast(1002);
         let now = f.submitted;
-        assert_eq!(watch_window(Some(&f), now, us(500)), us(1000), "no history");
-        assert_eq!(window(None, now, us(500)), us(1000));
+        assert_eq!(window(None, now, us(500)), us(1000), "no history");
         // Expected 8 ms after submission: woken on time at 7.5 ms, watched
         // until 8.5 ms and an eighth (1 ms) more.
         let expected = Some((f.submitted, at(&f, 8000)));
@@ -198,15 +203,6 @@ mod tests {
         // the tail and the eighth.
         assert_eq!(window(expected, at(&f, 7900), us(500)), us(2000));
         assert_eq!(window(expected, at(&f, 9600), us(500)), us(2000));
-        // From the table, the same as from the instant it said.
-        f.observe(at(&f, 4000));
-        f.observe(at(&f, 4000));
-        let end = f.expected_end().unwrap();
-        assert_eq!(
-            watch_window(Some(&f), now, us(500)),
-            window(Some((f.submitted, end)), now, us(500))
-        );
-        assert!(watch_window(Some(&f), now, us(500)) > us(1000));
     }
 
     #[test]
@@ -230,7 +226,7 @@ mod tests {
         let jittery = forecast(3003);
         for i in 0..20 {
             steady.observe(at(&steady, 5000));
-            jittery.observe(at(&jittery, if i % 2 == 0 { 4000 } else { 6000 }));
+            jittery.observe(at(&jittery, if i % 2 == 0 { 4800 } else { 5200 }));
         }
         let s = steady
             .expected_end()
@@ -248,6 +244,34 @@ mod tests {
     }
 
     #[test]
+    fn lengths_that_vary_widely_give_no_expectation_until_they_settle() {
+        let f = forecast(8008);
+        // Lengths drawn across 0.1-30 ms: never one expectation.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..200 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f.observe(at(&f, 100 + x % 29_900));
+            assert_eq!(f.expected_end(), None);
+        }
+        // Rising steps: each new length is not expected until ops of it
+        // ended alike a few times, then it is, early.
+        for len in [1000, 3000, 7000, 20_000] {
+            f.observe(at(&f, len));
+            assert_eq!(f.expected_end(), None, "right after a step to {len} us");
+            let mut n = 1;
+            while f.expected_end().is_none() {
+                f.observe(at(&f, len));
+                n += 1;
+                assert!(n < 40, "{len} us never expected");
+            }
+            let e = f.expected_end().unwrap().duration_since(f.submitted);
+            assert!(e <= Duration::from_micros(len), "{len} us: {e:?}");
+        }
+    }
+
+    #[test]
     fn a_bound_before_the_average_pulls_the_expectation_below_it() {
         let f = forecast(6006);
         for _ in 0..10 {
@@ -257,17 +281,18 @@ mod tests {
         f.observe_by(at(&f, 40_000));
         let e = f.expected_end().unwrap().duration_since(f.submitted);
         assert!(e > Duration::from_micros(29_000), "{e:?}");
-        // Ops of the kind now end by 1 ms: a few bounds bring the
-        // expectation under it, so that the next wake comes before the end.
+        // Ops of the kind now end by 1 ms: a few bounds take the too-late
+        // expectation away at once, and more bring it back under 1 ms.
+        f.observe_by(at(&f, 1000));
+        assert_eq!(f.expected_end(), None, "a 30 ms expectation kept");
         let mut n = 0;
-        while f.expected_end().unwrap().duration_since(f.submitted) > Duration::from_micros(1000) {
+        while f
+            .expected_end()
+            .is_none_or(|e| e.duration_since(f.submitted) > Duration::from_micros(1000))
+        {
             f.observe_by(at(&f, 1000));
             n += 1;
-            assert!(
-                n < 20,
-                "still {:?}",
-                f.expected_end().unwrap().duration_since(f.submitted)
-            );
+            assert!(n < 60, "never expected again under 1 ms");
         }
         // A bound teaches only what is before the average.
         let g = forecast(7007);

@@ -2,7 +2,7 @@
 //! released before the end event completed.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::buffer::{order_after, DeviceBuffers};
@@ -10,7 +10,7 @@ use super::event_pool::EndEvent;
 use super::forecast::Forecast;
 use super::progress::StreamProgress;
 use super::retire::{Detached, Finished, RetireQueue};
-use super::watch::{register_or_wait, Cell, Entry, Watched};
+use super::watch::{register_or_wait, Cell, Entry, Prewake, Watched};
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor;
 
@@ -159,9 +159,10 @@ impl<C: DeviceBuffers> InFlight<C> {
         Ok(self.bufs.take())
     }
 
-    /// Hands the op to the completion reactor: `done` runs on the reactor
-    /// thread once the end event completed (or failed). The returned handle
-    /// can take the buffers early with a stream-ordered wait.
+    /// Hands the op to the completion reactor: `done` runs once the end
+    /// event completed (or failed), on the thread that saw it (a driver
+    /// waiter that sleeps until the op's end, see `reactor`). The returned
+    /// handle can take the buffers early with a stream-ordered wait.
     pub fn watch<F>(self, done: F) -> Watched<C>
     where
         F: FnOnce(Finished<C>) + Send + 'static,
@@ -170,39 +171,42 @@ impl<C: DeviceBuffers> InFlight<C> {
     }
 
     /// [`watch`](Self::watch) for an op someone awaits: when ops like it
-    /// ended before, the reactor wakes the awaiting future through `early`
-    /// shortly before this one is expected to end (the
+    /// ended alike before, the reactor thread also wakes the awaiting
+    /// future through `early` shortly before this one is expected to end
+    /// (the lead in force,
     /// [`ReactorConfig::prewake_lead`](crate::reactor::ReactorConfig::prewake_lead)),
     /// so that it is awake to see the end ([`Watched::take_prewake`]).
     pub fn watch_awaited<F>(self, done: F, early: Option<chorus_core::EarlyWake>) -> Watched<C>
     where
         F: FnOnce(Finished<C>) + Send + 'static,
     {
-        let (watched, mut entry) = self.into_entry(done);
-        entry.early = early;
+        let (watched, entry, expected_end) = self.into_entry(done);
         register_or_wait(Box::new(entry));
+        if let (Some(early), Some(end)) = (early, expected_end) {
+            let prewake = Prewake {
+                cell: watched.cell.clone(),
+                expected_end: Some(end),
+                handed: std::time::Instant::now(),
+                early,
+            };
+            if let Err((e, _)) = reactor::global().register(Box::new(prewake)) {
+                tracing::warn!(error = %e, "no pre-wake for an awaited op");
+            }
+        }
         watched
     }
 
-    /// [`watch`](Self::watch) for an op whose waiter wakes itself at
-    /// `wake_at` (a blocking wait, parked with that timeout, a lead before
-    /// the op's expected end) and then watches the end event itself, for
-    /// the window a pre-woken future would (see [`Watched::prewake_watch`]).
-    /// The reactor gives such an op no pre-wake, and until that window
-    /// ends it gives the reactor no reason to wake: the thread completes
-    /// it at its next look-in, or at once when the waiter's watch gives up
-    /// and nudges it. The waiter saves the reactor's wake-up for a
-    /// pre-wake it does not need.
-    pub fn watch_self_timed<F>(self, done: F, wake_at: std::time::Instant) -> Watched<C>
+    /// [`watch`](Self::watch) for an op whose waiter wakes itself (a
+    /// blocking wait, parked until a lead before the op's expected end) and
+    /// then watches the end event itself, for the window a pre-woken
+    /// future would (see [`Watched::prewake_watch`]): the reactor thread
+    /// gives it no pre-wake. Its driver waiter completes it when it ends,
+    /// however that compares with what was expected.
+    pub fn watch_self_timed<F>(self, done: F) -> Watched<C>
     where
         F: FnOnce(Finished<C>) + Send + 'static,
     {
-        let tail = reactor::global().config().prewake_lead;
-        let (watched, mut entry) = self.into_entry(done);
-        let expected = (watched.cell.forecast)
-            .zip(entry.expected_end)
-            .map(|(f, end)| (f.submitted, end));
-        entry.quiet_until = Some(wake_at + super::forecast::window(expected, wake_at, tail));
+        let (watched, entry, _) = self.into_entry(done);
         register_or_wait(Box::new(entry));
         watched
     }
@@ -239,40 +243,27 @@ impl<C: DeviceBuffers> InFlight<C> {
         }
     }
 
-    fn into_entry<F>(mut self, done: F) -> (Watched<C>, Entry<C, F>)
+    /// The op's entry, its caller's handle and when it is expected to end.
+    #[allow(clippy::type_complexity)]
+    fn into_entry<F>(mut self, done: F) -> (Watched<C>, Entry<C, F>, Option<std::time::Instant>)
     where
         F: FnOnce(Finished<C>) + Send + 'static,
     {
         let forecast = self.forecast.take();
-        let cell = Arc::new(Cell {
-            end: self.end.clone(),
-            bufs: Mutex::new(self.bufs.take()),
-            forecast,
-            observed: std::sync::atomic::AtomicBool::new(false),
-            prewoken: std::sync::atomic::AtomicBool::new(false),
-            prewoken_seen: std::sync::atomic::AtomicBool::new(false),
-            watch_pending: std::sync::atomic::AtomicBool::new(false),
-            prewake_due: Mutex::new(None),
-        });
+        let cell = Arc::new(Cell::new(self.end.clone(), self.bufs.take(), forecast));
         let expected_end = forecast.and_then(|f| f.expected_end());
         let seen_running = forecast.is_some_and(|f| f.seen_running);
-        // The clock only for an op with history, or one seen running.
-        let now = (expected_end.is_some() || seen_running).then(std::time::Instant::now);
         let entry = Entry {
             order: self.order,
             device: self.device.clone(),
-            expected_end,
-            handed: expected_end.and(now),
             cell: cell.clone(),
             done: Some(done),
-            early: None,
-            quiet_until: None,
             // A look before the hand-off found it running (a first poll's
-            // watch that ran out): it ends after now, so the reactor's
-            // first look that finds it done bounds its end from both sides.
-            last_pending: now.filter(|_| seen_running),
+            // watch that ran out): it ends after now, so a poll that finds
+            // it done bounds its end from both sides.
+            last_pending: seen_running.then(std::time::Instant::now),
         };
-        (Watched { cell }, entry)
+        (Watched { cell }, entry, expected_end)
     }
 }
 

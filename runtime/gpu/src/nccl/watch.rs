@@ -1,6 +1,8 @@
 //! Ops handed to the completion reactor: [`Watched`] (the caller's side,
-//! which can still take the buffers back stream-ordered) and its reactor
-//! entry.
+//! which can still take the buffers back stream-ordered), its entry (which
+//! a driver waiter completes when the op ends, see `reactor`) and, for an
+//! op whose end is expected, its pre-wake (an entry of the reactor
+//! thread's that wakes the awaiting future shortly before that end).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,10 +13,10 @@ use chorus_core::EarlyWake;
 
 use super::buffer::{order_after, DeviceBuffers, DeviceMem};
 use super::event_pool::EndEvent;
-use super::forecast::{watch_window, Forecast};
+use super::forecast::Forecast;
 use super::retire::Finished;
 use crate::cuda::{CudaError, Device, Event, Stream};
-use crate::reactor::{self, Pending};
+use crate::reactor::{self, Pending, Sleeper};
 
 /// Hands `entry` to the completion reactor; without a reactor thread, waits
 /// for it here.
@@ -46,6 +48,13 @@ pub(super) struct Cell<C> {
     /// When the pre-wake was due (set with `prewoken`): how late the woken
     /// future ran is measured from it (`crate::lead`).
     pub(super) prewake_due: Mutex<Option<Instant>>,
+    /// Set once the op's end was seen and its buffers taken (by the
+    /// entry, or by the awaiting future): its pre-wake is not needed.
+    pub(super) finished: AtomicBool,
+    /// When a driver waiter that slept on the op's end event saw it end
+    /// (it was running when the waiter went to sleep): the end, late by
+    /// the waiter's wake-up only.
+    pub(super) slept_until: Mutex<Option<Instant>>,
 }
 
 static PREWAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -62,10 +71,20 @@ pub fn prewake_counts() -> (u64, u64) {
 }
 
 impl<C> Cell<C> {
-    /// How long, from `now`, a future woken ahead of the op's expected end
-    /// watches it (see [`Watched::prewake_watch`]).
-    fn watch_window(&self, now: Instant, tail: Duration) -> Duration {
-        watch_window(self.forecast.as_ref(), now, tail)
+    /// A new cell for an op ending with `end`, holding `bufs`.
+    pub(super) fn new(end: Arc<EndEvent>, bufs: Option<C>, forecast: Option<Forecast>) -> Cell<C> {
+        Cell {
+            end,
+            bufs: Mutex::new(bufs),
+            forecast,
+            observed: AtomicBool::new(false),
+            prewoken: AtomicBool::new(false),
+            prewoken_seen: AtomicBool::new(false),
+            watch_pending: AtomicBool::new(false),
+            prewake_due: Mutex::new(None),
+            finished: AtomicBool::new(false),
+            slept_until: Mutex::new(None),
+        }
     }
 
     /// Tells the forecast table the op ended at `end` (once).
@@ -98,16 +117,6 @@ pub(super) struct Entry<C: DeviceBuffers, F> {
     pub(super) device: Device,
     pub(super) cell: Arc<Cell<C>>,
     pub(super) done: Option<F>,
-    /// When the op is expected to end (from ops like it), until the
-    /// pre-wake is done.
-    pub(super) expected_end: Option<Instant>,
-    /// When the op was handed over (ops with an expected end only): its
-    /// pre-wake is due no earlier.
-    pub(super) handed: Option<Instant>,
-    /// Wakes the awaiting future before the expected end.
-    pub(super) early: Option<EarlyWake>,
-    /// Until when the future woken ahead of the end watches it itself.
-    pub(super) quiet_until: Option<Instant>,
     /// When a poll last found the op running.
     pub(super) last_pending: Option<Instant>,
 }
@@ -117,33 +126,12 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
         Some(self.order)
     }
 
-    fn expected_end(&self) -> Option<Instant> {
-        self.early.as_ref().and(self.expected_end)
-    }
-
-    fn prewake(&mut self, lead: Duration) {
-        PREWAKES.fetch_add(1, Ordering::Relaxed);
-        let due = self
-            .expected_end
-            .take()
-            .map(|end| end.checked_sub(lead).unwrap_or(end))
-            .map(|at| self.handed.map_or(at, |h| at.max(h)));
-        *self
-            .cell
-            .prewake_due
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = due;
-        self.cell.prewoken.store(true, Ordering::Release);
-        if let Some(e) = &self.early {
-            let now = Instant::now();
-            let tail = reactor::global().config().prewake_lead;
-            self.quiet_until = Some(now + self.cell.watch_window(now, tail));
-            e.wake();
-        }
-    }
-
-    fn quiet_until(&self) -> Option<Instant> {
-        self.quiet_until
+    fn sleeper(&self) -> Option<Arc<dyn Sleeper>> {
+        let s: Arc<dyn Sleeper> = Arc::new(EndSleeper {
+            device: self.device.clone(),
+            cell: self.cell.clone(),
+        });
+        Some(s)
     }
 
     fn poll_complete(&mut self) -> bool {
@@ -152,26 +140,94 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
             self.last_pending = Some(now);
             return false;
         };
-        // Seen closely: the end is now. Otherwise it lies between the last
-        // poll that found the op running and this one: take the middle.
-        // Never seen running: it ended no later than now.
-        match self.last_pending {
-            Some(t) if now.duration_since(t) > CLOSE => {
+        // Seen by a driver waiter that slept on it: the end is when it
+        // woke. Else seen closely by a poll: the end is now. Otherwise it
+        // lies between the last poll that found the op running and this
+        // one: take the middle. Never seen running: it ended no later than
+        // now.
+        let slept = lock(&self.cell.slept_until).take();
+        match (slept, self.last_pending) {
+            (Some(woke), _) => self.cell.observe(woke),
+            (None, Some(t)) if now.duration_since(t) > CLOSE => {
                 self.cell.observe(t + now.duration_since(t) / 2)
             }
-            Some(_) => self.cell.observe(now),
-            None => self.cell.observe_by(now),
+            (None, Some(_)) => self.cell.observe(now),
+            (None, None) => self.cell.observe_by(now),
         }
-        let bufs = self
-            .cell
-            .bufs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let bufs = lock(&self.cell.bufs).take();
+        self.cell.finished.store(true, Ordering::Release);
         if let Some(done) = self.done.take() {
             done((outcome, bufs));
         }
         true
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How a driver waiter sleeps until an op's end (see `reactor`).
+struct EndSleeper<C> {
+    device: Device,
+    cell: Arc<Cell<C>>,
+}
+
+impl<C: DeviceBuffers> Sleeper for EndSleeper<C> {
+    fn sleep_until_end(&self) -> bool {
+        crate::cuda::relax_capture_mode();
+        // Ended already (or failed): nothing to sleep for, and the end is
+        // only bounded from above.
+        if self.cell.end.outcome(&self.device, true).is_some() {
+            return false;
+        }
+        let slept = crate::cuda::sleep_until(self.cell.end.event(), &self.device).is_ok();
+        if slept {
+            *lock(&self.cell.slept_until) = Some(Instant::now());
+        }
+        slept
+    }
+}
+
+/// An awaited op's pre-wake, on the reactor thread: wakes the awaiting
+/// future the lead in force before the op's expected end, unless the op
+/// was seen to end before then (its driver waiter completes it either
+/// way).
+pub(super) struct Prewake<C> {
+    pub(super) cell: Arc<Cell<C>>,
+    /// When the op is expected to end, until the pre-wake is done.
+    pub(super) expected_end: Option<Instant>,
+    /// When the op was handed over: its pre-wake is due no earlier.
+    pub(super) handed: Instant,
+    /// Wakes the awaiting future.
+    pub(super) early: EarlyWake,
+}
+
+impl<C: DeviceBuffers> Pending for Prewake<C> {
+    fn poll_complete(&mut self) -> bool {
+        self.expected_end.is_none() || self.cell.finished.load(Ordering::Acquire)
+    }
+
+    fn expected_end(&self) -> Option<Instant> {
+        self.expected_end
+    }
+
+    fn timer_only(&self) -> bool {
+        true
+    }
+
+    fn prewake(&mut self, lead: Duration) {
+        let Some(end) = self.expected_end.take() else {
+            return;
+        };
+        if self.cell.finished.load(Ordering::Acquire) {
+            return;
+        }
+        PREWAKES.fetch_add(1, Ordering::Relaxed);
+        let due = end.checked_sub(lead).unwrap_or(end).max(self.handed);
+        *lock(&self.cell.prewake_due) = Some(due);
+        self.cell.prewoken.store(true, Ordering::Release);
+        self.early.wake();
     }
 }
 
@@ -223,6 +279,7 @@ impl<C: DeviceBuffers> Watched<C> {
         if self.cell.prewoken_seen.load(Ordering::Relaxed) {
             PREWAKE_HITS.fetch_add(1, Ordering::Relaxed);
         }
+        self.cell.finished.store(true, Ordering::Release);
         Ok(g.take())
     }
 
