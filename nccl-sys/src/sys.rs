@@ -349,7 +349,8 @@ pub type ncclCommSplit_t = unsafe extern "C" fn(
 /// keeping it as a parent for split, shrink and grow. Blocking
 /// communicators return when it is quiet; non-blocking ones report
 /// `ncclInProgress` through `ncclCommGetAsyncError` until then.
-pub type ncclCommRevoke_t = unsafe extern "C" fn(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t;
+pub type ncclCommRevoke_t =
+    unsafe extern "C" fn(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t;
 /// `ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags)` (2.27):
 /// a communicator of the parent's ranks without the excluded ones,
 /// renumbered densely in their order.

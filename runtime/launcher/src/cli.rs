@@ -133,10 +133,7 @@ impl Plan {
 
     /// [`from_args`](Self::from_args) with the inherited
     /// `CUDA_VISIBLE_DEVICES` given.
-    pub(crate) fn with_visible_devices(
-        args: &Args,
-        visible: Option<&str>,
-    ) -> Result<Plan, String> {
+    pub(crate) fn with_visible_devices(args: &Args, visible: Option<&str>) -> Result<Plan, String> {
         if args.node_rank >= args.nnodes {
             return Err(format!(
                 "--node-rank {} is not below --nnodes {}",
@@ -403,11 +400,16 @@ mod tests {
             envs.iter().map(|e| get(e, "NCCL_HOSTID")).collect();
         assert_eq!(hosts.len(), 3);
         // A replacement claims the same host as the rank it replaces.
-        assert_eq!(get(&p.rank_env(1, 2), "NCCL_HOSTID"), get(&envs[1], "NCCL_HOSTID"));
+        assert_eq!(
+            get(&p.rank_env(1, 2), "NCCL_HOSTID"),
+            get(&envs[1], "NCCL_HOSTID")
+        );
 
         let a = parse(&["--nproc-per-node", "2", "--share-gpu", "--gpu", "1", "prog"]).unwrap();
         let p = Plan::with_visible_devices(&a, Some("6,7")).unwrap();
-        assert!(p.rank_env(0, 0).contains(&("CUDA_VISIBLE_DEVICES", "7".to_string())));
+        assert!(p
+            .rank_env(0, 0)
+            .contains(&("CUDA_VISIBLE_DEVICES", "7".to_string())));
         assert!(Plan::with_visible_devices(&a, Some("6"))
             .unwrap_err()
             .contains("--gpu 1"));

@@ -32,7 +32,12 @@ impl SharedGpu {
     /// `gpu` past the end of the inherited list.
     pub(crate) fn new(gpu: u32, inherited: Option<&str>) -> Result<SharedGpu, String> {
         let listed: Vec<&str> = inherited
-            .map(|v| v.split(',').map(str::trim).filter(|d| !d.is_empty()).collect())
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
         let visible = match (inherited, listed.get(gpu as usize)) {
             (None, _) => gpu.to_string(),
