@@ -16,7 +16,7 @@ use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::Backend;
 use crate::config;
 use crate::error::Error;
-use crate::liveness::Liveness;
+use crate::liveness::{Liveness, PeerWitness};
 use crate::propagation::ErrorPropagation;
 use crate::sequence::Sequencer;
 use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
@@ -471,6 +471,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         size,
         timeout: liveness,
         policy,
+        witness: Arc::new(PeerWitness::new(liveness)),
     });
     if let Some(b) = &beats {
         let first = b.first_beat();
@@ -491,6 +492,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         store,
         nccl_opts,
         timeout,
+        beats.as_ref().map(|b| b.witness.clone()),
     ));
     let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
     let registry = Arc::new(Registry::with_recorder(recorder));

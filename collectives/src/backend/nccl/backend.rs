@@ -21,6 +21,7 @@ use super::init::{NcclFactory, NcclInitError};
 use super::options::NcclOptions;
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
+use crate::liveness::{PeerWitness, Report};
 use crate::sequence::Sequencer;
 
 /// The NCCL side of one group.
@@ -32,6 +33,12 @@ pub(crate) struct NcclBackend {
     seen: AtomicU64,
     /// Collective communicators by device, in front of the cache.
     hot: std::sync::RwLock<Vec<(u32, Arc<Communicator>)>>,
+    /// Names the peer behind an error NCCL reports without naming it (a
+    /// group of several ranks with peer liveness on).
+    witness: Option<Arc<PeerWitness>>,
+    /// How long shrinking the predecessor's communicator took, if this
+    /// group's came from a shrink (see `carry`).
+    pub(super) shrunk: Mutex<Option<Duration>>,
 }
 
 impl fmt::Debug for NcclBackend {
@@ -52,6 +59,7 @@ impl NcclBackend {
         store: Arc<dyn Store>,
         opts: NcclOptions,
         timeout: Duration,
+        witness: Option<Arc<PeerWitness>>,
     ) -> NcclBackend {
         let factory = NcclFactory::new(group.clone(), rank, size, store, opts, timeout);
         NcclBackend {
@@ -60,7 +68,20 @@ impl NcclBackend {
             live: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
             hot: std::sync::RwLock::new(Vec::new()),
+            witness,
+            shrunk: Mutex::new(None),
         }
+    }
+
+    /// The group's store (its namespace of the job's store).
+    pub(crate) fn store(&self) -> Arc<dyn Store> {
+        self.cache.factory().store()
+    }
+
+    /// How long shrinking the predecessor's communicator took, if this
+    /// group's collective communicator came from a shrink.
+    pub(crate) fn shrunk(&self) -> Option<Duration> {
+        *self.shrunk.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// How many communicators this group created (successful or not).
@@ -155,7 +176,11 @@ impl NcclBackend {
     }
 
     /// The watchdog's check: the first asynchronous error of a live
-    /// communicator.
+    /// communicator. An error that says a peer failed without naming it
+    /// goes to the group's witness first, and is held back while the
+    /// group's liveness task looks for the peer in the store (it then
+    /// fails the group with `PeerLost` naming it); it is reported as it
+    /// is once that search found every peer alive.
     pub(super) fn first_async_error(&self) -> Option<String> {
         let live: Vec<Arc<Communicator>> = self
             .live
@@ -169,13 +194,37 @@ impl NcclBackend {
                 continue;
             }
             if let Err(e) = c.async_state() {
-                return Some(format!(
-                    "NCCL communicator on device {}: {e}",
-                    c.device().ordinal()
-                ));
+                let msg = format!("NCCL communicator on device {}: {e}", c.device().ordinal());
+                if let (Some(w), true) = (&self.witness, e.is_peer_failure()) {
+                    if w.report(&msg, Instant::now()) == Report::Hold {
+                        return None;
+                    }
+                }
+                return Some(msg);
             }
         }
         None
+    }
+
+    /// The group's collective communicators handed out so far (aborted
+    /// ones too).
+    pub(super) fn collectives(&self) -> Vec<Arc<Communicator>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(k, _)| !k.is_p2p())
+            .filter_map(|(_, w)| w.upgrade())
+            .collect()
+    }
+
+    /// Frees the revoked communicators kept for a shrink that will not come.
+    pub(super) fn release_revoked(&self) {
+        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Some(c) = w.upgrade() {
+                c.abort_revoked();
+            }
+        }
     }
 
     /// Aborts every communicator of the group; they stay cached, marked
