@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use chorus_gpu::cuda::StreamPriority;
 
+use super::carry::ReformComms;
+
 /// Settings of a group's NCCL backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclOptions {
@@ -28,6 +30,12 @@ pub struct NcclOptions {
     /// the park and wake-up of the awaiting thread (~5 µs).
     /// `CHORUS_POLL_SPIN_US` sets it from the environment.
     pub poll_spin: Duration,
+    /// How a group re-formed after losing ranks gets its NCCL communicator
+    /// (default [`ReformComms::Fresh`]; `CHORUS_NCCL_REFORM=shrink|fresh`).
+    /// [`ReformComms::Shrink`] also makes an abort revoke the group's
+    /// collective communicator (`ncclCommRevoke`) rather than destroy it,
+    /// to shrink it later.
+    pub reform: ReformComms,
 }
 
 impl Default for NcclOptions {
@@ -36,6 +44,7 @@ impl Default for NcclOptions {
             stream_priority: StreamPriority::default(),
             blocking_ops: true,
             poll_spin: Duration::from_micros(10),
+            reform: ReformComms::default(),
         }
     }
 }
