@@ -41,7 +41,10 @@ use chorus_store::Store;
 
 use crate::watchdog::ErrorPolicy;
 
+mod marks;
 mod witness;
+
+pub(crate) use marks::{LEFT, LOST};
 
 use witness::{Gone, Outcome, Search};
 pub(crate) use witness::{PeerWitness, Report};
@@ -55,18 +58,6 @@ pub const DEFAULT_PEER_LIVENESS: Duration = Duration::from_secs(10);
 pub(crate) fn key(epoch: u64, rank: usize) -> String {
     format!("alive/{epoch}/{rank}")
 }
-
-/// Added to a rank's counter when it leaves the group cleanly (shutdown,
-/// or its last handle dropped): a counter at or above it is a peer that
-/// left, never a silent one (a rank that finished early while others go
-/// on with ops that do not need it).
-pub(crate) const LEFT: i64 = 1 << 48;
-
-/// Added to a peer's counter by the rank that found it lost (its beat
-/// stopped after the backend reported a failed peer): the group's other
-/// ranks, whose backends may not have noticed yet, name it at their next
-/// reading.
-pub(crate) const LOST: i64 = 1 << 52;
 
 /// How often a rank beats and reads its peers' beats for a liveness
 /// `timeout`: a tenth of it, between 50 ms and 1 s. A silent peer is then

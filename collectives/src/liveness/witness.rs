@@ -13,7 +13,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{LEFT, LOST};
+use super::marks::{LEFT, LOST};
 
 /// Periods of beats after which a search judges when every other peer's
 /// counter has moved meanwhile (a live peer beats once per period).

@@ -150,13 +150,14 @@ pub async fn train_fault_tolerant(
             ft.admit_every
         );
     }
-    // SAFETY (both buffers below): the parameter vector and the gradient
-    // buckets are ranges of the model's buffers, which live until the end
-    // of this function, after every op on them has ended (each op is
-    // awaited, or its group aborted, before the next step); they are
-    // written only on `compute`, in stream order with the ops.
-    let params_buf =
-        || unsafe { RawDeviceBuffer::new(params, layout.total(), DType::F32, compute.clone()) };
+    let params_buf = || {
+        // SAFETY: the parameter vector (and below, the gradient buckets)
+        // are ranges of the model's buffers, which live until the end of
+        // this function, after every op on them has ended (each op is
+        // awaited, or its group aborted, before the next step); they are
+        // written only on `compute`, in stream order with the ops.
+        unsafe { RawDeviceBuffer::new(params, layout.total(), DType::F32, compute.clone()) }
+    };
     let mut step = 0usize;
     let mut synced: Option<u64> = None;
     let mut last_print = Instant::now();
@@ -195,7 +196,8 @@ pub async fn train_fault_tolerant(
         let mut refused = None;
         model.backward(b, &mut None, |l, _| {
             while next < bks.len() && bks[next].last_layer == l {
-                // SAFETY: as for `params_buf` above.
+                // SAFETY: as for `params_buf` above: a range of the
+                // model's gradient buffer.
                 let buf = unsafe {
                     RawDeviceBuffer::new(
                         bucket_ptrs[next],

@@ -1,7 +1,7 @@
 //! The NCCL part of re-forming a group: when only ranks were lost, the
 //! survivors' communicator can come from the old group's (revoked) one by
 //! `ncclCommShrink` instead of a fresh initialization with a new unique id
-//! ([`ReformComms`]).
+//! (`ReformComms`).
 //!
 //! Every new rank must take the same path, or the ones that shrink wait
 //! for ranks that initialize a fresh communicator (and the other way
@@ -19,33 +19,7 @@ use chorus_store::Store;
 
 use super::backend::NcclBackend;
 use super::init::{off_thread, poll_backoff, NcclInitError};
-
-/// How a re-formed group gets its NCCL communicator when only ranks were
-/// lost (`NcclOptions::reform`, `CHORUS_NCCL_REFORM`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReformComms {
-    /// Shrink the old group's communicator (`ncclCommShrink`, NCCL 2.27 or
-    /// later, of the communicator kept at the failure: revoked where NCCL
-    /// has `ncclCommRevoke`, 2.28.7), and initialize a fresh one where that
-    /// is not possible. A group that ranks joined always gets a fresh one.
-    Shrink,
-    /// A fresh communicator with a new unique id, at the new group's first
-    /// device op (lazily, as for a new group).
-    #[default]
-    Fresh,
-}
-
-impl ReformComms {
-    /// `shrink` or `fresh` (`CHORUS_NCCL_REFORM`).
-    pub(crate) fn parse(s: &str) -> Option<ReformComms> {
-        match s.trim() {
-            "shrink" => Some(ReformComms::Shrink),
-            "fresh" => Some(ReformComms::Fresh),
-            _ => None,
-        }
-    }
-}
+use super::options::ReformComms;
 
 /// What [`carry_over`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

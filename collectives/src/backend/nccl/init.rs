@@ -15,8 +15,7 @@ use chorus_gpu::cuda::Device;
 use chorus_gpu::nccl::{self as gnccl, CommOptions, Communicator, NcclCommError, PendingComm};
 use chorus_store::Store;
 
-use super::carry::ReformComms;
-use super::options::NcclOptions;
+use super::options::{NcclOptions, ReformComms};
 
 /// Why a communicator could not be created.
 #[derive(Clone, Debug, thiserror::Error)]

@@ -39,9 +39,8 @@ mod runs;
 mod staged;
 
 pub(crate) use backend::{comm_error, device_check, lookup_error, NcclBackend};
-pub use carry::ReformComms;
 pub(crate) use carry::{carry_over, Carried};
 pub(crate) use init::split;
 pub use init::NcclInitError;
-pub use options::NcclOptions;
+pub use options::{NcclOptions, ReformComms};
 pub(crate) use staged::NcclStaged;

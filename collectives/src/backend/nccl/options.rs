@@ -4,8 +4,6 @@ use std::time::Duration;
 
 use chorus_gpu::cuda::StreamPriority;
 
-use super::carry::ReformComms;
-
 /// Settings of a group's NCCL backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NcclOptions {
@@ -32,9 +30,9 @@ pub struct NcclOptions {
     pub poll_spin: Duration,
     /// How a group re-formed after losing ranks gets its NCCL communicator
     /// (default [`ReformComms::Fresh`]; `CHORUS_NCCL_REFORM=shrink|fresh`).
-    /// [`ReformComms::Shrink`] also makes an abort revoke the group's
-    /// collective communicator (`ncclCommRevoke`) rather than destroy it,
-    /// to shrink it later.
+    /// [`ReformComms::Shrink`] also makes an abort keep the group's
+    /// collective communicator (revoked with `ncclCommRevoke` where NCCL
+    /// has it) rather than destroy it, to shrink it later.
     pub reform: ReformComms,
 }
 
@@ -45,6 +43,33 @@ impl Default for NcclOptions {
             blocking_ops: true,
             poll_spin: Duration::from_micros(10),
             reform: ReformComms::default(),
+        }
+    }
+}
+
+/// How a re-formed group gets its NCCL communicator when only ranks were
+/// lost (`NcclOptions::reform`, `CHORUS_NCCL_REFORM`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReformComms {
+    /// Shrink the old group's communicator (`ncclCommShrink`, NCCL 2.27 or
+    /// later, of the communicator kept at the failure: revoked where NCCL
+    /// has `ncclCommRevoke`, 2.28.7), and initialize a fresh one where that
+    /// is not possible. A group that ranks joined always gets a fresh one.
+    Shrink,
+    /// A fresh communicator with a new unique id, at the new group's first
+    /// device op (lazily, as for a new group).
+    #[default]
+    Fresh,
+}
+
+impl ReformComms {
+    /// `shrink` or `fresh` (`CHORUS_NCCL_REFORM`).
+    pub(crate) fn parse(s: &str) -> Option<ReformComms> {
+        match s.trim() {
+            "shrink" => Some(ReformComms::Shrink),
+            "fresh" => Some(ReformComms::Fresh),
+            _ => None,
         }
     }
 }
