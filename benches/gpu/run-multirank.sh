@@ -13,8 +13,10 @@
 # stop (PeerSilent), rejoin (--max-restarts), the fault-tolerant trainer
 # with kills at random steps — and compute-sanitizer memcheck on a fault
 # run where compute-sanitizer is found. With 2 in RANKS: matrix under
-# torchrun by hand (the variables --share-gpu sets). Expects bin/ beside
-# it (pack.sh nccl); logs and multirank-summary.txt under $OUT.
+# torchrun by hand (the variables --share-gpu sets), and the candle
+# adapter's tp_mlp on 2 ranks against 1 where bin/tp_mlp was packed.
+# Expects bin/ beside it (pack.sh nccl); logs and multirank-summary.txt
+# under $OUT.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1 OMP_NUM_THREADS=1
@@ -82,6 +84,24 @@ if echo " $RANKS " | grep -q " 2 "; then
   n_ok=$(grep -c "OK rank=" "$OUT/torchrun-matrix-2.log")
   ok=0; [ "$RC" = 0 ] && [ "$n_ok" = 2 ] && ok=1
   verdict torchrun-matrix-2 $ok "torchrun --no-python --nproc-per-node 2, rc=$RC, $n_ok of 2 OK, $(( $(date +%s) - t0 ))s"
+fi
+
+for f in "$D"/bin/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
+if [ -x "$D/bin/tp_mlp" ] && echo " $RANKS " | grep -q " 2 "; then
+  # The candle adapter's tensor-parallel MLP (columns and rows really split
+  # over 2 ranks) against 1 rank's output; candle links PyTorch's CUDA
+  # libraries.
+  CU_LIB=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
+  OLD_LD=${LD_LIBRARY_PATH:-}; export LD_LIBRARY_PATH="$CU_LIB${OLD_LD:+:$OLD_LD}"
+  timeout 120 "$D/bin/tp_mlp" --iters 3 > "$OUT/tp_mlp-1.log" 2>&1; RC1=$?
+  job tp_mlp-2 120 --nproc-per-node 2 -- "$D/bin/tp_mlp" --iters 3
+  export LD_LIBRARY_PATH="$OLD_LD"
+  s1=$(grep -ohE 'sum of outputs [-0-9.e]+' "$OUT/tp_mlp-1.log" | awk '{print $4}')
+  s2=$(grep -ohE 'sum of outputs [-0-9.e]+' "$OUT/tp_mlp-2.log" | awk '{print $4}')
+  close=$(awk -v a="${s1:-nan}" -v b="${s2:-nan}" 'BEGIN { d = a - b; if (d < 0) d = -d; m = (a < 0 ? -a : a); print (a != "nan" && b != "nan" && d <= 1e-4 * (m > 1 ? m : 1)) ? 1 : 0 }')
+  ok=0; [ "$RC1" = 0 ] && [ "$RC" = 0 ] && [ "$close" = 1 ] && grep -q "OK; sum" "$OUT/tp_mlp-2.log" && ok=1
+  verdict tp_mlp-2 $ok "candle tp_mlp on 2 ranks (rc=$RC, sum $s2) against 1 rank (rc=$RC1, sum $s1), ${SECS}s"
+  grep -ohE "tp_mlp: .*OK|tp_mlp: .*MISMATCH[^;]*" "$OUT/tp_mlp-1.log" "$OUT/tp_mlp-2.log" | sed 's/^/  /' | tee -a "$SUM"
 fi
 
 if [ "$MAX" -ge 3 ]; then

@@ -141,3 +141,61 @@ async fn revoked(old: &NcclBackend, limit: Duration) -> Option<Arc<Communicator>
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chorus_store::InMemoryStore;
+
+    /// Every member of a group of `can.len()` votes `can[i]` on one store.
+    fn votes(can: &[bool]) -> Vec<bool> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+            let n = can.len();
+            let tasks: Vec<_> = can
+                .iter()
+                .map(|&c| {
+                    let store = store.clone();
+                    tokio::spawn(async move { vote(store, n, c, Duration::from_secs(10)).await })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap().unwrap());
+            }
+            out
+        })
+    }
+
+    #[test]
+    fn every_member_shrinks_only_if_all_can() {
+        assert_eq!(votes(&[true, true, true]), [true, true, true]);
+        assert_eq!(votes(&[true, false, true, true]), [false; 4]);
+        assert_eq!(votes(&[false, false]), [false, false]);
+        assert_eq!(votes(&[true]), [true]);
+    }
+
+    #[test]
+    fn a_member_that_never_votes_ends_the_wait_with_an_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let r = rt.block_on(vote(store, 2, true, Duration::from_millis(100)));
+        assert!(matches!(r, Err(NcclInitError::Store(_))), "{r:?}");
+    }
+
+    #[test]
+    fn the_setting_reads_shrink_and_fresh() {
+        assert_eq!(ReformComms::parse("shrink"), Some(ReformComms::Shrink));
+        assert_eq!(ReformComms::parse(" fresh "), Some(ReformComms::Fresh));
+        assert_eq!(ReformComms::parse("grow"), None);
+        assert_eq!(ReformComms::default(), ReformComms::Fresh);
+    }
+}
