@@ -8,6 +8,7 @@
 #   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
 #   bash benches/gpu/pack.sh nccl      # run-nccl.sh: the 1-rank NCCL GPU tests, then run-multirank.sh (N ranks on one GPU:
 #                                      #   every scenario of chorus-gpu-rank, the GPU trainer, faults), the 2-GPU scenarios
+#                                      #   (WITH_CANDLE=1: the candle adapter's tp_mlp too; TORCH_VENV as for ecosystem)
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
 #   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead, round trips A/B
 #   bash benches/gpu/pack.sh trainer   # run-trainer.sh: gpu_trainer (and its GPU test) beside torch_ddp.py, small and large MLP
@@ -43,6 +44,16 @@ nccl)
   cargo build --release -p chorus-examples --bin chorus-gpu-rank --example gpu_trainer --message-format=json >> "$json"
   cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
   EXTRA=benches/gpu/run-multirank.sh
+  # WITH_CANDLE=1: the candle adapter's tp_mlp too (a CUDA toolkit from
+  # .ci/cuda-toolkit.sh, as for `ecosystem`).
+  if [ -n "${WITH_CANDLE:-}" ]; then
+    WANT="$WANT tp_mlp"
+    ( export TORCH_VENV="${TORCH_VENV:-$HOME/.cache/chorus-ci/torch-2.11}"
+      . .ci/cuda-toolkit.sh
+      cd adapters/candle
+      export CARGO_TARGET_DIR="${CHORUS_ADAPTER_TARGET_DIR:-$PWD/target}"
+      cargo build --release --locked --example tp_mlp --message-format=json ) >> "$json"
+  fi
   ;;
 probe)
   D=.gpu; RUN=benches/gpu/run-probe.sh
