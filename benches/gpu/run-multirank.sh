@@ -52,7 +52,7 @@ job() { # name, limit, chorus-run args...
 }
 oks() { grep -c "^\[rank [0-9]*\] OK rank=" "$OUT/$1.log"; }
 bad() { grep -cE "FAIL|MISMATCH|panicked|ERROR rank" "$OUT/$1.log"; }
-indent() { sed 's/^/  /' | tee -a "$SUM"; }
+indent() { sed -e 's/^\[rank [0-9]*\] //' -e 's/^/  /' | tee -a "$SUM"; }
 
 # A scenario every rank passes.
 scenario() { # scenario, N
@@ -60,7 +60,7 @@ scenario() { # scenario, N
   job "$name" 240 --nproc-per-node "$n" -- "$GR" "$sc"
   local ok=0; [ "$RC" = 0 ] && [ "$(oks "$name")" = "$n" ] && [ "$(bad "$name")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks, rc=$RC, $(oks "$name") of $n OK, ${SECS}s; $(grep -ohE 'checks=[0-9]+' "$OUT/$name.log" | sort -u | tr '\n' ' ')"
-  grep -h "NCCL version" "$OUT/$name.log" | head -1 | sed 's/^\[rank 0\] //' >> "$SUM"
+  grep -h "NCCL version" "$OUT/$name.log" | head -1 | indent
   case $sc in
     matrix) grep -h "COMMS rank=0" "$OUT/$name.log" | indent ;;
     seed) grep -h "SEED rank=0" "$OUT/$name.log" | indent ;;
@@ -118,7 +118,7 @@ fault() { # name, N, scenario, kind wanted, extra env...
   local ok=0
   [ "$(oks "$name")" = $((n-1)) ] && [ "$(bad "$name")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks, $(oks "$name") of $((n-1)) survivors OK ($kind wanted), ${SECS}s"
-  grep -h "NCCL version" "$OUT/$name.log" | head -1 | sed 's/^\[rank 0\] //' >> "$SUM"
+  grep -h "NCCL version" "$OUT/$name.log" | head -1 | indent
   grep -hoE "RESULT rank=[0-9]+ kind=[A-Za-z]+ peer=[a-z0-9]+ elapsed_ms=[0-9]+ bound_ms=[0-9]+" "$OUT/$name.log" | indent
   grep -hoE "REFORM rank=[0-9]+ new_rank=[0-9]+ size=[0-9]+ epoch=[0-9]+|reform_ms=[0-9.]+ comm=[a-z]+ shrink_ms=[-0-9.]+ first_op_ms=[0-9.]+" "$OUT/$name.log" | paste - - | indent
 }
