@@ -27,8 +27,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chorus_examples::gpu_train::{train, Config};
-use chorus_examples::{launch_self_if_needed, run_rank};
+use chorus_examples::gpu_train::{train, train_fault_tolerant, Config, FaultConfig};
+use chorus_examples::{launch_self_if_needed, launch_self_restarting_if_needed, run_rank};
 use clap::Parser;
 
 #[derive(Parser, Debug, Clone)]
@@ -79,11 +79,42 @@ struct Args {
     /// Op timeout in seconds.
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
+    /// Train in steps that survive lost ranks: a step whose collectives
+    /// fail is redone on the re-formed group, and replacement ranks
+    /// (`chorus-run --max-restarts`) are admitted at step boundaries.
+    #[arg(long)]
+    fault_tolerant: bool,
+    /// With --fault-tolerant: members call admit every N steps.
+    #[arg(long, default_value_t = 1)]
+    admit_every: usize,
+    /// With --fault-tolerant: the re-form window in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    window_ms: u64,
+    /// With --fault-tolerant: that world rank SIGKILLs itself in that step
+    /// (first start only), for fault tests; repeat for several.
+    #[arg(long, value_name = "RANK@STEP", value_parser = parse_kill)]
+    kill: Vec<(usize, usize)>,
+    /// When launching itself (--nproc): restart a failed rank up to N times
+    /// (`chorus-run --keep-going --max-restarts N`).
+    #[arg(long, default_value_t = 0)]
+    max_restarts: u32,
+}
+
+fn parse_kill(s: &str) -> Result<(usize, usize), String> {
+    match chorus_examples::gpu_train::parse_kills(s)?.as_slice() {
+        [one] => Ok(*one),
+        _ => Err(format!("--kill {s}: expected RANK@STEP")),
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(code) = launch_self_if_needed(args.nproc) {
+    let launched = if args.max_restarts > 0 {
+        launch_self_restarting_if_needed(args.nproc, args.max_restarts)
+    } else {
+        launch_self_if_needed(args.nproc)
+    };
+    if let Some(code) = launched {
         return code;
     }
     let device = std::env::var("LOCAL_RANK")
@@ -106,6 +137,14 @@ fn main() -> ExitCode {
         profile: args.profile.clone(),
         device,
     };
+    if args.fault_tolerant {
+        let ft = FaultConfig {
+            admit_every: args.admit_every,
+            window: Duration::from_millis(args.window_ms),
+            kills: args.kill.clone(),
+        };
+        return fault_tolerant(&cfg, &ft, Duration::from_secs(args.timeout_s));
+    }
     let result = run_rank(Duration::from_secs(args.timeout_s), |pg| async move {
         let rank = pg.rank();
         let world = pg.size();
@@ -174,6 +213,93 @@ fn main() -> ExitCode {
         });
         println!("summary {summary}");
     }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `--fault-tolerant`: joins the job (or rejoins it as a replacement),
+/// trains, and leaves from the last group; rank 0 of that group prints what
+/// happened and the checks.
+fn fault_tolerant(cfg: &Config, ft: &FaultConfig, timeout: Duration) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpu_trainer: cannot start tokio: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = rt.block_on(async {
+        let pg = chorus::ProcessGroup::builder()
+            .timeout(timeout)
+            .init_from_env()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (pg, rep) = train_fault_tolerant(pg, cfg, ft)
+            .await
+            .map_err(|e| e.to_string())?;
+        let lead = pg.rank() == 0;
+        let world = pg.size();
+        pg.shutdown().await.map_err(|e| e.to_string())?;
+        Ok::<_, String>((lead, world, rep))
+    });
+    let (lead, world, rep) = match run {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("gpu_trainer failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !lead {
+        return ExitCode::SUCCESS;
+    }
+    let ok = rep.reference_ok && rep.loss_fell;
+    for (step, why) in &rep.failures {
+        println!("step {step} was abandoned and redone: {why}");
+    }
+    let groups: Vec<String> = rep
+        .groups
+        .iter()
+        .map(|(e, n)| format!("epoch {e}: {n} rank(s)"))
+        .collect();
+    println!("groups: {}", groups.join(", "));
+    println!(
+        "losses vs CPU reference, first {} step(s) before any failure: max relative difference {:.2e} (tolerance {:.0e}): {}",
+        rep.reference.len(),
+        rep.reference_err,
+        cfg.check_tol,
+        if rep.reference_ok { "OK" } else { "FAIL" }
+    );
+    let (first, last) = (
+        rep.losses.first().copied().unwrap_or(0.0),
+        rep.losses.last().copied().unwrap_or(0.0),
+    );
+    println!(
+        "loss fell from {first:.6} to {last:.6}: {}",
+        if rep.loss_fell { "OK" } else { "FAIL" }
+    );
+    println!(
+        "parameters bit-identical on every rank of the group after each of {} steps (GPU hash all_gathered): OK",
+        rep.hashes_checked
+    );
+    let summary = serde_json::json!({
+        "impl": "chorus",
+        "fault_tolerant": true,
+        "world": world,
+        "steps": cfg.steps,
+        "failures": rep.failures.len(),
+        "groups": rep.groups.len(),
+        "first_loss": first,
+        "last_loss": last,
+        "reference_err": rep.reference_err,
+        "ok": ok,
+    });
+    println!("summary {summary}");
     if ok {
         ExitCode::SUCCESS
     } else {

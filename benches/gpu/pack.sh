@@ -6,7 +6,9 @@
 #   bash benches/gpu/pack.sh groups    # run-groups.sh: grouped-ops tests, group_bench, torch_coalesce, nccl_bench
 #   bash benches/gpu/pack.sh session   # run-session.sh: GPU trainer, watchdog test and overhead, groups test
 #   bash benches/gpu/pack.sh bench     # run-bench.sh: the full chorus-bench run, every comparison
-#   bash benches/gpu/pack.sh nccl      # run-nccl.sh: every NCCL GPU test on 1 GPU, the 2-GPU scenarios
+#   bash benches/gpu/pack.sh nccl      # run-nccl.sh: the 1-rank NCCL GPU tests, then run-multirank.sh (N ranks on one GPU:
+#                                      #   every scenario of chorus-gpu-rank, the GPU trainer, faults), the 2-GPU scenarios
+#                                      #   (WITH_CANDLE=1: the candle adapter's tp_mlp too; TORCH_VENV as for ecosystem)
 #   bash benches/gpu/pack.sh probe     # run-probe.sh: every GPU test, compute-sanitizer, enqueue_probe, nccl_bench A/B
 #   bash benches/gpu/pack.sh wake      # run-wake.sh: GPU tests, wake_probe, torch_wake.py, group_bench (profiled), nccl_bench, watchdog overhead, round trips A/B
 #   bash benches/gpu/pack.sh trainer   # run-trainer.sh: gpu_trainer (and its GPU test) beside torch_ddp.py, small and large MLP
@@ -36,11 +38,22 @@ session)
   ;;
 nccl)
   D=.gpu; RUN=benches/gpu/run-nccl.sh
-  WANT="groups_gpu nccl_gpu watchdog_gpu nccl_bench chorus-gpu-rank chorus-run"
+  WANT="${WANT:-gpu groups_gpu nccl_gpu watchdog_gpu chorus-gpu-rank chorus-run gpu_trainer}"
   cargo test --release -p chorus --test groups_gpu --test nccl_gpu --test watchdog_gpu --no-run --message-format=json > "$json"
-  cargo build --release -p chorus-benches --bin nccl_bench --message-format=json >> "$json"
-  cargo build --release -p chorus-examples --bin chorus-gpu-rank --message-format=json >> "$json"
+  cargo test --release -p nccl-sys --test gpu --no-run --message-format=json >> "$json"
+  cargo build --release -p chorus-examples --bin chorus-gpu-rank --example gpu_trainer --message-format=json >> "$json"
   cargo build --release -p chorus-launcher --bin chorus-run --message-format=json >> "$json"
+  EXTRA=benches/gpu/run-multirank.sh
+  # WITH_CANDLE=1: the candle adapter's tp_mlp too (a CUDA toolkit from
+  # .ci/cuda-toolkit.sh, as for `ecosystem`).
+  if [ -n "${WITH_CANDLE:-}" ]; then
+    WANT="$WANT tp_mlp"
+    ( export TORCH_VENV="${TORCH_VENV:-$HOME/.cache/chorus-ci/torch-2.11}"
+      . .ci/cuda-toolkit.sh
+      cd adapters/candle
+      export CARGO_TARGET_DIR="${CHORUS_ADAPTER_TARGET_DIR:-$PWD/target}"
+      cargo build --release --locked --example tp_mlp --message-format=json ) >> "$json"
+  fi
   ;;
 probe)
   D=.gpu; RUN=benches/gpu/run-probe.sh
@@ -131,4 +144,5 @@ if [ -n "${KEEP_SYMBOLS:-}" ]; then
   cp benches/gpu/fold-perf.py "$D/"
 fi
 cp "$RUN" "$D/run.sh"
+[ -n "${EXTRA:-}" ] && cp $EXTRA "$D/"
 du -sh "$D"

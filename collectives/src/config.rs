@@ -26,12 +26,13 @@
 //! | `CHORUS_TCP_SPIN_US` | `100` where ranks have a core each, else `0` | [`TcpOptions::caller_spin`] |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
 //! | `CHORUS_POLL_SPIN_US` | `10` | [`NcclOptions::poll_spin`] |
+//! | `CHORUS_NCCL_REFORM` | `fresh` | [`NcclOptions::reform`] (`shrink` or `fresh`) |
 //! | `CHORUS_NCCL_PROFILE` | `0` | `chorus_core::profile::set_enabled` (feature `profile`) |
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::nccl::NcclOptions;
+use crate::backend::nccl::{NcclOptions, ReformComms};
 use crate::backend::tcp::TcpOptions;
 use crate::watchdog::WatchdogConfig;
 
@@ -96,14 +97,18 @@ impl TcpOptions {
 
 impl NcclOptions {
     /// The defaults, with `CHORUS_NCCL_BLOCKING=0` turning the blocking
-    /// twin off and `CHORUS_POLL_SPIN_US` setting the first poll's watch
-    /// (at most 1000 µs).
+    /// twin off, `CHORUS_POLL_SPIN_US` setting the first poll's watch
+    /// (at most 1000 µs) and `CHORUS_NCCL_REFORM` (`shrink` or `fresh`)
+    /// how a re-formed group gets its communicator.
     pub fn from_env() -> NcclOptions {
         let d = NcclOptions::default();
         NcclOptions {
             blocking_ops: switch("CHORUS_NCCL_BLOCKING", d.blocking_ops),
             poll_spin: number("CHORUS_POLL_SPIN_US")
                 .map_or(d.poll_spin, |us| Duration::from_micros(us.min(1000))),
+            reform: var("CHORUS_NCCL_REFORM")
+                .and_then(|v| ReformComms::parse(&v))
+                .unwrap_or(d.reform),
             ..d
         }
     }

@@ -60,7 +60,7 @@ mod sequence;
 pub mod watchdog;
 mod work;
 
-pub use backend::nccl::{NcclInitError, NcclOptions};
+pub use backend::nccl::{NcclInitError, NcclOptions, ReformComms};
 pub use backend::tcp::{TcpOptions, CALLER_SPIN};
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;

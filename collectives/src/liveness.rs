@@ -22,6 +22,12 @@
 //! NCCL communicators) with [`WorkError::PeerSilent`] naming the peer, or
 //! [`WorkError::Store`] when the store went silent.
 //!
+//! The same readings name the peer behind a failure that the backend
+//! reports without naming it (NCCL's `ncclRemoteError`): the backend hands
+//! it to the group's [`PeerWitness`], and the task fails the group with
+//! [`WorkError::PeerLost`] naming the peer whose beat stopped or that left
+//! (see `witness`).
+//!
 //! Cost: two store requests per rank and round (one `add`, one `multi_get`
 //! of the peers' counters), nothing on an op's path. Off with a timeout of
 //! zero.
@@ -35,6 +41,14 @@ use chorus_store::Store;
 
 use crate::watchdog::ErrorPolicy;
 
+mod marks;
+mod witness;
+
+pub(crate) use marks::{LEFT, LOST};
+
+use witness::{Gone, Outcome, Search};
+pub(crate) use witness::{PeerWitness, Report};
+
 /// Default peer liveness timeout of a group: a peer whose beat in the
 /// store stops for this long fails the group's pending works (see
 /// [`GroupBuilder::peer_liveness`](crate::GroupBuilder::peer_liveness)).
@@ -44,12 +58,6 @@ pub const DEFAULT_PEER_LIVENESS: Duration = Duration::from_secs(10);
 pub(crate) fn key(epoch: u64, rank: usize) -> String {
     format!("alive/{epoch}/{rank}")
 }
-
-/// Added to a rank's counter when it leaves the group cleanly (shutdown,
-/// or its last handle dropped): a counter at or above it is a peer that
-/// left, never a silent one (a rank that finished early while others go
-/// on with ops that do not need it).
-pub(crate) const LEFT: i64 = 1 << 48;
 
 /// How often a rank beats and reads its peers' beats for a liveness
 /// `timeout`: a tenth of it, between 50 ms and 1 s. A silent peer is then
@@ -169,6 +177,8 @@ pub(crate) struct Liveness {
     pub(crate) size: usize,
     pub(crate) timeout: Duration,
     pub(crate) policy: ErrorPolicy,
+    /// Where the group's backends report failures that name no peer.
+    pub(crate) witness: Arc<PeerWitness>,
 }
 
 /// The running liveness task of one group; stops when dropped or when the
@@ -254,7 +264,11 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
     let period = period(l.timeout);
     let mine = key(l.epoch, l.rank);
     let mut clock = PeerClock::new(l.rank, l.size, l.timeout, Instant::now());
-    let keys: Vec<String> = clock.peers().map(|p| key(l.epoch, p)).collect();
+    let peers: Vec<usize> = clock.peers().collect();
+    let keys: Vec<String> = peers.iter().map(|&p| key(l.epoch, p)).collect();
+    let mut search: Option<(String, Search)> = None;
+    // Peers another rank marked lost, at the last reading.
+    let mut marked: Vec<(usize, Gone)> = Vec::new();
     let mut next = tokio::time::Instant::now();
     loop {
         next += period;
@@ -282,12 +296,24 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
                     .map(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
                     .collect();
                 clock.read(&values, now);
+                marked = values
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| v.is_some_and(|v| v >= LOST))
+                    .map(|(i, _)| (i, Gone::Marked))
+                    .collect();
+                if search.is_none() {
+                    search = l
+                        .witness
+                        .asked()
+                        .map(|(cause, at)| (cause, Search::new(at, period, peers.len())));
+                }
+                if let Some((_, s)) = &mut search {
+                    s.read(&values, now);
+                }
             }
             (Ok(Err(e)), _) | (_, Ok(Err(e))) => clock.store_failed(e.to_string()),
             (Err(_), _) | (_, Err(_)) => clock.store_failed(format!("no answer within {period:?}")),
-        }
-        if reg.pending() == 0 {
-            continue;
         }
         let ctx = OpContext {
             rank: l.rank,
@@ -296,8 +322,54 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
             op: "liveness",
             internal: None,
         };
+        // A failure the backend reported without naming the peer fails
+        // the group whether or not works are pending: its communicator
+        // is broken.
+        if let Some((cause, s)) = &search {
+            match s.outcome(now) {
+                Outcome::Looking => {}
+                Outcome::NoneLost => {
+                    tracing::warn!(group = %l.group, rank = l.rank, cause = %cause, "every peer still beats: the backend's error stands as it is");
+                    l.witness.clear();
+                    search = None;
+                }
+                Outcome::Lost(lost) => {
+                    // Tell the others (their backends may not have seen the
+                    // failure), then fail the group.
+                    // (Once: a peer already marked is not marked again.)
+                    for &(i, _) in lost.iter().filter(|(_, g)| *g == Gone::Stopped) {
+                        let mark = l.store.add(&keys[i], LOST);
+                        let _ = tokio::time::timeout(period, mark).await;
+                    }
+                    let err = lost_peer(ctx, &peers, &lost, cause);
+                    tracing::error!(group = %l.group, rank = l.rank, error = %err, policy = ?l.policy, "peer liveness: failing the group's pending works");
+                    crate::watchdog::apply_detected(l.policy, &reg, &err, "peer lost");
+                    return;
+                }
+            }
+        }
+        if reg.pending() == 0 {
+            continue;
+        }
+        if !marked.is_empty() {
+            let err = lost_peer(ctx, &peers, &marked, "");
+            tracing::error!(group = %l.group, rank = l.rank, error = %err, policy = ?l.policy, "peer liveness: failing the group's pending works");
+            crate::watchdog::apply_detected(l.policy, &reg, &err, "peer lost");
+            return;
+        }
         let err = match clock.verdict(now) {
             Verdict::Alive => continue,
+            // The backend said a peer failed, and this one went silent:
+            // it is the one lost.
+            Verdict::PeerSilent { peer, silent_for } if search.is_some() => WorkError::PeerLost {
+                ctx,
+                peer,
+                cause: format!(
+                    "the backend reported a failed peer without naming it ({}); rank {peer}'s \
+                     beat in the group's store stopped {silent_for:?} ago",
+                    search.as_ref().map_or("", |(c, _)| c.as_str())
+                ),
+            },
             Verdict::PeerSilent { peer, .. } => WorkError::PeerSilent {
                 ctx,
                 peer,
@@ -315,6 +387,34 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
         tracing::error!(group = %l.group, rank = l.rank, error = %err, policy = ?l.policy, "peer liveness: failing the group's pending works");
         crate::watchdog::apply_detected(l.policy, &reg, &err, "peer silent");
         return;
+    }
+}
+
+/// `PeerLost` naming the first of the `lost` peers (indices into `peers`)
+/// of a failure the backend reported as `cause` (empty: this rank's
+/// backend has not reported one).
+fn lost_peer(ctx: OpContext, peers: &[usize], lost: &[(usize, Gone)], cause: &str) -> WorkError {
+    let named: Vec<String> = lost
+        .iter()
+        .map(|&(i, why)| match why {
+            Gone::Left => format!("rank {} left the group", peers[i]),
+            Gone::Stopped => format!("rank {}'s beat in the group's store stopped", peers[i]),
+            Gone::Marked => format!(
+                "another rank of the group found rank {} lost (its beat stopped after a backend \
+                 reported a failed peer)",
+                peers[i]
+            ),
+        })
+        .collect();
+    let said = if cause.is_empty() {
+        String::new()
+    } else {
+        format!("the backend reported a failed peer without naming it ({cause}); ")
+    };
+    WorkError::PeerLost {
+        ctx,
+        peer: peers[lost[0].0],
+        cause: format!("{said}{}", named.join(", ")),
     }
 }
 

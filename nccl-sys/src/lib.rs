@@ -24,6 +24,11 @@
 //! no extra error text), so a stripped or re-implemented libnccl (a shim, a
 //! vendor port) still loads.
 //!
+//! NCCL's fault-tolerance calls of later releases are optional too, used
+//! where the loaded library has them: `ncclCommShrink` (2.27),
+//! `ncclCommRevoke` (2.28.7), `ncclCommGetUniqueId` and `ncclCommGrow`
+//! (2.29). [`Nccl::missing_optional`] lists what a library lacks.
+//!
 //! No safe API lives here: calling a symbol is `unsafe` and the caller
 //! upholds NCCL's contract. chorus-gpu builds the safe layer.
 #![warn(missing_docs)]
@@ -158,6 +163,10 @@ nccl_symbols! {
         ncclCommSplit: ncclCommSplit_t,
         ncclCommFinalize: ncclCommFinalize_t,
         ncclGetLastError: ncclGetLastError_t,
+        ncclCommShrink: ncclCommShrink_t,
+        ncclCommRevoke: ncclCommRevoke_t,
+        ncclCommGetUniqueId: ncclCommGetUniqueId_t,
+        ncclCommGrow: ncclCommGrow_t,
     }
 }
 
@@ -457,7 +466,7 @@ mod tests {
     fn every_symbol_is_listed_once() {
         let mut all: Vec<&str> = REQUIRED_SYMBOLS.to_vec();
         all.extend_from_slice(OPTIONAL_SYMBOLS);
-        assert_eq!(all.len(), 23);
+        assert_eq!(all.len(), 27);
         let mut dedup = all.clone();
         dedup.sort_unstable();
         dedup.dedup();

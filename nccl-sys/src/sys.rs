@@ -218,6 +218,16 @@ pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
 /// out of every new communicator.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
+/// `NCCL_SHRINK_DEFAULT`: `ncclCommShrink` of a healthy, idle parent.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
+
+/// `NCCL_SHRINK_ABORT`: `ncclCommShrink` first stops the parent's ongoing
+/// operations (a parent whose peers failed).
+pub const NCCL_SHRINK_ABORT: c_int = 0x01;
+
+/// `NCCL_REVOKE_DEFAULT`: the only flag `ncclCommRevoke` takes.
+pub const NCCL_REVOKE_DEFAULT: c_int = 0x00;
+
 /// The version code that [`ncclConfig_t`]'s layout corresponds to (2.27.0).
 pub const NCCL_CONFIG_LAYOUT_VERSION: c_uint = 22700;
 
@@ -331,6 +341,41 @@ pub type ncclCommSplit_t = unsafe extern "C" fn(
     comm: ncclComm_t,
     color: c_int,
     key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t;
+/// `ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)` (2.28):
+/// stops the communicator's in-flight operations and refuses new ones,
+/// keeping it as a parent for split, shrink and grow. Blocking
+/// communicators return when it is quiet; non-blocking ones report
+/// `ncclInProgress` through `ncclCommGetAsyncError` until then.
+pub type ncclCommRevoke_t =
+    unsafe extern "C" fn(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t;
+/// `ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags)` (2.27):
+/// a communicator of the parent's ranks without the excluded ones,
+/// renumbered densely in their order.
+pub type ncclCommShrink_t = unsafe extern "C" fn(
+    comm: ncclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrinkFlags: c_int,
+) -> ncclResult_t;
+/// `ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId)` (2.29):
+/// the id of a grow, made by the existing communicator's root.
+pub type ncclCommGetUniqueId_t =
+    unsafe extern "C" fn(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t;
+/// `ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm, ncclConfig_t* config)` (2.29):
+/// a communicator of the parent's ranks and new ones after them. Existing
+/// ranks pass their communicator and `rank = -1` (the root also the id,
+/// the others null); new ranks pass a null communicator, the id and their
+/// rank.
+pub type ncclCommGrow_t = unsafe extern "C" fn(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> ncclResult_t;

@@ -120,6 +120,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let err = (&y - &reference)?.abs()?.max_all()?.to_scalar::<f32>()?;
     let norm = reference.abs()?.max_all()?.to_scalar::<f32>()?;
     let ok = err <= 1e-4 * norm.max(1.0);
+    // Compared across runs of 1 and N ranks (same seed, same model).
+    let checksum = y.sum_all()?.to_scalar::<f32>()?;
 
     let mut times = Vec::with_capacity(args.iters);
     for _ in 0..args.iters {
@@ -131,7 +133,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     }
     if rank == 0 {
         println!(
-            "tp_mlp: {size} rank(s), hidden {}, ffn {} ({} per rank), batch {}: max |sharded - full| = {err:.3e} (max |full| = {norm:.3}) {}; forward with all_reduce: median {:.3} ms over {} passes",
+            "tp_mlp: {size} rank(s), hidden {}, ffn {} ({} per rank), batch {}: max |sharded - full| = {err:.3e} (max |full| = {norm:.3}) {}; sum of outputs {checksum:.6}; forward with all_reduce: median {:.3} ms over {} passes",
             args.hidden,
             args.ffn,
             args.ffn / size,

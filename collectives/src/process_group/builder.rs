@@ -17,7 +17,7 @@ use crate::backend::tcp::{TcpBackend, TcpOptions};
 use crate::backend::Backend;
 use crate::config;
 use crate::error::Error;
-use crate::liveness::Liveness;
+use crate::liveness::{Liveness, PeerWitness};
 use crate::propagation::ErrorPropagation;
 use crate::sequence::Sequencer;
 use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
@@ -532,6 +532,7 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         size,
         timeout: liveness,
         policy,
+        witness: Arc::new(PeerWitness::new(liveness)),
     });
     if let Some(b) = &beats {
         let first = b.first_beat();
@@ -552,15 +553,11 @@ pub(crate) async fn connect(setup: Setup) -> Result<ProcessGroup, Error> {
         check_ops,
     )
     .await?;
-    let nccl = Arc::new(NcclBackend::new(
-        name.clone(),
-        rank,
-        size,
-        store,
-        nccl_opts,
-        timeout,
-        check_ops.then(|| Checker::new(tcp_backend.clone(), timeout)),
-    ));
+    let nccl = Arc::new(
+        NcclBackend::new(name.clone(), rank, size, store, nccl_opts, timeout)
+            .checked(check_ops.then(|| Checker::new(tcp_backend.clone(), timeout)))
+            .witnessed(beats.as_ref().map(|b| b.witness.clone())),
+    );
     let recorder = Arc::new(FlightRecorder::new(flight_recorder::DEFAULT_CAPACITY));
     let registry = Arc::new(Registry::with_recorder(recorder));
     let hook_tcp = tcp_backend.clone();

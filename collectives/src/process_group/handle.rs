@@ -211,6 +211,14 @@ impl ProcessGroup {
         self.inner.nccl.comms_created()
     }
 
+    /// How long shrinking its predecessor's NCCL communicator took
+    /// (`ncclCommShrink`), if this group was re-formed after lost ranks
+    /// and got its communicator that way ([`ReformComms::Shrink`](crate::ReformComms::Shrink));
+    /// `None` for a group whose communicators are created afresh.
+    pub fn nccl_shrunk(&self) -> Option<std::time::Duration> {
+        self.inner.nccl.shrunk()
+    }
+
     /// Creates the group's NCCL communicator on `device` now (eager init)
     /// instead of at the first device op. Every rank of the group must call
     /// it. A no-op if it exists.

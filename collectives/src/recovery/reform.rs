@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use super::quorum::{Outcome, Quorum};
 use super::store_io;
+use crate::backend::nccl;
 use crate::error::ReformError;
 use crate::process_group::builder::{connect, Setup};
 use crate::process_group::state::GROUP_PREFIX;
@@ -199,6 +200,39 @@ impl ProcessGroup {
             members: roster.members.clone(),
             source: Box::new(e),
         })?;
+        // NCCL: the survivors' communicator from the old one where only
+        // ranks were lost and every member can shrink it.
+        let lost: Vec<usize> = if roster.joiners.is_empty() {
+            (0..size)
+                .filter(|r| roster.new_rank(*r).is_none())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let carried = nccl::carry_over(
+            &g.nccl,
+            &new.inner.nccl,
+            new.inner.nccl.store(),
+            roster.world.len(),
+            &lost,
+            grace + STORE_SLACK,
+            g.timeout,
+        )
+        .await
+        .map_err(|e| ReformError::Connect {
+            group: old.clone(),
+            rank: me,
+            epoch,
+            members: roster.members.clone(),
+            source: Box::new(crate::Error::Setup {
+                group: new.name().to_string(),
+                rank,
+                msg: format!("carrying the NCCL communicator over to the new group failed: {e}"),
+            }),
+        })?;
+        if let nccl::Carried::Shrunk { device, took } = carried {
+            tracing::info!(group = %old, epoch, device, ?took, lost = ?lost, "NCCL communicator shrunk for the new group");
+        }
         // The job's rendezvous (and the store it may host) lives on with
         // the new group.
         let rdv = g

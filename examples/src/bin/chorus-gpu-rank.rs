@@ -1,6 +1,7 @@
 //! A rank program for chorus's multi-GPU checks of the NCCL backend: started
-//! by `chorus-run`, one process per GPU (device = `LOCAL_RANK`), it runs one
-//! scenario and reports on stdout. Not an example to copy.
+//! by `chorus-run`, one process per GPU (device = `LOCAL_RANK`), or several
+//! on one GPU (`chorus-run --share-gpu`), it runs one scenario and reports
+//! on stdout. Not an example to copy.
 //!
 //! Scenarios (first argument):
 //! * `matrix`: every op (all_reduce / reduce / reduce_scatter × sum prod min
@@ -10,16 +11,33 @@
 //!   reference; then subgroups made by `new_group` (a split of the world
 //!   communicator) doing an all_reduce. Prints `OK rank=R checks=N` or one
 //!   `MISMATCH` line per failed check and `FAIL rank=R ...`.
-//! * `kill`: rank `FAULT_RANK` (default 1) SIGKILLs itself in the middle of a
-//!   large device all_reduce; the survivors' work must fail within the op
-//!   timeout (`FAULT_TIMEOUT_MS`, default 3000). Prints `RESULT rank=R
-//!   kind=K elapsed_ms=MS msg=...`.
 //! * `groups`: a group of mixed collectives and a ring of send/recv (the
 //!   recv staged first) on device buffers, checked against the reference;
 //!   a CUDA graph capturing a group of 4 all_reduces and a send/recv ring,
 //!   replayed 5 times with fresh inputs and checked after each replay; and
 //!   16 × 1 MiB all_reduces issued one by one and as a group (median host
-//!   submit and total µs). Prints `OK rank=R checks=N` or `FAIL ...`.
+//!   submit and total µs over `GROUPS_ITERS` rounds, default 120). Prints
+//!   `OK rank=R checks=N` or `FAIL ...`.
+//! * `seed`: three groups of the same ranks, each running a collective and
+//!   send/recv over every pair, twice: communicator creations counted
+//!   against the design's (one per group for collectives, one per pair,
+//!   none on later ops). Prints `SEED` lines, then `OK` or `FAIL`.
+//! * `levels`: the three completion levels across ranks whose inputs are
+//!   ready at different times (enqueued, stream-ordered, GPU-finished).
+//! * `checked` (with `CHORUS_CHECK_OPS=1`): device collectives called
+//!   differently (roots, counts, a group's size) are refused on every rank
+//!   with `Mismatch` before NCCL sees them; the group stays usable.
+//! * `kill` / `stop`: rank `FAULT_RANK` (default 1) SIGKILLs / SIGSTOPs
+//!   itself mid all_reduce; the survivors must fail within the peer
+//!   liveness timeout (`CHORUS_PEER_LIVENESS_MS`) and a second with
+//!   `PeerLost` / `PeerSilent` naming it, re-form without it
+//!   (`FAULT_WINDOW_MS`, default 2000) and pass checked ops on the new
+//!   group. Prints `RESULT` and `REFORM` lines (how the new communicator
+//!   came: `shrunk` or `fresh`). Run under `chorus-run --keep-going`.
+//! * `rejoin`: under `chorus-run --max-restarts 1`, training steps with
+//!   rank `FAULT_RANK` killed in one; the replacement rejoins, and the
+//!   parameters end bit-identical on every rank and equal to the serial
+//!   reference of the steps.
 //! * `busbw`: all_reduce f32 from 8 B to 1 GiB; prints one JSON line per size
 //!   (`bytes`, `median_us` of submit-to-await round trips, `submit_us` the
 //!   median host time of the `all_reduce` call alone, `in_progress` how many
@@ -57,13 +75,31 @@ fn down<T: DeviceElement + Copy>(b: &DeviceBuffer<T>) -> Res<Vec<T>> {
         .map_err(|e| format!("download: {e}"))
 }
 
+#[path = "chorus-gpu-rank/checked.rs"]
+mod checked;
+#[path = "chorus-gpu-rank/faults.rs"]
+mod faults;
+#[path = "chorus-gpu-rank/levels.rs"]
+mod levels;
+#[path = "chorus-gpu-rank/seed.rs"]
+mod seed;
+
 /// Counts checks and records mismatches (all of them, not only the first).
+#[derive(Default)]
 struct Checker {
     checks: usize,
     fails: Vec<String>,
 }
 
 impl Checker {
+    /// A check that is a condition: `what` held, or failed as `detail`.
+    fn count(&mut self, what: String, ok: bool, detail: String) {
+        self.checks += 1;
+        if !ok {
+            self.fails.push(format!("{what}: {detail}"));
+        }
+    }
+
     fn check<T: PartialEq + std::fmt::Debug>(&mut self, what: String, got: &[T], want: &[T]) {
         self.checks += 1;
         if got.len() != want.len() {
@@ -254,10 +290,7 @@ async fn all_dtypes(pg: &ProcessGroup, s: &Stream, len: usize, ck: &mut Checker)
 
 async fn matrix(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     let rank = pg.rank();
-    let mut ck = Checker {
-        checks: 0,
-        fails: Vec::new(),
-    };
+    let mut ck = Checker::default();
     for len in [1usize, 13, 4099, 70_001] {
         all_dtypes(pg, s, len, &mut ck).await?;
     }
@@ -316,10 +349,7 @@ async fn matrix(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
 async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     let (rank, n) = (pg.rank(), pg.size());
     let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
-    let mut ck = Checker {
-        checks: 0,
-        fails: Vec::new(),
-    };
+    let mut ck = Checker::default();
     let e = |what: &'static str| {
         move |r: chorus::Rejected<DeviceBuffer<f32>>| format!("{what}: {}", r.error)
     };
@@ -470,11 +500,15 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..16)
         .map(|_| up(s, &vec![1f32; 262_144]).map(Some))
         .collect::<Res<_>>()?;
+    // `GROUPS_ITERS` (default 120, the first sixth untimed): fewer where
+    // the figures mean nothing (ranks sharing one GPU).
+    let iters = env_num("GROUPS_ITERS", 120).max(2) as usize;
+    let warm = iters / 6;
     for mode in ["sequential", "grouped", "coalesced"] {
         let grouped = mode == "grouped";
         let mut sub = Vec::new();
         let mut tot = Vec::new();
-        for it in 0..120 {
+        for it in 0..iters {
             pg.barrier()
                 .map_err(rej("barrier"))?
                 .await
@@ -490,7 +524,7 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
                 for (slot, b) in bufs.iter_mut().zip(out) {
                     *slot = Some(b);
                 }
-                if it >= 20 {
+                if it >= warm {
                     sub.push((t1 - t0).as_secs_f64() * 1e6);
                     tot.push(t0.elapsed().as_secs_f64() * 1e6);
                 }
@@ -519,7 +553,7 @@ async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
             for (slot, w) in bufs.iter_mut().zip(works) {
                 *slot = Some(w.await.map_err(werr("16x1MiB"))?);
             }
-            if it >= 20 {
+            if it >= warm {
                 sub.push((t1 - t0).as_secs_f64() * 1e6);
                 tot.push(t0.elapsed().as_secs_f64() * 1e6);
             }
@@ -553,65 +587,6 @@ async fn ops_big(pg: &ProcessGroup, s: &Stream, ck: &mut Checker) -> Res<()> {
         &reference::<f32>(4242, size, len, ReduceOp::Sum),
     );
     Ok(())
-}
-
-async fn kill(pg: &ProcessGroup, s: &Stream) -> Res<i32> {
-    let rank = pg.rank();
-    let victim = env_num("FAULT_RANK", 1) as usize;
-    let timeout = Duration::from_millis(env_num("FAULT_TIMEOUT_MS", 3000));
-    let pg = pg.with_timeout(timeout);
-    // Warm up (communicator ready, one op done on both ranks).
-    pg.all_reduce(up(s, &[1.0f32; 1024])?, ReduceOp::Sum)
-        .map_err(rej("warm-up"))?
-        .await
-        .map_err(werr("warm-up"))?;
-    let n = 64 << 20; // 256 MiB of f32
-    let bufs: Vec<DeviceBuffer<f32>> = (0..8)
-        .map(|_| up(s, &vec![1.0f32; n]))
-        .collect::<Res<_>>()?;
-    s.synchronize().map_err(|e| format!("sync: {e}"))?;
-    pg.barrier()
-        .map_err(rej("barrier"))?
-        .await
-        .map_err(werr("barrier"))?;
-    let start = Instant::now();
-    let mut works = Vec::new();
-    for b in bufs {
-        works.push(pg.all_reduce(b, ReduceOp::Sum).map_err(rej("big"))?);
-        if rank == victim {
-            // The victim submits one op, lets it start, and dies.
-            std::thread::sleep(Duration::from_millis(1));
-            println!(
-                "VICTIM rank={rank} pid={} killing itself after {:?}",
-                std::process::id(),
-                start.elapsed()
-            );
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-    let submitted = start.elapsed();
-    let mut done = 0;
-    for w in works {
-        match w.await {
-            Ok(_) => done += 1,
-            Err(e) => {
-                println!(
-                    "RESULT rank={rank} kind={} elapsed_ms={} submitted_us={} ops_done_before={done} timeout_ms={} msg={}",
-                    e.error.kind(),
-                    start.elapsed().as_millis(),
-                    submitted.as_micros(),
-                    timeout.as_millis(),
-                    e.to_string().replace('\n', " ")
-                );
-                return Ok(0);
-            }
-        }
-    }
-    println!(
-        "RESULT rank={rank} kind=none elapsed_ms={} msg=every op succeeded",
-        start.elapsed().as_millis()
-    );
-    Ok(3)
 }
 
 fn median_of(v: &mut [f64]) -> f64 {
@@ -721,6 +696,17 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
         .await
         .map_err(|e| format!("group: {e}"))?;
     let rank = pg.rank();
+    if rank == 0 {
+        match nccl_sys::nccl() {
+            Ok(n) => println!(
+                "NCCL version={} path={} missing_optional={:?}",
+                n.version(),
+                n.path(),
+                n.missing_optional()
+            ),
+            Err(e) => println!("NCCL unavailable: {e}"),
+        }
+    }
     println!(
         "START rank={rank} size={} device={local} pid={} init_ms={}",
         pg.size(),
@@ -728,20 +714,36 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
         t.elapsed().as_millis()
     );
     let code = match scenario {
+        "seed" => report(rank, seed::seed(&pg, &s).await, ""),
+        "levels" => report(rank, levels::levels(&pg, &s, &dev).await, ""),
+        "checked" => report(rank, checked::checked(&pg, &s).await, ""),
+        "kill" | "stop" | "rejoin" => {
+            let run = match scenario {
+                "kill" => faults::kill(&pg, &s).await,
+                "stop" => faults::stop(&pg, &s).await,
+                _ => faults::rejoin(pg.clone(), &s).await,
+            };
+            let (outcome, last) = match run {
+                Ok((ck, last)) => (Ok(ck), last),
+                Err(e) => (Err(e), None),
+            };
+            let code = report(rank, outcome, "");
+            // The failed group is left as it is (its communicators are
+            // aborted); the last group says goodbye.
+            if let Some(last) = last {
+                let t = Instant::now();
+                last.shutdown()
+                    .await
+                    .map_err(|e| format!("shutdown: {e}"))?;
+                println!("SHUTDOWN rank={rank} ms={}", t.elapsed().as_millis());
+            }
+            return Ok(code);
+        }
         "matrix" => report(
             rank,
             matrix(&pg, &s).await,
             &format!(" comms={}", pg.nccl_comms_created()),
         ),
-        "kill" => {
-            let code = kill(&pg, &s).await?;
-            // The peer is gone: leave without the rendezvous' goodbye or the
-            // communicators' teardown (timed separately below).
-            let t = Instant::now();
-            drop(pg);
-            println!("TEARDOWN rank={rank} drop_ms={}", t.elapsed().as_millis());
-            return Ok(code);
-        }
         "groups" => report(rank, groups(&pg, &s).await, ""),
         "busbw" => match busbw(&pg, &s).await {
             Ok(()) => 0,
@@ -751,7 +753,9 @@ async fn main_async(scenario: &str) -> Result<i32, String> {
             }
         },
         other => {
-            eprintln!("unknown scenario '{other}' (matrix, kill, groups, busbw)");
+            eprintln!(
+                "unknown scenario '{other}' (matrix, seed, levels, checked, groups, busbw, kill, stop, rejoin)"
+            );
             2
         }
     };

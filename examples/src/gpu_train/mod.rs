@@ -8,7 +8,8 @@
 //! The run checks itself: the first steps' losses against a CPU reference
 //! of the same model, data and update ([`reference`](mod@reference)), and the
 //! parameters' hash (computed on the GPU after every update) equal on
-//! every rank. `examples/gpu_trainer.rs` is the program;
+//! every rank. `fault_tolerant` trains in steps that survive lost ranks
+//! (`--fault-tolerant`). `examples/gpu_trainer.rs` is the program;
 //! docs/EXAMPLES.md describes what it prints.
 #![allow(unsafe_code)]
 
@@ -16,6 +17,7 @@ pub mod blas;
 pub mod blas_search;
 pub mod data;
 pub mod error;
+pub mod fault_tolerant;
 pub mod kernels;
 pub mod layout;
 pub mod model;
@@ -25,4 +27,5 @@ pub mod timing;
 pub mod train;
 
 pub use error::TrainError;
+pub use fault_tolerant::{parse_kills, train_fault_tolerant, FaultConfig, FaultReport};
 pub use train::{reference_losses, train, Config, Report};

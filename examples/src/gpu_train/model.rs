@@ -130,6 +130,11 @@ impl GpuMlp {
         })
     }
 
+    /// Address of the flat parameter vector.
+    pub fn params_ptr(&self) -> u64 {
+        self.params.ptr
+    }
+
     /// Address of element `i` of the flat gradient.
     pub fn grad_ptr(&self, i: usize) -> u64 {
         self.grads.ptr + 4 * i as u64

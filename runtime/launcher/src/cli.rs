@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use super::share_gpu::SharedGpu;
+
 /// Starts N local ranks of PROGRAM with the torchrun environment (RANK,
 /// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 /// MASTER_PORT), prefixes each output line with `[rank R] `, forwards
@@ -70,6 +72,22 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) max_restarts: u32,
 
+    /// Run every local rank on one GPU (device 0, or --gpu N), to develop
+    /// and test a multi-GPU program on a machine with one GPU. Each rank
+    /// sees that GPU alone (CUDA_VISIBLE_DEVICES, LOCAL_RANK=0) and claims
+    /// a host of its own for NCCL (its own NCCL_HOSTID), which then joins
+    /// the ranks over sockets on loopback (NCCL_SOCKET_IFNAME=lo,
+    /// NCCL_IB_DISABLE=1) and time-shares the GPU between them: the
+    /// results are real, the timings mean nothing about speed. CHORUS_SHARE_GPU=1
+    /// tells the ranks. Single node only.
+    #[arg(long)]
+    pub(crate) share_gpu: bool,
+
+    /// The GPU --share-gpu puts every rank on: an index into the inherited
+    /// CUDA_VISIBLE_DEVICES if set, else a device number.
+    #[arg(long, value_name = "N", requires = "share_gpu")]
+    pub(crate) gpu: Option<u32>,
+
     /// The program to run and its arguments (after `--`).
     #[arg(
         value_name = "PROGRAM",
@@ -101,12 +119,21 @@ pub(crate) struct Plan {
     /// The launcher serves the store (node 0's hosts it, the others' ranks
     /// connect to it); false: rank 0 does.
     pub(crate) launcher_store: bool,
+    /// Every rank on this one GPU (`--share-gpu`).
+    pub(crate) shared_gpu: Option<SharedGpu>,
 }
 
 impl Plan {
     /// Checks the arguments and fills in the defaults (master address, free
     /// port on a single node).
     pub(crate) fn from_args(args: &Args) -> Result<Plan, String> {
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        Plan::with_visible_devices(args, visible.as_deref())
+    }
+
+    /// [`from_args`](Self::from_args) with the inherited
+    /// `CUDA_VISIBLE_DEVICES` given.
+    pub(crate) fn with_visible_devices(args: &Args, visible: Option<&str>) -> Result<Plan, String> {
         if args.node_rank >= args.nnodes {
             return Err(format!(
                 "--node-rank {} is not below --nnodes {}",
@@ -124,6 +151,17 @@ impl Plan {
             return Err("--nnodes times --nproc-per-node is too large".into());
         }
         let multi = args.nnodes > 1;
+        let shared_gpu = match (args.share_gpu, multi) {
+            (false, _) => None,
+            (true, true) => {
+                return Err(
+                    "--share-gpu puts the ranks of one host on one GPU, over loopback: use it \
+                     with --nnodes 1"
+                        .into(),
+                )
+            }
+            (true, false) => Some(SharedGpu::new(args.gpu.unwrap_or(0), visible)?),
+        };
         let master_addr = match (&args.master_addr, multi) {
             (Some(a), _) => a.clone(),
             (None, false) => "127.0.0.1".to_string(),
@@ -149,6 +187,7 @@ impl Plan {
             master_addr,
             master_port,
             launcher_store: !args.rank0_store,
+            shared_gpu,
         })
     }
 
@@ -181,7 +220,7 @@ impl Plan {
     /// The environment of local rank `local` (torchrun's names), started
     /// for the `restarts`-th time after failures (0: its first start).
     pub(crate) fn rank_env(&self, local: u32, restarts: u32) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             (RESTARTS_VAR, restarts.to_string()),
             ("RANK", self.rank(local).to_string()),
             (
@@ -207,7 +246,16 @@ impl Plan {
                 }
                 .to_string(),
             ),
-        ]
+        ];
+        if let Some(gpu) = &self.shared_gpu {
+            for (k, v) in gpu.rank_env(self.rank(local)) {
+                match env.iter_mut().find(|(name, _)| *name == k) {
+                    Some(slot) => slot.1 = v,
+                    None => env.push((k, v)),
+                }
+            }
+        }
+        env
     }
 }
 
@@ -329,6 +377,71 @@ mod tests {
             assert!(env.contains(&(STORE_HOST_VAR, "launcher".to_string())));
             assert!(env.contains(&("MASTER_PORT", "29500".to_string())));
         }
+    }
+
+    #[test]
+    fn share_gpu_puts_every_local_rank_on_one_gpu_with_its_own_host() {
+        let a = parse(&["--nproc-per-node", "3", "--share-gpu", "prog"]).unwrap();
+        let p = Plan::with_visible_devices(&a, None).unwrap();
+        let envs: Vec<_> = (0..3).map(|l| p.rank_env(l, 0)).collect();
+        let get = |env: &[(&'static str, String)], k: &str| {
+            let hits: Vec<_> = env.iter().filter(|(n, _)| *n == k).collect();
+            assert_eq!(hits.len(), 1, "{k} set {} times", hits.len());
+            hits[0].1.clone()
+        };
+        for (l, env) in envs.iter().enumerate() {
+            assert_eq!(get(env, "RANK"), l.to_string());
+            assert_eq!(get(env, "LOCAL_RANK"), "0");
+            assert_eq!(get(env, "LOCAL_WORLD_SIZE"), "3");
+            assert_eq!(get(env, "CUDA_VISIBLE_DEVICES"), "0");
+            assert_eq!(get(env, "NCCL_SOCKET_IFNAME"), "lo");
+        }
+        let hosts: std::collections::BTreeSet<String> =
+            envs.iter().map(|e| get(e, "NCCL_HOSTID")).collect();
+        assert_eq!(hosts.len(), 3);
+        // A replacement claims the same host as the rank it replaces.
+        assert_eq!(
+            get(&p.rank_env(1, 2), "NCCL_HOSTID"),
+            get(&envs[1], "NCCL_HOSTID")
+        );
+
+        let a = parse(&["--nproc-per-node", "2", "--share-gpu", "--gpu", "1", "prog"]).unwrap();
+        let p = Plan::with_visible_devices(&a, Some("6,7")).unwrap();
+        assert!(p
+            .rank_env(0, 0)
+            .contains(&("CUDA_VISIBLE_DEVICES", "7".to_string())));
+        assert!(Plan::with_visible_devices(&a, Some("6"))
+            .unwrap_err()
+            .contains("--gpu 1"));
+
+        // Without the flag nothing changes.
+        let a = parse(&["--nproc-per-node", "2", "prog"]).unwrap();
+        let p = Plan::with_visible_devices(&a, None).unwrap();
+        assert!(p.shared_gpu.is_none());
+        assert!(!p.rank_env(1, 0).iter().any(|(k, _)| *k == "NCCL_HOSTID"));
+        assert!(p.rank_env(1, 0).contains(&("LOCAL_RANK", "1".to_string())));
+    }
+
+    #[test]
+    fn share_gpu_is_refused_where_it_cannot_work() {
+        // --gpu needs --share-gpu.
+        assert!(parse(&["--nproc-per-node", "2", "--gpu", "1", "prog"]).is_err());
+        let a = parse(&[
+            "--nproc-per-node",
+            "2",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "n0",
+            "--master-port",
+            "29500",
+            "--share-gpu",
+            "prog",
+        ])
+        .unwrap();
+        assert!(Plan::with_visible_devices(&a, None)
+            .unwrap_err()
+            .contains("--nnodes 1"));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 mod cli;
 mod output;
+mod share_gpu;
 mod supervise;
 
 use std::ffi::OsString;

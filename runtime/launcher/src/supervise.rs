@@ -140,6 +140,9 @@ pub(crate) async fn run(args: Args, mut plan: Plan) -> i32 {
         }
     };
 
+    if let Some(gpu) = &plan.shared_gpu {
+        log(&gpu.warning(plan.nproc_per_node));
+    }
     let mut alive: BTreeMap<u32, Pid> = BTreeMap::new();
     let mut waits = FuturesUnordered::new();
     let mut pumps = Vec::new();

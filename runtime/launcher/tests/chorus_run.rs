@@ -134,6 +134,59 @@ fn ranks_get_the_torchrun_environment() {
 }
 
 #[test]
+fn share_gpu_gives_every_rank_the_one_gpu_and_a_host_of_its_own() {
+    let o = run(&[
+        "--nproc-per-node",
+        "3",
+        "--share-gpu",
+        "--",
+        "sh",
+        "-c",
+        "echo $RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $CUDA_VISIBLE_DEVICES $NCCL_HOSTID $NCCL_SOCKET_IFNAME $NCCL_IB_DISABLE $CHORUS_SHARE_GPU",
+    ]);
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    let mut got: Vec<&str> = o.stdout.lines().map(|l| split_prefix(l).1).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "0 0 3 0 chorus-shared-gpu-rank0 lo 1 1",
+            "1 0 3 0 chorus-shared-gpu-rank1 lo 1 1",
+            "2 0 3 0 chorus-shared-gpu-rank2 lo 1 1",
+        ]
+    );
+    // Said once, before the ranks start, that the figures mean nothing.
+    let warned: Vec<&str> = o
+        .stderr
+        .lines()
+        .filter(|l| l.contains("--share-gpu") && l.contains("timings mean nothing"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", o.stderr);
+
+    // --gpu picks from the inherited visible devices.
+    let mut c = launcher(&[
+        "--nproc-per-node",
+        "2",
+        "--share-gpu",
+        "--gpu",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo $CUDA_VISIBLE_DEVICES",
+    ]);
+    c.env("CUDA_VISIBLE_DEVICES", "3,5");
+    let child = c.spawn().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| split_prefix(l).1.to_string())
+        .collect();
+    assert_eq!(lines, ["5", "5"]);
+}
+
+#[test]
 fn single_node_default_master_is_loopback_with_a_port() {
     let o = run(&[
         "--nproc-per-node",

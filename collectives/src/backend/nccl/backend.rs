@@ -22,6 +22,7 @@ use super::options::NcclOptions;
 use crate::backend::checked::{signature_of, Checker};
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
+use crate::liveness::{PeerWitness, Report};
 use crate::sequence::Sequencer;
 
 /// The NCCL side of one group.
@@ -36,6 +37,12 @@ pub(crate) struct NcclBackend {
     /// The checked mode: every launch's signatures compared across ranks
     /// before it reaches NCCL.
     pub(crate) checker: Option<Checker>,
+    /// Names the peer behind an error NCCL reports without naming it (a
+    /// group of several ranks with peer liveness on).
+    witness: Option<Arc<PeerWitness>>,
+    /// How long shrinking the predecessor's communicator took, if this
+    /// group's came from a shrink (see `carry`).
+    pub(super) shrunk: Mutex<Option<Duration>>,
 }
 
 impl fmt::Debug for NcclBackend {
@@ -56,7 +63,6 @@ impl NcclBackend {
         store: Arc<dyn Store>,
         opts: NcclOptions,
         timeout: Duration,
-        checker: Option<Checker>,
     ) -> NcclBackend {
         let factory = NcclFactory::new(group.clone(), rank, size, store, opts, timeout);
         NcclBackend {
@@ -65,8 +71,35 @@ impl NcclBackend {
             live: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
             hot: std::sync::RwLock::new(Vec::new()),
-            checker,
+            checker: None,
+            witness: None,
+            shrunk: Mutex::new(None),
         }
+    }
+
+    /// The group's store (its namespace of the job's store).
+    pub(crate) fn store(&self) -> Arc<dyn Store> {
+        self.cache.factory().store()
+    }
+
+    /// How long shrinking the predecessor's communicator took, if this
+    /// group's collective communicator came from a shrink.
+    pub(crate) fn shrunk(&self) -> Option<Duration> {
+        *self.shrunk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The backend in the checked mode: every launch's signatures are
+    /// compared across ranks by `checker` before it reaches NCCL.
+    pub(crate) fn checked(mut self, checker: Option<Checker>) -> NcclBackend {
+        self.checker = checker;
+        self
+    }
+
+    /// The backend with the witness that names the peer behind an NCCL
+    /// error that names none.
+    pub(crate) fn witnessed(mut self, witness: Option<Arc<PeerWitness>>) -> NcclBackend {
+        self.witness = witness;
+        self
     }
 
     /// How many communicators this group created (successful or not).
@@ -161,7 +194,11 @@ impl NcclBackend {
     }
 
     /// The watchdog's check: the first asynchronous error of a live
-    /// communicator.
+    /// communicator. An error that says a peer failed without naming it
+    /// goes to the group's witness first, and is held back while the
+    /// group's liveness task looks for the peer in the store (it then
+    /// fails the group with `PeerLost` naming it); it is reported as it
+    /// is once that search found every peer alive.
     pub(super) fn first_async_error(&self) -> Option<String> {
         let live: Vec<Arc<Communicator>> = self
             .live
@@ -175,13 +212,37 @@ impl NcclBackend {
                 continue;
             }
             if let Err(e) = c.async_state() {
-                return Some(format!(
-                    "NCCL communicator on device {}: {e}",
-                    c.device().ordinal()
-                ));
+                let msg = format!("NCCL communicator on device {}: {e}", c.device().ordinal());
+                if let (Some(w), true) = (&self.witness, e.is_peer_failure()) {
+                    if w.report(&msg, Instant::now()) == Report::Hold {
+                        return None;
+                    }
+                }
+                return Some(msg);
             }
         }
         None
+    }
+
+    /// The group's collective communicators handed out so far (aborted
+    /// ones too).
+    pub(super) fn collectives(&self) -> Vec<Arc<Communicator>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(k, _)| !k.is_p2p())
+            .filter_map(|(_, w)| w.upgrade())
+            .collect()
+    }
+
+    /// Frees the revoked communicators kept for a shrink that will not come.
+    pub(super) fn release_revoked(&self) {
+        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Some(c) = w.upgrade() {
+                c.abort_revoked();
+            }
+        }
     }
 
     /// Aborts every communicator of the group; they stay cached, marked

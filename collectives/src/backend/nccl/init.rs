@@ -15,7 +15,7 @@ use chorus_gpu::cuda::Device;
 use chorus_gpu::nccl::{self as gnccl, CommOptions, Communicator, NcclCommError, PendingComm};
 use chorus_store::Store;
 
-use super::options::NcclOptions;
+use super::options::{NcclOptions, ReformComms};
 
 /// Why a communicator could not be created.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -93,6 +93,11 @@ impl NcclFactory {
         }
     }
 
+    /// The group's store.
+    pub(super) fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
     /// Notes that `key`'s communicator is for device `dev` (pair keys do
     /// not name it).
     pub(super) fn note_device(&self, key: &CommKey, dev: u32) {
@@ -144,6 +149,10 @@ impl CommFactory for NcclFactory {
         let store = self.store.clone();
         let opts = CommOptions {
             priority: self.opts.stream_priority,
+            // The group's collective communicator is revoked on abort
+            // where a re-form may shrink it.
+            keep_for_shrink: matches!(key, CommKey::Devices(_))
+                && self.opts.reform == ReformComms::Shrink,
         };
         let timeout = self.timeout;
         let blocking_ops = self.opts.blocking_ops;
@@ -202,7 +211,7 @@ async fn blocking_twin(
 /// Runs `f`, a call that may block until every rank made it (a split of a
 /// blocking communicator), on a thread of its own; after `timeout` aborts
 /// `parent`, which ends that wait, and fails.
-async fn off_thread<T: Send + 'static>(
+pub(super) async fn off_thread<T: Send + 'static>(
     parent: &Arc<Communicator>,
     timeout: Duration,
     f: impl FnOnce() -> Result<T, NcclCommError> + Send + 'static,
@@ -236,7 +245,7 @@ async fn off_thread<T: Send + 'static>(
 
 /// Calls `poll` until it yields a value, pausing on a timer between calls
 /// (50 µs doubling to 5 ms); [`NcclInitError::Timeout`] after `timeout`.
-async fn poll_backoff<T>(
+pub(super) async fn poll_backoff<T>(
     timeout: Duration,
     mut poll: impl FnMut() -> Result<Option<T>, NcclInitError>,
 ) -> Result<T, NcclInitError> {
@@ -288,6 +297,7 @@ pub(crate) async fn split(
 ) -> Result<Option<Communicator>, NcclInitError> {
     let opts = CommOptions {
         priority: opts.stream_priority,
+        keep_for_shrink: false,
     };
     let rank = parent.rank();
     let t0 = Instant::now();

@@ -21,18 +21,26 @@
 //! * **Groups** (`staged`): the device ops of a [`Group`](crate::Group) as
 //!   one NCCL batch on the collective communicator.
 //!
+//! * **Faults**: NCCL's `ncclRemoteError` names no peer: the group's
+//!   witness holds it back while the liveness task finds the peer whose
+//!   beat stopped (`PeerLost` naming it). A re-form after lost ranks can
+//!   shrink the revoked communicator (`carry`, [`ReformComms`]).
+//!
 //! Files, lowest first: `options` (the settings), `init` (creating
 //! communicators), `backend` (the cache, lookups and the submission of one
-//! op), `staged` (groups), `runs` (the backend interface).
+//! op), `carry` (the communicator of a re-formed group), `staged`
+//! (groups), `runs` (the backend interface).
 
 mod backend;
+mod carry;
 mod init;
 mod options;
 mod runs;
 mod staged;
 
 pub(crate) use backend::{comm_error, device_check, lookup_error, NcclBackend};
+pub(crate) use carry::{carry_over, Carried};
 pub(crate) use init::split;
 pub use init::NcclInitError;
-pub use options::NcclOptions;
+pub use options::{NcclOptions, ReformComms};
 pub(crate) use staged::NcclStaged;

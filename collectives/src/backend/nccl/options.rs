@@ -28,6 +28,12 @@ pub struct NcclOptions {
     /// the park and wake-up of the awaiting thread (~5 µs).
     /// `CHORUS_POLL_SPIN_US` sets it from the environment.
     pub poll_spin: Duration,
+    /// How a group re-formed after losing ranks gets its NCCL communicator
+    /// (default [`ReformComms::Fresh`]; `CHORUS_NCCL_REFORM=shrink|fresh`).
+    /// [`ReformComms::Shrink`] also makes an abort keep the group's
+    /// collective communicator (revoked with `ncclCommRevoke` where NCCL
+    /// has it) rather than destroy it, to shrink it later.
+    pub reform: ReformComms,
 }
 
 impl Default for NcclOptions {
@@ -36,6 +42,34 @@ impl Default for NcclOptions {
             stream_priority: StreamPriority::default(),
             blocking_ops: true,
             poll_spin: Duration::from_micros(10),
+            reform: ReformComms::default(),
+        }
+    }
+}
+
+/// How a re-formed group gets its NCCL communicator when only ranks were
+/// lost (`NcclOptions::reform`, `CHORUS_NCCL_REFORM`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReformComms {
+    /// Shrink the old group's communicator (`ncclCommShrink`, NCCL 2.27 or
+    /// later, of the communicator kept at the failure: revoked where NCCL
+    /// has `ncclCommRevoke`, 2.28.7), and initialize a fresh one where that
+    /// is not possible. A group that ranks joined always gets a fresh one.
+    Shrink,
+    /// A fresh communicator with a new unique id, at the new group's first
+    /// device op (lazily, as for a new group).
+    #[default]
+    Fresh,
+}
+
+impl ReformComms {
+    /// `shrink` or `fresh` (`CHORUS_NCCL_REFORM`).
+    pub(crate) fn parse(s: &str) -> Option<ReformComms> {
+        match s.trim() {
+            "shrink" => Some(ReformComms::Shrink),
+            "fresh" => Some(ReformComms::Fresh),
+            _ => None,
         }
     }
 }

@@ -14,6 +14,7 @@ use nccl_sys::Nccl;
 use super::error::{nccl_err, NcclCommError};
 use super::event_pool::{EndEvent, EventPool};
 use super::retire::RetireQueue;
+use super::revoke::{stop, RawComm, RevokedSlot, Stop};
 use crate::cuda::{CudaError, Device, Event, Stream, StreamPriority};
 
 /// Settings of new communicators.
@@ -21,6 +22,12 @@ use crate::cuda::{CudaError, Device, Event, Stream, StreamPriority};
 pub struct CommOptions {
     /// Priority of the communicator's dedicated stream.
     pub priority: StreamPriority,
+    /// On abort, keep the communicator as the parent of a later
+    /// [`Communicator::shrink`] instead of destroying it, where the loaded
+    /// NCCL has `ncclCommShrink`: revoked (`ncclCommRevoke`, its work
+    /// stops at once) where NCCL has that too, else as it is (its work
+    /// stops at the shrink or the drop).
+    pub keep_for_shrink: bool,
 }
 
 /// What the enqueue lock guards.
@@ -51,10 +58,14 @@ pub struct Communicator {
     pub(super) retire: Arc<RetireQueue>,
     aborted: AtomicBool,
     abort_reason: Mutex<Option<String>>,
-    /// Signals when the abort thread's `ncclCommAbort` returned; the drop
-    /// waits for it (bounded), so a process that exits right after an
-    /// abort does not tear NCCL down under a running abort.
-    abort_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Signals when the abort thread's `ncclCommAbort` (or revoke)
+    /// returned; the drop waits for it (bounded), so a process that exits
+    /// right after an abort does not tear NCCL down under a running abort.
+    pub(super) abort_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Keep rather than destroy on abort (see [`CommOptions`]).
+    keep_for_shrink: bool,
+    /// The handle kept by the abort for a shrink.
+    pub(super) revoked: RevokedSlot,
     /// Set while the stream takes part in a CUDA graph capture.
     pub(super) capturing: AtomicBool,
     /// Ops in the last batch launched here: a new batch makes room for as
@@ -105,6 +116,8 @@ impl Communicator {
             aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             abort_done: Mutex::new(None),
+            keep_for_shrink: opts.keep_for_shrink,
+            revoked: RevokedSlot::default(),
             capturing: AtomicBool::new(false),
             batch_len: AtomicUsize::new(0),
         })
@@ -243,8 +256,11 @@ impl Communicator {
         Ok(false)
     }
 
-    /// Aborts the communicator (`ncclCommAbort`): its ops in flight stop, and
-    /// every later use fails with [`NcclCommError::Aborted`]. Idempotent.
+    /// Aborts the communicator: its ops in flight stop (`ncclCommAbort`;
+    /// with [`CommOptions::keep_for_shrink`] it is kept as the parent of a
+    /// [`shrink`](Self::shrink) instead, see there), and every later use
+    /// fails with [`NcclCommError::Aborted`]. Idempotent; returns at once
+    /// (NCCL's call runs on a thread of its own).
     pub fn abort(&self, reason: &str) {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
@@ -252,26 +268,26 @@ impl Communicator {
         *self.abort_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
         let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if !comm.is_null() {
+            let how = match (self.keep_for_shrink, self.nccl.ncclCommShrink) {
+                (true, Some(_)) => Stop::Keep(self.nccl.ncclCommRevoke),
+                _ => Stop::Abort,
+            };
             tracing::warn!(
                 device = self.device.ordinal(),
                 reason,
+                how = ?how,
                 "aborting NCCL communicator"
             );
             // ncclCommAbort can block until the communicator's stream drains
-            // (e.g. behind a producer stream that never completes): run it
+            // (e.g. behind a producer stream that never completes), and a
+            // blocking communicator's revoke until it is quiet: run either
             // on its own thread so the caller (a timed-out blocking wait, the
             // watchdog) returns at once. The communicator is already unusable.
-            struct Raw(ncclComm_t, &'static Nccl);
-            // SAFETY: the handle is owned by this value alone from here on.
-            unsafe impl Send for Raw {}
-            let raw = Raw(comm, self.nccl);
+            let (nccl, raw, slot) = (self.nccl, RawComm(comm), self.revoked.clone());
+            let device = self.device.ordinal() as i32;
             let (tx, rx) = std::sync::mpsc::channel();
             let run = move || {
-                let raw = raw;
-                // SAFETY: `raw.0` is live and no longer reachable through
-                // the communicator; ncclCommAbort may be called while other
-                // threads are inside NCCL calls on it.
-                unsafe { (raw.1.ncclCommAbort)(raw.0) };
+                stop(nccl, raw, how, &slot, device);
                 let _ = tx.send(());
             };
             match std::thread::Builder::new()
@@ -354,6 +370,16 @@ impl Drop for Communicator {
                     "ncclCommAbort has not returned; leaving it running"
                 );
             }
+        }
+        if let Some(kept) = self
+            .revoked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // Kept for a shrink that never came.
+            // SAFETY: the handle is exclusively ours (taken from the slot).
+            unsafe { (self.nccl.ncclCommAbort)(kept.raw.0) };
         }
         let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if comm.is_null() {

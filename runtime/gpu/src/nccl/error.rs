@@ -65,6 +65,16 @@ chorus_core::debug_shows_message!(NcclCommError {
     Timeout { what, after },
 });
 
+impl NcclCommError {
+    /// Whether this is NCCL's word for a peer that went away
+    /// (`ncclRemoteError`, or a socket error: `ncclSystemError`), which
+    /// never says which peer.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(self, NcclCommError::Nccl { code, .. }
+            if *code == ncclResult_t::ncclRemoteError.0 || *code == ncclResult_t::ncclSystemError.0)
+    }
+}
+
 /// The NCCL library this process loads (found once, then cached): its
 /// path and version, `(major, minor, patch)`.
 ///

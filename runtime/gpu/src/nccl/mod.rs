@@ -18,10 +18,14 @@
 //!   handed to the completion [`reactor`](crate::reactor).
 //! * [`Batch`]: several ops in one NCCL group; [`GraphCapture`] /
 //!   [`Graph`]: CUDA graph capture of NCCL ops.
+//! * Faults: an aborted communicator's work stops through `ncclCommAbort`,
+//!   or it is kept (revoked with `ncclCommRevoke` where NCCL has it) for
+//!   [`Communicator::shrink`] (`ncclCommShrink`): the survivors' next
+//!   communicator without a new unique id (`revoke`, `shrink`).
 //!
 //! Files, lowest first (each uses only those before it): `error`, `types`,
 //! `buffer`, `event_pool`, `progress`, `retire`, `watch`, `inflight`,
-//! `communicator`, `init`, `enqueue`, `batch`, `graph`.
+//! `revoke`, `communicator`, `init`, `shrink`, `enqueue`, `batch`, `graph`.
 
 mod batch;
 mod buffer;
@@ -36,6 +40,8 @@ mod init;
 mod items;
 mod progress;
 mod retire;
+mod revoke;
+mod shrink;
 pub(crate) mod types;
 mod watch;
 
