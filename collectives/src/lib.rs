@@ -38,7 +38,10 @@
 //!
 //! Inside: `sequence` (a group's identity, registry and submission lock),
 //! `backend` (the backend interface, and the TCP and NCCL backends),
-//! `buffer` (the routing), `grouped`.
+//! `buffer` (the routing), `grouped`; `work` and `device_work` ([`Work`]
+//! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
+//! liveness through the store); `nccl_library` ([`nccl_library`],
+//! [`use_nccl_library`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so

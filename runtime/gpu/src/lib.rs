@@ -9,7 +9,8 @@
 //!   [`nccl::Batch`]: several ops in one NCCL group; [`nccl::GraphCapture`]:
 //!   CUDA graph capture of NCCL ops.
 //! * [`reactor`]: the completion reactor thread that completes GPU ops
-//!   when their end event completes.
+//!   when their end event completes; `bell`: its sleep, which other
+//!   threads end or shorten.
 //! * [`placement`]: which side of the machine a buffer type lives on, the
 //!   compile-time switch by which chorus picks a backend.
 //! * `config`: the settings this layer reads from the environment.
