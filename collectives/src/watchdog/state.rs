@@ -9,6 +9,8 @@ use super::alarm::Alarm;
 use super::config::WatchdogConfig;
 use super::watched::WatchedGroup;
 
+/// The watchdog of this process: its settings, the groups it watches, its
+/// counters and its next wake-up.
 pub(super) struct State {
     pub(super) config: WatchdogConfig,
     pub(super) groups: Mutex<Vec<WatchedGroup>>,

@@ -18,6 +18,8 @@ use super::policy::apply;
 use super::state::{State, PENDING_CONFIG, STATE};
 use super::watched::{AsyncErrorCheck, WatchedGroup};
 
+/// The watchdog of this process, made (and its threads started, unless it
+/// is switched off) on first use.
 fn state() -> &'static Arc<State> {
     STATE.get_or_init(|| {
         let config = PENDING_CONFIG
