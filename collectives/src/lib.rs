@@ -38,7 +38,10 @@
 //!
 //! Inside: `sequence` (a group's identity, registry and submission lock),
 //! `backend` (the backend interface, and the TCP and NCCL backends),
-//! `buffer` (the routing), `grouped`.
+//! `buffer` (the routing), `grouped`; `work` and `device_work` ([`Work`]
+//! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
+//! liveness through the store); `nccl_library` ([`nccl_library`],
+//! [`use_nccl_library`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
@@ -52,6 +55,7 @@ mod device_work;
 pub mod error;
 mod grouped;
 mod liveness;
+mod nccl_library;
 pub mod process_group;
 pub mod propagation;
 pub mod recovery;
@@ -77,34 +81,11 @@ pub use chorus_store::{rendezvous, rt, wait_report};
 pub use device_work::DeviceWork;
 pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;
+pub use nccl_library::{nccl_library, use_nccl_library};
 pub use process_group::capture::{Capture, CaptureGroup};
 pub use process_group::group::Group;
 pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_REJOIN_TIMEOUT, DEFAULT_TIMEOUT};
 pub use work::Work;
-
-/// The NCCL library this process loads: its path and version
-/// `(major, minor, patch)`.
-///
-/// # Errors
-///
-/// [`NcclCommError::Unavailable`] naming what was searched when no usable
-/// NCCL loads (set `CHORUS_NCCL_LIBRARY` to its path).
-pub fn nccl_library() -> Result<(String, (u32, u32, u32)), NcclCommError> {
-    chorus_gpu::nccl::library()
-}
-
-/// Makes the library at `path` this process's NCCL, as
-/// `CHORUS_NCCL_LIBRARY` does; call it before the first device op.
-/// Returns what [`nccl_library`] returns.
-///
-/// # Errors
-///
-/// [`NcclCommError::Unavailable`] when that library cannot be used.
-pub fn use_nccl_library(
-    path: impl AsRef<std::path::Path>,
-) -> Result<(String, (u32, u32, u32)), NcclCommError> {
-    chorus_gpu::nccl::use_library(path.as_ref())
-}
 
 /// The job's key-value store: the [`Store`](store::Store) trait, the TCP
 /// server and client, the prefix and in-memory stores, and the client of

@@ -1,4 +1,4 @@
-//! Smoke tests of `examples/async_trainer.rs`: it launches its own ranks,
+//! Smoke tests of `examples/async_trainer/`: it launches its own ranks,
 //! trains at a small size, and must report a falling loss, bit-identical
 //! parameters and its overlap; a rank whose parameters are perturbed must
 //! make it fail loudly.

@@ -1,4 +1,5 @@
-//! `examples/async_trainer.rs --fault-tolerant` under its own `chorus-run
+//! The `async_trainer` example (`examples/async_trainer/`) with
+//! `--fault-tolerant`, under its own `chorus-run
 //! --keep-going --max-restarts N`: ranks SIGKILLed at random steps (rank 0
 //! included, two at once) are restarted and rejoin; the run still halves
 //! its loss and ends with bit-identical parameters on the whole world.

@@ -11,6 +11,8 @@
 //! ```text
 //! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test -p chorus-loom-tests --release
 //! ```
+//!
+//! Files: `fakes` (the shared fakes and the model runner).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

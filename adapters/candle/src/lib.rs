@@ -54,6 +54,10 @@
 //! and [`TensorWork::stream_ordered`], from the thread that runs the
 //! model's candle ops, or give candle a stream of its own with
 //! `Device::new_cuda_with_stream`.
+//!
+//! Files: `group` ([`TensorGroup`]), `work` ([`TensorWork`]), `buffer`
+//! ([`TensorBuffer`]), `dtype` (candle's dtypes as chorus's), `error`
+//! ([`TensorError`]).
 #![deny(unsafe_code)]
 
 mod buffer;

@@ -2,8 +2,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::watchdog::ErrorPolicy;
 use chorus_core::work::OpFuture;
+use chorus_core::Registry;
+use chorus_core::{OpContext, WorkError};
 use chorus_store::InMemoryStore;
+use chorus_store::{Store, StoreError};
 
 /// Bound on every wait in these tests: reaching it is a failure, not a
 /// measurement.

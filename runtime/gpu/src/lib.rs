@@ -10,7 +10,8 @@
 //!   CUDA graph capture of NCCL ops.
 //! * [`reactor`]: completes GPU ops when their end event completes: driver
 //!   waiters that sleep in the driver until an awaited op's end, and the
-//!   reactor thread (pre-wakes, ops nobody awaits).
+//!   reactor thread (pre-wakes, ops nobody awaits); `bell`: the reactor
+//!   thread's sleep, which other threads end or shorten.
 //! * [`placement`]: which side of the machine a buffer type lives on, the
 //!   compile-time switch by which chorus picks a backend.
 //! * `config`: the settings this layer reads from the environment.

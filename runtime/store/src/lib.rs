@@ -44,6 +44,16 @@
 //! ([`ServerOptions::token`], [`ClientOptions::token`], or
 //! `CHORUS_STORE_TOKEN` through their `from_env()`): bind it to the
 //! cluster's private network only, never expose it beyond it.
+//!
+//! # Files
+//!
+//! `config` (the `CHORUS_*` variables of this layer), `error`
+//! ([`StoreError`]), `wire` (the wire format), `io` (socket buffers), `lock`
+//! (locking the tables), `store` ([`Store`]), `memory` ([`InMemoryStore`],
+//! and the table the server serves), `prefix` ([`PrefixStore`]), `server`
+//! ([`TcpStoreServer`]), `client_conn` (a client's connection), `client`
+//! ([`TcpStore`]), `torch` ([`TorchStore`]), [`rendezvous`], [`rt`],
+//! [`wait_report`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

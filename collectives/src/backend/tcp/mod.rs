@@ -193,6 +193,18 @@
 //! at 128 KiB): the crossover is 64 KiB. Chunks of 256 KiB gave the best
 //! 16 MiB bandwidth for 2 and 4 ranks (64 KiB: more syscalls and wake-ups;
 //! 1 MiB: more cache misses).
+//!
+//! # Files
+//!
+//! `options` ([`TcpOptions`]), `wire` (the handshake and the header of every
+//! frame), `notice` (the fault notice a failing rank sends its peers), `pool`
+//! (recycled receive buffers), `shm` (the shared-memory data plane), `halves`
+//! (a connection's two halves), `conn` (the connections: readers and write
+//! sides), `state` (what the handle, the worker and the readers share),
+//! `request` (one op as the worker receives it), `algo` (the algorithms),
+//! `worker` (the per-group worker), `drive` (a small op on the caller's
+//! thread), `group` (groups), `setup` (building the mesh), `backend`
+//! (`TcpBackend` through the backend interface).
 
 mod algo;
 mod backend;

@@ -1,10 +1,15 @@
 use super::*;
 
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Mutex as StdMutex;
+use std::task::{Context, Poll};
 
 use rand::{Rng, SeedableRng};
+
+use crate::sync::{Arc, Ordering};
 
 /// The communicator the fake factory makes.
 #[derive(Debug)]

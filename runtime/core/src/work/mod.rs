@@ -15,6 +15,10 @@
 //!   of the group with a clear error.
 //! * **Executor-agnostic.** The future only stores a waker; it works under
 //!   tokio, smol or `futures::executor::block_on`.
+//!
+//! Files: `slot` (the completion slot's state machine), `future`
+//! ([`OpFuture`], [`Completer`]), `registry` ([`Registry`]), `batch`
+//! ([`WorkBatch`]), `fanout` ([`Fanout`]).
 
 mod batch;
 mod fanout;

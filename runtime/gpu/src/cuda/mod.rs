@@ -22,6 +22,13 @@
 //!
 //! Nothing here runs unless called, so the TCP backend works on machines
 //! without a GPU.
+//!
+//! Files: `driver` (finding and starting the driver), `library_names` (the
+//! CUDA libraries' file names), `error` ([`CudaError`]), `device`
+//! ([`Device`], stream priorities), `stream` ([`Stream`]), `event`
+//! ([`Event`]); with `test-util`: `hold` (`StreamHold`), `kernels`,
+//! `host_mapped` (`HostSlots`), `gpu_clock` (`GpuClock`), `host_fn`
+//! (`Stream::launch_host_fn`).
 
 mod device;
 mod driver;

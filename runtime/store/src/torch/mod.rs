@@ -8,8 +8,8 @@
 //! lets a chorus program share keys with Python processes of the same job.
 //!
 //! `wire` holds the protocol itself, free of I/O; `conn` runs one
-//! connection; [`TorchStore`] maps the [`Store`](crate::Store) operations
-//! onto it.
+//! connection; `client` ([`TorchStore`]) maps the [`Store`](crate::Store)
+//! operations onto it.
 
 mod client;
 mod conn;

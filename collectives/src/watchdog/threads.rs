@@ -1,179 +1,25 @@
-//! The watchdog: one thread per process that watches every group's in-flight
-//! ops for timeouts and every communicator for asynchronous errors, applies
-//! the group's error policy, and dumps the flight recorder. A second thread,
-//! the heartbeat monitor, notices a watchdog that stopped making progress
-//! (stuck in a driver call) and acts in its place.
-//!
-//! # When it wakes
-//!
-//! The watchdog fails each op at its deadline, not on a beat: it sleeps
-//! until the earliest deadline pending, and every group's registry tells
-//! it each new op's deadline as the op is entered, so one earlier than the
-//! thread's next wake-up brings that wake-up forward (`alarm`). The
-//! backends' asynchronous-error checks run every
-//! [`WatchdogConfig::interval`]. A job whose ops end in time wakes the
-//! thread once per interval, whatever its rate of ops.
-//!
-//! Both threads are chorus's own: a blocked user executor cannot stop error
-//! detection.
-//!
-//! # Heartbeat monitor
-//!
-//! The watchdog counts its rounds (the heartbeat, [`stats`]`().rounds`). The
-//! monitor wakes every quarter of [`WatchdogConfig::heartbeat_timeout`]; when
-//! the count has not moved for that long (the watchdog is stuck, typically
-//! inside a backend's [`AsyncErrorCheck`] such as `ncclCommGetAsyncError` in
-//! a hung driver), it acts once per stall: it dumps every group's flight
-//! recorder (reason `"heartbeat timeout"`), logs at error level with the
-//! dump's path, and fails every watched group's pending works with
-//! [`WorkError::HeartbeatTimeout`] (its own kind and message, distinct from
-//! an op timeout and from a store timeout). Under [`ErrorPolicy::AbortGroup`]
-//! and [`ErrorPolicy::FailWorks`] the groups are marked failed without
-//! calling the backends' abort (which may be what is stuck);
-//! [`ErrorPolicy::AbortProcess`] aborts the process. The monitor does not
-//! call into the backends at all. Once the watchdog moves again, the
-//! monitor re-arms. `collectives/tests/watchdog_heartbeat.rs` checks this with
-//! a check that blocks.
-//!
-//! # Error propagation
-//!
-//! A group's first error can also be published to its peers through the
-//! store, so that they fail fast with [`WorkError::Remote`] instead of each
-//! waiting out its own timeout: opt-in per group, see
-//! [`crate::propagation`]. The watchdog applies the group's policy to a
-//! peer's failure as to a local one.
-//!
-//! Settings ([`WatchdogConfig`]) come from [`configure`] (before the first
-//! group is watched), or else from the environment
-//! ([`WatchdogConfig::from_env`]: `CHORUS_WATCHDOG_INTERVAL_MS`,
-//! `CHORUS_HEARTBEAT_TIMEOUT_S`, `CHORUS_TRACE_DIR`, `CHORUS_DUMP_ON_SIGUSR1`,
-//! `CHORUS_WATCHDOG`; docs/CONFIG.md). With the watchdog switched off
-//! ([`WatchdogConfig::enabled`]), [`watch`] registers nothing and no thread
-//! is started, so ops time out only through blocking waits such as
-//! `wait_timeout`: meant for measuring the watchdog's overhead, not for
-//! production.
+//! The watchdog and heartbeat threads, started with the first group
+//! watched, and the flight-recorder dumps they (and a failing group, and
+//! SIGUSR1) write.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chorus_core::flight_recorder::{Dump, GroupDump};
 use chorus_core::Registry;
 use chorus_core::{OpContext, WorkError};
 
-mod alarm;
+use super::alarm::Alarm;
+use super::config::{ErrorPolicy, WatchdogConfig};
+use super::policy::apply;
+use super::state::{State, PENDING_CONFIG, STATE};
+use super::watched::{AsyncErrorCheck, WatchedGroup};
 
-use alarm::Alarm;
-
-/// What a group does when one of its ops times out or its backend reports an
-/// error.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ErrorPolicy {
-    /// Abort the group's backend (close connections, abort communicators)
-    /// and fail every pending work; later calls fail at once. The default.
-    #[default]
-    AbortGroup,
-    /// Fail only the works that timed out; leave the backend alone.
-    FailWorks,
-    /// Dump the flight recorder and abort the process.
-    AbortProcess,
-}
-
-/// Watchdog settings.
-#[derive(Clone, Debug)]
-pub struct WatchdogConfig {
-    /// How often the watchdog polls the backends' asynchronous errors
-    /// (their detection latency is at most about this, plus the time a
-    /// backend's error check takes). Timeouts do not wait for it: the
-    /// watchdog wakes at each op's deadline.
-    pub interval: Duration,
-    /// How long the watchdog may make no progress before the heartbeat
-    /// monitor acts.
-    pub heartbeat_timeout: Duration,
-    /// Where flight-recorder dumps are written.
-    pub dump_dir: PathBuf,
-    /// Dump every group's recorder when the process receives SIGUSR1.
-    pub dump_on_sigusr1: bool,
-    /// Whether the watchdog runs at all (`CHORUS_WATCHDOG=0` turns it off:
-    /// no thread, no group watched, no timeout or async-error detection).
-    pub enabled: bool,
-}
-
-impl Default for WatchdogConfig {
-    /// Error checks every 100 ms (as PyTorch's watchdog), a 60 s heartbeat
-    /// timeout, dumps into the system temp folder, a dump on SIGUSR1, the
-    /// watchdog on.
-    fn default() -> Self {
-        WatchdogConfig {
-            interval: Duration::from_millis(100),
-            heartbeat_timeout: Duration::from_secs(60),
-            dump_dir: std::env::temp_dir(),
-            dump_on_sigusr1: true,
-            enabled: true,
-        }
-    }
-}
-
-/// A backend's asynchronous error check (NCCL: `ncclCommGetAsyncError` on
-/// each communicator). Returns the error text if the backend has failed.
-pub type AsyncErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
-
-/// A group the watchdog watches.
-pub struct WatchedGroup {
-    /// Group name.
-    pub name: Arc<str>,
-    /// This process's rank in the group.
-    pub rank: usize,
-    /// Number of ranks in the group.
-    pub size: usize,
-    /// The group's registry; the watchdog forgets the group once it is gone.
-    pub registry: Weak<Registry>,
-    /// What to do on timeout or error.
-    pub policy: ErrorPolicy,
-    /// The backend's asynchronous error check, if it has one.
-    pub check: Option<AsyncErrorCheck>,
-}
-
-impl std::fmt::Debug for WatchedGroup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WatchedGroup")
-            .field("name", &self.name)
-            .field("rank", &self.rank)
-            .field("policy", &self.policy)
-            .finish()
-    }
-}
-
-struct State {
-    config: WatchdogConfig,
-    groups: Mutex<Vec<WatchedGroup>>,
-    /// Incremented by the watchdog on every round.
-    heartbeat: AtomicU64,
-    /// Global rank used to name this process's dump.
-    process_rank: AtomicU64,
-    timeouts: AtomicU64,
-    errors: AtomicU64,
-    /// Rounds are skipped while set (benchmarks' in-process A/B only).
-    paused: std::sync::atomic::AtomicBool,
-    /// The watchdog thread's next wake-up, brought forward by deadlines.
-    alarm: Alarm,
-}
-
-static STATE: OnceLock<Arc<State>> = OnceLock::new();
-static PENDING_CONFIG: Mutex<Option<WatchdogConfig>> = Mutex::new(None);
-
-/// Sets the watchdog's settings. Takes effect only before the first group is
-/// watched; returns false if the watchdog already runs.
-pub fn configure(config: WatchdogConfig) -> bool {
-    if STATE.get().is_some() {
-        return false;
-    }
-    *PENDING_CONFIG.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
-    true
-}
-
+/// The watchdog of this process, made (and its threads started, unless it
+/// is switched off) on first use.
 fn state() -> &'static Arc<State> {
     STATE.get_or_init(|| {
         let config = PENDING_CONFIG
@@ -267,32 +113,10 @@ pub fn watch(group: WatchedGroup) {
         .push(group);
 }
 
-/// Counters of what the watchdog has done in this process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WatchdogStats {
-    /// Rounds completed (the heartbeat).
-    pub rounds: u64,
-    /// Ops failed for timeout.
-    pub timeouts: u64,
-    /// Backend errors acted on.
-    pub errors: u64,
-}
-
 /// Whether the watchdog runs (false when switched off by `CHORUS_WATCHDOG=0`
 /// or [`WatchdogConfig::enabled`]). Starts it if it has not started yet.
 pub fn enabled() -> bool {
     state().config.enabled
-}
-
-/// What the watchdog has done so far (zeros if it never started).
-pub fn stats() -> WatchdogStats {
-    STATE
-        .get()
-        .map_or_else(WatchdogStats::default, |st| WatchdogStats {
-            rounds: st.heartbeat.load(Ordering::Relaxed),
-            timeouts: st.timeouts.load(Ordering::Relaxed),
-            errors: st.errors.load(Ordering::Relaxed),
-        })
 }
 
 /// Writes every watched group's flight recorder into one JSON file for this
@@ -495,39 +319,6 @@ fn group_round(
     tracing::error!(group = %name, error = %err, dump = %path, ?policy, "op timed out");
     apply(policy, reg, &err, &expired);
     next
-}
-
-fn apply(
-    policy: ErrorPolicy,
-    reg: &Registry,
-    err: &WorkError,
-    expired: &[(u64, OpContext, Duration)],
-) {
-    match policy {
-        ErrorPolicy::AbortGroup => {
-            reg.abort(err);
-        }
-        ErrorPolicy::FailWorks => {
-            if expired.is_empty() {
-                reg.fail_all(err);
-            }
-            for (id, ctx, after) in expired {
-                let e = match err {
-                    WorkError::OpTimeout { .. } => WorkError::OpTimeout {
-                        ctx: ctx.clone(),
-                        after: *after,
-                    },
-                    other => other.for_op(ctx.clone()),
-                };
-                reg.fail_one(*id, e);
-            }
-        }
-        ErrorPolicy::AbortProcess => {
-            tracing::error!(error = %err, "error policy AbortProcess: aborting the process");
-            eprintln!("chorus: aborting the process: {err}");
-            std::process::abort();
-        }
-    }
 }
 
 fn heartbeat_loop(st: &Arc<State>) {

@@ -38,7 +38,7 @@
 //! the data over the new world size and go on; a rank that `chorus-run
 //! --max-restarts` restarted rejoins and takes the parameters from the lowest
 //! surviving rank by broadcast before its first step (see
-//! `async_trainer/fault_tolerant.rs`). It prints the failures seen, the world
+//! `fault_tolerant.rs`). It prints the failures seen, the world
 //! size of every epoch of the group, and the time from each failure to the
 //! first step on the next epoch.
 //!
@@ -67,7 +67,6 @@
 //!   communication threads compete with the compute for the CPU.
 #![forbid(unsafe_code)]
 
-#[path = "async_trainer/fault_tolerant.rs"]
 mod fault_tolerant;
 
 use std::process::ExitCode;

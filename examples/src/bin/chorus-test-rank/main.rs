@@ -45,13 +45,12 @@
 //!   or `RESULT rank=R kind=Reform msg=...` and exits 1 if it cannot.
 //!
 //! * `grow`: killed ranks come back under `chorus-run --max-restarts` and
-//!   rejoin (see `chorus-test-rank/grow.rs`).
+//!   rejoin (see `grow.rs`).
 //!
 //! Survivors print `RESULT rank=R kind=KIND elapsed_ms=MS msg=...` and exit
 //! 0; a survivor whose op did not fail exits 3.
 #![forbid(unsafe_code)]
 
-#[path = "chorus-test-rank/grow.rs"]
 mod grow;
 
 use nix::sys::signal::Signal;
