@@ -20,6 +20,9 @@
 //! * [`calls`]: the requests of a pipelined client connection that await
 //!   their replies, shared by the caller that reads its own reply and the
 //!   driver on the I/O threads that watches the socket and the clock.
+//! * [`pipe`]: the protocol of a one-way byte pipe in shared memory
+//!   between two processes (the TCP backend's pipes between local ranks):
+//!   who may write which bytes when, and who must wake whom.
 //! * [`relay`]: a future run by a host task on the I/O threads that a
 //!   waiting caller may poll in its stead for a while (the TCP backend's
 //!   worker and readers), with no lost wake-up and no double poll.
@@ -49,6 +52,7 @@ pub mod element;
 pub mod error;
 pub mod flight_recorder;
 pub mod op;
+pub mod pipe;
 pub mod profile;
 pub mod relay;
 pub(crate) mod sync;

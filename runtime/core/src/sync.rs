@@ -8,14 +8,18 @@
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use std::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 }
 
 #[cfg(loom)]
 #[allow(unused_imports)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use loom::sync::atomic::{
+        fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 }
 

@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 
 use super::options::{TcpOptions, MAX_CHUNK};
+use super::pipe_io::{PipeRead, PipeWrite, Sink, Source};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState, Progress};
@@ -150,6 +151,16 @@ impl TcpBackend {
                 msg: format!("cannot take the connection to rank {peer} from tokio: {e}"),
             })?;
             shm_peers += usize::from(c.shm.tx.is_some());
+            // Between mapped segments the frames go through their pipes;
+            // the socket carries doorbells and the end (see `pipe_io`).
+            let rd = match &c.shm.rx {
+                Some(rx) => Source::Pipe(PipeRead::new(rx.pipe(), rd)),
+                None => Source::Socket(rd),
+            };
+            let wr = match &c.shm.tx {
+                Some(tx) => Sink::Pipe(PipeWrite::new(tx.pipe(), wr)),
+                None => Sink::Socket(wr),
+            };
             shm_tx.push(c.shm.tx);
             bcast_ok[peer] = c.shm.bcast_ok;
             let (ctx, crx) = mpsc::unbounded_channel();

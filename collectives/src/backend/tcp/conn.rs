@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::halves::{ReadHalf, WriteHalf};
+use super::pipe_io::{Sink, Source};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -49,7 +49,7 @@ pub(super) struct Frame {
 }
 
 /// The buffered read side of a connection.
-pub(super) type Rd = Box<BufReader<ReadHalf>>;
+pub(super) type Rd = Box<BufReader<Source>>;
 
 /// Shared by a peer's reader task and the worker: lets the worker receive
 /// a frame's payload straight into its destination (no copy through a pool
@@ -152,7 +152,7 @@ async fn read_notice(rd: &mut Rd, peer: usize, hdr: &Header, inner: &Inner) -> P
 /// the backend at once (even if no op is waiting on this peer).
 pub(super) async fn reader(
     peer: usize,
-    rd: ReadHalf,
+    rd: Source,
     coll: UnboundedSender<Incoming>,
     p2p: UnboundedSender<Frame>,
     shm: Option<shm::Rx>,
@@ -269,7 +269,7 @@ pub(super) async fn reader(
 
 /// The write side of one connection, used only by the worker.
 pub(super) struct Writer {
-    half: WriteHalf,
+    half: Sink,
     small: Vec<u8>,
     /// A write was stopped in the middle of a frame: the stream is cut,
     /// and nothing more may be written to it.
@@ -287,7 +287,7 @@ impl std::fmt::Debug for Writer {
 const SMALL_WRITE: usize = 16 << 10;
 
 impl Writer {
-    pub(super) fn new(half: WriteHalf) -> Writer {
+    pub(super) fn new(half: Sink) -> Writer {
         Writer {
             half,
             small: Vec::with_capacity(HEADER_LEN + SMALL_WRITE),

@@ -64,7 +64,8 @@ pub(super) fn while_spinning<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-fn spinning() -> bool {
+/// Whether this thread is a caller spinning on a small op.
+pub(super) fn spinning() -> bool {
     SPINNING.with(Cell::get)
 }
 
@@ -307,6 +308,15 @@ impl WriteHalf {
         };
         self.wait.leave();
         Poll::Ready(Ok(n))
+    }
+}
+
+impl WriteHalf {
+    /// Rings the peer's doorbell: one byte, written at once or not at all
+    /// (a full socket holds doorbells the peer has not read yet, which
+    /// wake it as well; a broken one ends the peer's reads anyway).
+    pub(super) fn ring(&self) {
+        let _ = self.wait.sock.write(&[1]);
     }
 }
 

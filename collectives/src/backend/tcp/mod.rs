@@ -214,6 +214,7 @@ mod group;
 mod halves;
 mod notice;
 mod options;
+mod pipe_io;
 mod pool;
 mod request;
 mod setup;

@@ -50,8 +50,10 @@
 //! before, and its mapping stays valid until it drops it.
 
 use std::io;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use chorus_core::pipe::{self, Wake, Words};
 
 /// Bit of a frame header's `shm` field: the slot is in the sender's
 /// broadcast segment (else in the pair's segment).
@@ -70,8 +72,19 @@ const MAX_SLOTS: usize = 32;
 const SEGMENT_BUDGET: usize = 8 << 20;
 /// Size of the header page.
 const PAGE: usize = 4096;
-/// First bytes of a segment ("CHRCSHM1").
-const SEG_MAGIC: u64 = 0x3148_4d53_4352_4843;
+/// First bytes of a segment ("CHRCSHM2": with a pipe).
+const SEG_MAGIC: u64 = 0x3248_4d53_4352_4843;
+/// Bytes of a segment's pipe (after the header page, before the slots).
+pub(super) const PIPE_BYTES: usize = 1 << 20;
+/// Offsets of the pipe's four words in the header page, after the slot
+/// state words, one cache line each: `head`, `tail`, `reader_asleep`,
+/// `writer_asleep` (see `chorus_core::pipe`).
+const PIPE_WORDS: [usize; 4] = [
+    64 + 64 * MAX_SLOTS,
+    128 + 64 * MAX_SLOTS,
+    192 + 64 * MAX_SLOTS,
+    256 + 64 * MAX_SLOTS,
+];
 /// Offset of slot `i`'s state word: one cache line each, after 64 bytes of
 /// layout fields.
 const fn state_off(i: usize) -> usize {
@@ -79,6 +92,9 @@ const fn state_off(i: usize) -> usize {
 }
 
 const FREE: u32 = 0;
+
+/// Offset of the first slot: after the header page and the pipe.
+const SLOTS_AT: usize = PAGE + PIPE_BYTES;
 
 /// Slots per direction for a chunk size.
 pub(super) fn slot_count(chunk_bytes: usize) -> usize {
@@ -139,9 +155,33 @@ impl Segment {
 
     fn slot_ptr(&self, i: usize) -> *mut u8 {
         debug_assert!(i < self.slots);
-        // SAFETY: `PAGE + i * slot_bytes + slot_bytes <= len` for
+        // SAFETY: `SLOTS_AT + i * slot_bytes + slot_bytes <= len` for
         // `i < slots` (checked when mapping), so the result is in bounds.
-        unsafe { self.base.add(PAGE + i * self.slot_bytes) }
+        unsafe { self.base.add(SLOTS_AT + i * self.slot_bytes) }
+    }
+
+    /// The pipe's shared words.
+    fn pipe_words(&self) -> Words<'_> {
+        // SAFETY: every `PIPE_WORDS` offset is below `PAGE <= len`
+        // (`256 + 64 * MAX_SLOTS + 8 <= 4096`) and 8-byte aligned in the
+        // page-aligned mapping; the words are only ever accessed
+        // atomically, by both processes, while `self` (the mapping) lives.
+        let word64 = |off: usize| unsafe { &*self.base.add(off).cast::<AtomicU64>() };
+        // SAFETY: as above, 4-byte aligned.
+        let word32 = |off: usize| unsafe { &*self.base.add(off).cast::<AtomicU32>() };
+        Words {
+            head: word64(PIPE_WORDS[0]),
+            tail: word64(PIPE_WORDS[1]),
+            reader_asleep: word32(PIPE_WORDS[2]),
+            writer_asleep: word32(PIPE_WORDS[3]),
+        }
+    }
+
+    /// The pipe's ring: `PIPE_BYTES` after the header page.
+    fn pipe_ptr(&self) -> *mut u8 {
+        // SAFETY: `PAGE + PIPE_BYTES = SLOTS_AT <= len`, so the ring is in
+        // bounds.
+        unsafe { self.base.add(PAGE) }
     }
 
     /// Maps `fd` (read/write, shared) and checks its layout against what
@@ -151,7 +191,7 @@ impl Segment {
         use std::os::fd::AsRawFd;
         let slots = slot_count(chunk_bytes);
         let sb = slot_bytes(chunk_bytes);
-        let len = PAGE + slots * sb;
+        let len = SLOTS_AT + slots * sb;
         let file = std::fs::File::from(
             fd.try_clone()
                 .map_err(|e| format!("cannot duplicate the segment descriptor: {e}"))?,
@@ -219,7 +259,7 @@ impl Segment {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let slots = slot_count(chunk_bytes);
         let sb = slot_bytes(chunk_bytes);
-        let len = PAGE + slots * sb;
+        let len = SLOTS_AT + slots * sb;
         // SAFETY: the name is a NUL-terminated literal; the result is
         // checked.
         let raw = unsafe {
@@ -340,6 +380,15 @@ impl Tx {
         r.idx as u16
     }
 
+    /// The writing end of this segment's pipe; take it once (the pipe has
+    /// one writer).
+    pub(super) fn pipe(&self) -> PipeTx {
+        PipeTx {
+            seg: self.seg.clone(),
+            tx: pipe::Tx::new(PIPE_BYTES),
+        }
+    }
+
     /// Copies `payload` (at most a slot) into a free slot and marks it
     /// `FULL`; returns the slot, or `None` if every slot is in use (send the
     /// payload through the socket then).
@@ -358,6 +407,15 @@ pub(super) struct Rx {
 }
 
 impl Rx {
+    /// The reading end of this segment's pipe; take it once (the pipe has
+    /// one reader).
+    pub(super) fn pipe(&self) -> PipeRx {
+        PipeRx {
+            seg: self.seg.clone(),
+            rx: pipe::Rx::new(PIPE_BYTES),
+        }
+    }
+
     /// The payload of a frame the peer put in `slot`, `len` bytes long.
     ///
     /// # Errors
@@ -424,6 +482,95 @@ impl Drop for Slot {
         // every reader's reads done (the decrements form a release
         // sequence).
         self.seg.state(self.idx).fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// The writing end of the pipe in this rank's segment to a peer (owned by
+/// the worker, through the connection's write side).
+#[derive(Debug)]
+pub(super) struct PipeTx {
+    seg: Arc<Segment>,
+    tx: pipe::Tx,
+}
+
+impl PipeTx {
+    /// Copies as much of `src` as fits into the pipe and publishes it:
+    /// the bytes taken, and whether the reader sleeps and must be woken.
+    pub(super) fn write(&mut self, src: &[u8]) -> (usize, Wake) {
+        let w = self.seg.pipe_words();
+        let mut done = 0;
+        let mut wake = Wake::None;
+        // At most two pieces: up to the ring's end, then from its start.
+        while done < src.len() {
+            let r = self.tx.space(&w);
+            if r.is_empty() {
+                break;
+            }
+            let n = r.len().min(src.len() - done);
+            // SAFETY: `r` is free space of the ring (`r.end <= PIPE_BYTES`):
+            // by the pipe protocol the reader does not touch it until the
+            // commit below publishes it, and this side is its only writer
+            // (`&mut self`); the mapping lives as long as `self.seg`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src[done..].as_ptr(),
+                    self.seg.pipe_ptr().add(r.start),
+                    n,
+                );
+            }
+            done += n;
+            if self.tx.commit(&w, n) == Wake::Peer {
+                wake = Wake::Peer;
+            }
+        }
+        (done, wake)
+    }
+}
+
+/// The reading end of the pipe in a peer's segment (owned by the reader
+/// task, through the connection's read side).
+#[derive(Debug)]
+pub(super) struct PipeRx {
+    seg: Arc<Segment>,
+    rx: pipe::Rx,
+}
+
+impl PipeRx {
+    /// Copies published bytes into `dst` and gives their room back: the
+    /// bytes read (0: none published).
+    pub(super) fn read(&mut self, dst: &mut [u8]) -> usize {
+        let w = self.seg.pipe_words();
+        let mut done = 0;
+        while done < dst.len() {
+            let r = self.rx.data(&w);
+            if r.is_empty() {
+                break;
+            }
+            let n = r.len().min(dst.len() - done);
+            // SAFETY: `r` holds bytes the writer published (acquire load of
+            // `head` in `data`), which it does not touch again until this
+            // side gives them back below; `r.end <= PIPE_BYTES` keeps it in
+            // the mapping, which `self.seg` keeps alive.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.seg.pipe_ptr().add(r.start),
+                    dst[done..].as_mut_ptr(),
+                    n,
+                );
+            }
+            done += n;
+            // The writer never sleeps for space (it backs off), so what
+            // this frees wakes nobody.
+            let _ = self.rx.consume(&w, n);
+        }
+        done
+    }
+
+    /// Before the reader sleeps for data: whether it may (no data came
+    /// meanwhile; the writer then rings the doorbell after its next
+    /// commit).
+    pub(super) fn sleep(&self) -> bool {
+        self.rx.sleep(&self.seg.pipe_words())
     }
 }
 

@@ -34,7 +34,7 @@ use chorus_core::{DType, ReduceOp};
 /// First bytes of every frame and handshake ("CHRC").
 pub(super) const MAGIC: u32 = 0x4348_5243;
 /// Protocol version, checked in the handshake.
-pub(super) const VERSION: u16 = 1;
+pub(super) const VERSION: u16 = 2;
 /// Size of a frame header.
 pub(super) const HEADER_LEN: usize = 48;
 /// Longest group name accepted in a handshake.
