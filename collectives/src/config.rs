@@ -23,7 +23,7 @@
 //! | `CHORUS_REJOIN_TIMEOUT_MS` | `60000` | [`GroupBuilder::rejoin_timeout`](crate::GroupBuilder::rejoin_timeout) |
 //! | `CHORUS_SHM` | `1` | [`TcpOptions::shared_memory`] |
 //! | `CHORUS_LIVENESS_TIMEOUT_S` | `10` | [`TcpOptions::liveness_timeout`] (`0`: off) |
-//! | `CHORUS_TCP_SPIN_US` | `100` where ranks have a core each, else `0` | [`TcpOptions::caller_spin`] |
+//! | `CHORUS_TCP_SPIN_US` | `100` | [`TcpOptions::caller_spin`] (the caller yields its core between looks where ranks outnumber cores) |
 //! | `CHORUS_NCCL_BLOCKING` | `1` | [`NcclOptions::blocking_ops`] |
 //! | `CHORUS_POLL_SPIN_US` | `10` | [`NcclOptions::poll_spin`] |
 //! | `CHORUS_NCCL_REFORM` | `fresh` | [`NcclOptions::reform`] (`shrink` or `fresh`) |

@@ -186,6 +186,15 @@ impl Rx {
         true
     }
 
+    /// The reader looks at the pipe itself for a while (it spins): the
+    /// writer need not ring. It says [`sleep`](Self::sleep) again before it
+    /// stops looking.
+    pub fn watch(&self, w: &Words<'_>) {
+        if w.reader_asleep.load(Ordering::Relaxed) == ASLEEP {
+            w.reader_asleep.store(AWAKE, Ordering::SeqCst);
+        }
+    }
+
     /// Bytes read so far.
     pub fn read(&self) -> u64 {
         self.tail

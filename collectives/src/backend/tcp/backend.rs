@@ -200,14 +200,16 @@ impl TcpBackend {
             .unwrap_or(0)
             .max(local_peers + 1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let spin = inner.opts.spin_for(local_ranks, cores);
-        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, "TCP backend connected");
+        let spin = inner.opts.spin();
+        let crowded = local_ranks > cores;
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, crowded, "TCP backend connected");
         let driver = Arc::new(drive::Driver::new(
             inner.clone(),
             worker,
             readers,
             handle,
             spin,
+            crowded,
         ));
         Ok(Arc::new(TcpBackend {
             inner,

@@ -18,8 +18,9 @@
 //! A round trip then wakes no thread at all when both ranks' callers are
 //! at the op together; the cost is up to `caller_spin` of the caller's
 //! core per op when a peer comes late. Where this host's ranks outnumber
-//! its cores, a spinning caller would take the core a peer needs, so the
-//! default spin is zero there (only the submit-time poll remains).
+//! its cores, the spinning caller yields its core between looks
+//! (`sched_yield`), so the peer it waits for runs at once, as MPI's polling
+//! progress does.
 //!
 //! docs/ARCHITECTURE.md, "A small TCP op without hand-offs", tells the
 //! whole path.
@@ -37,6 +38,10 @@ use super::halves;
 use super::state::Inner;
 use crate::work::Assist;
 
+/// Spin-loop hints between two looks of a caller with a core of its own
+/// (a fraction of a microsecond).
+const LOOK_SPINS: usize = 64;
+
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
     inner: Arc<Inner>,
@@ -45,6 +50,9 @@ pub(super) struct Driver {
     handle: Handle,
     /// How long an awaiting caller drives a small op itself.
     spin: Duration,
+    /// This host's ranks outnumber its cores: a spinning caller yields its
+    /// core between looks.
+    crowded: bool,
 }
 
 impl fmt::Debug for Driver {
@@ -70,6 +78,7 @@ impl Driver {
         readers: Vec<Arc<Relay>>,
         handle: Handle,
         spin: Duration,
+        crowded: bool,
     ) -> Driver {
         Driver {
             inner,
@@ -77,6 +86,7 @@ impl Driver {
             readers,
             handle,
             spin,
+            crowded,
         }
     }
 
@@ -130,9 +140,15 @@ impl Assist for Driver {
             if round() == Step::Finished || done() || start.elapsed() >= self.spin {
                 break;
             }
-            // Let a thread this core owes time to run (a peer rank's
-            // caller, or an I/O thread).
-            std::thread::yield_now();
+            if self.crowded {
+                // Let the thread this core owes time to run (a peer rank's
+                // caller, or an I/O thread).
+                std::thread::yield_now();
+            } else {
+                for _ in 0..LOOK_SPINS {
+                    std::hint::spin_loop();
+                }
+            }
         });
         // One more round, not spinning: the sockets go back to the I/O
         // driver with their wakers registered, for the host tasks.

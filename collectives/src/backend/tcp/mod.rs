@@ -43,10 +43,10 @@
 //! * an op of at most `crossover_bytes` that finds the worker waiting is
 //!   started on the submitting thread (its first frames leave from there);
 //! * the first poll (or `wait_timeout`) that finds such an op pending
-//!   polls the readers and the worker itself — reading the sockets,
-//!   reducing, completing — for up to [`TcpOptions::caller_spin`]
-//!   (100 µs by default where this host's ranks have a core each, zero
-//!   where they outnumber its cores), yielding the core between rounds;
+//!   polls the readers and the worker itself — reading the sockets and
+//!   pipes, reducing, completing — for up to [`TcpOptions::caller_spin`]
+//!   (100 µs by default), yielding the core between rounds where this
+//!   host's ranks outnumber its cores;
 //! * then it parks, and the I/O threads finish whatever is left.
 //!
 //! The sockets are read and written with plain non-blocking calls from

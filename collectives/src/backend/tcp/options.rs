@@ -45,13 +45,14 @@ pub struct TcpOptions {
     pub liveness_timeout: Duration,
     /// How long the caller that awaits a small op (at most
     /// `crossover_bytes`) runs it on its own thread — reading the peers'
-    /// frames from the sockets, reducing, completing — before it parks and
-    /// leaves the rest to chorus's I/O threads (see "Small ops on the
-    /// caller's thread" in the module docs). `None` (the default) picks
-    /// [`CALLER_SPIN`] when this host's ranks have a core each, zero
-    /// otherwise; zero turns it off (the op's first frames still leave from
-    /// the submitting thread). `CHORUS_TCP_SPIN_US` sets it, see
-    /// `TcpOptions::from_env`.
+    /// frames from the sockets and shared-memory pipes, reducing,
+    /// completing — before it parks and leaves the rest to chorus's I/O
+    /// threads (see "Small ops on the caller's thread" in the module docs).
+    /// Where this host's ranks outnumber its cores, the caller yields its
+    /// core between looks (`sched_yield`), so the peer it waits for runs.
+    /// `None` (the default) picks [`CALLER_SPIN`]; zero turns it off (the
+    /// op's first frames still leave from the submitting thread).
+    /// `CHORUS_TCP_SPIN_US` sets it, see `TcpOptions::from_env`.
     pub caller_spin: Option<Duration>,
 }
 
@@ -63,15 +64,12 @@ pub struct TcpOptions {
 pub const CALLER_SPIN: Duration = Duration::from_micros(100);
 
 impl TcpOptions {
-    /// The caller spin for a host where `local_ranks` ranks share `cores`
-    /// cores: [`caller_spin`](Self::caller_spin) if set, else
-    /// [`CALLER_SPIN`] when every rank has a core of its own, else zero.
-    pub(super) fn spin_for(&self, local_ranks: usize, cores: usize) -> Duration {
-        self.caller_spin.unwrap_or(if local_ranks <= cores {
-            CALLER_SPIN
-        } else {
-            Duration::ZERO
-        })
+    /// The caller spin: [`caller_spin`](Self::caller_spin) if set, else
+    /// [`CALLER_SPIN`]. Where this host's ranks outnumber its cores the
+    /// spinning caller yields its core between looks (see `drive`), so the
+    /// peer it waits for can run.
+    pub(super) fn spin(&self) -> Duration {
+        self.caller_spin.unwrap_or(CALLER_SPIN)
     }
 }
 

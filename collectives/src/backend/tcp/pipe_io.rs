@@ -86,8 +86,10 @@ impl AsyncRead for PipeRead {
                 return Poll::Ready(Ok(()));
             }
             if spinning() {
-                // The spinning caller polls again; its last poll, not
-                // spinning, says it sleeps.
+                // The spinning caller polls again (the writer need not
+                // ring meanwhile); its last poll, not spinning, says it
+                // sleeps.
+                this.pipe.watch();
                 return Poll::Pending;
             }
             if !this.pipe.sleep() {

@@ -572,6 +572,11 @@ impl PipeRx {
     pub(super) fn sleep(&self) -> bool {
         self.rx.sleep(&self.seg.pipe_words())
     }
+
+    /// The reader spins on the pipe: the writer need not ring.
+    pub(super) fn watch(&self) {
+        self.rx.watch(&self.seg.pipe_words());
+    }
 }
 
 /// This rank's ends of the segments with one peer.
