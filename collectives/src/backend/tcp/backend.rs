@@ -201,15 +201,13 @@ impl TcpBackend {
             .max(local_peers + 1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let spin = inner.opts.spin();
-        let crowded = local_ranks > cores;
-        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, crowded, "TCP backend connected");
+        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, local_ranks, cores, "TCP backend connected");
         let driver = Arc::new(drive::Driver::new(
             inner.clone(),
             worker,
             readers,
             handle,
             spin,
-            crowded,
         ));
         Ok(Arc::new(TcpBackend {
             inner,

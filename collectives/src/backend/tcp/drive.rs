@@ -17,10 +17,10 @@
 //!
 //! A round trip then wakes no thread at all when both ranks' callers are
 //! at the op together; the cost is up to `caller_spin` of the caller's
-//! core per op when a peer comes late. Where this host's ranks outnumber
-//! its cores, the spinning caller yields its core between looks
-//! (`sched_yield`), so the peer it waits for runs at once, as MPI's polling
-//! progress does.
+//! core per op when a peer comes late. The spinning caller yields its
+//! core between looks (`sched_yield`), so a peer that shares the core — a
+//! rank where ranks outnumber cores, an I/O thread, another program — runs
+//! at once, as MPI's polling progress does when oversubscribed.
 //!
 //! docs/ARCHITECTURE.md, "A small TCP op without hand-offs", tells the
 //! whole path.
@@ -38,10 +38,6 @@ use super::halves;
 use super::state::Inner;
 use crate::work::Assist;
 
-/// Spin-loop hints between two looks of a caller with a core of its own
-/// (a fraction of a microsecond).
-const LOOK_SPINS: usize = 64;
-
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
     inner: Arc<Inner>,
@@ -50,9 +46,6 @@ pub(super) struct Driver {
     handle: Handle,
     /// How long an awaiting caller drives a small op itself.
     spin: Duration,
-    /// This host's ranks outnumber its cores: a spinning caller yields its
-    /// core between looks.
-    crowded: bool,
 }
 
 impl fmt::Debug for Driver {
@@ -78,7 +71,6 @@ impl Driver {
         readers: Vec<Arc<Relay>>,
         handle: Handle,
         spin: Duration,
-        crowded: bool,
     ) -> Driver {
         Driver {
             inner,
@@ -86,7 +78,6 @@ impl Driver {
             readers,
             handle,
             spin,
-            crowded,
         }
     }
 
@@ -140,15 +131,10 @@ impl Assist for Driver {
             if round() == Step::Finished || done() || start.elapsed() >= self.spin {
                 break;
             }
-            if self.crowded {
-                // Let the thread this core owes time to run (a peer rank's
-                // caller, or an I/O thread).
-                std::thread::yield_now();
-            } else {
-                for _ in 0..LOOK_SPINS {
-                    std::hint::spin_loop();
-                }
-            }
+            // Let a thread this core owes time to run (a peer rank's
+            // caller, an I/O thread, another program): a pure spin holds
+            // the core a peer may need for a whole scheduler slice.
+            std::thread::yield_now();
         });
         // One more round, not spinning: the sockets go back to the I/O
         // driver with their wakers registered, for the host tasks.

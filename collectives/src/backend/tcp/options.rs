@@ -48,8 +48,9 @@ pub struct TcpOptions {
     /// frames from the sockets and shared-memory pipes, reducing,
     /// completing — before it parks and leaves the rest to chorus's I/O
     /// threads (see "Small ops on the caller's thread" in the module docs).
-    /// Where this host's ranks outnumber its cores, the caller yields its
-    /// core between looks (`sched_yield`), so the peer it waits for runs.
+    /// The caller yields its core between looks (`sched_yield`), so a peer
+    /// that shares the core runs (where this host's ranks outnumber its
+    /// cores, among others).
     /// `None` (the default) picks [`CALLER_SPIN`]; zero turns it off (the
     /// op's first frames still leave from the submitting thread).
     /// `CHORUS_TCP_SPIN_US` sets it, see `TcpOptions::from_env`.
@@ -65,9 +66,9 @@ pub const CALLER_SPIN: Duration = Duration::from_micros(100);
 
 impl TcpOptions {
     /// The caller spin: [`caller_spin`](Self::caller_spin) if set, else
-    /// [`CALLER_SPIN`]. Where this host's ranks outnumber its cores the
-    /// spinning caller yields its core between looks (see `drive`), so the
-    /// peer it waits for can run.
+    /// [`CALLER_SPIN`], wherever this host's ranks outnumber its cores or
+    /// not (the spinning caller yields its core between looks, see
+    /// `drive`).
     pub(super) fn spin(&self) -> Duration {
         self.caller_spin.unwrap_or(CALLER_SPIN)
     }
