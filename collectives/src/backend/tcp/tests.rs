@@ -481,6 +481,32 @@ fn shared_memory_ops_match_reference() {
     assert_no_shm_files();
 }
 
+/// Every op through the shared-memory pipes between local ranks (the
+/// default options: Unix sockets, shared memory), at sizes 0, 1, a prime,
+/// the crossover and its neighbours (direct on one side, ring on the other
+/// in bytes), on 3 and 4 ranks, and 16 MiB on 3, against serial
+/// references.
+#[test]
+fn every_op_through_pipes_at_the_crossovers_and_16_mib() {
+    let mut rng = StdRng::seed_from_u64(0x91be);
+    let opts = TcpOptions::default();
+    for n in [3, 4] {
+        let mut w = world(n, &opts);
+        let mut salt = n;
+        for dtype in [DType::F32, DType::I64, DType::BF16] {
+            let cross = opts.crossover_bytes / dtype.size();
+            for len in [0, 1, 13, cross - 1, cross, cross + 1] {
+                check_batch(&mut w, &mut rng, dtype, len, salt);
+                salt += 1;
+            }
+        }
+        if n == 3 {
+            check_batch(&mut w, &mut rng, DType::F32, (16 << 20) / 4, salt);
+        }
+    }
+    assert_no_shm_files();
+}
+
 /// With `shared_memory` off on every rank, or on one rank of a pair only,
 /// payloads go through the socket (and results stay right).
 #[test]
