@@ -44,11 +44,6 @@ VIS = r"(?:pub(?:\s*\([^)]*\))?\s+)?"
 # its rule (the check fails on a stale one): remove an entry with the change
 # that fixes it, and the list only shrinks.
 ALLOWED = {
-    # The NCCL loader (symbol table, library search, version check) and its
-    # unit tests: to move into files of nccl-sys/src/, and the docs to name
-    # `error`, with the NCCL work under way in nccl-sys.
-    ("nccl-sys/src/lib.rs", "code in a map"),
-    ("nccl-sys/src/lib.rs", "files missing from the docs"),
     # `main_from_args` and `launch_local`: to move into a file of
     # runtime/launcher/src/, and the docs to name `cli`, `output` and
     # `supervise`, with the launcher work under way there.
