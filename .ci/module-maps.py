@@ -44,9 +44,6 @@ VIS = r"(?:pub(?:\s*\([^)]*\))?\s+)?"
 # its rule (the check fails on a stale one): remove an entry with the change
 # that fixes it, and the list only shrinks.
 ALLOWED = {
-    # `liveness.rs` beside `liveness/` (its tests): to become
-    # liveness/mod.rs and files with the liveness work under way there.
-    ("collectives/src/liveness.rs", "x.rs beside x/"),
 }
 
 
