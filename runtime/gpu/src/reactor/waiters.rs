@@ -31,7 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 use std::time::Instant;
 
-use super::{poll_one, stop_for_exit, Pending, Shared};
+use super::pending::Pending;
+use super::shared::Shared;
+use super::thread::{poll_one, stop_for_exit};
 use crate::exit_gate;
 
 /// Waiters at most per queue (each sleeps on a position before the next's).
