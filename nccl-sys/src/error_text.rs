@@ -3,8 +3,9 @@
 
 use std::ffi::CStr;
 
+use crate::error::NcclError;
+use crate::symbols::Nccl;
 use crate::sys::*;
-use crate::{Nccl, NcclError};
 
 impl Nccl {
     /// NCCL's description of a result code (`ncclGetErrorString`).

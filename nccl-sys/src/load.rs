@@ -6,11 +6,10 @@ use std::ffi::{c_int, c_void};
 use std::path::Path;
 
 use crate::dynamic_linker::{file_of, open, OPEN_FLAGS};
-#[cfg(doc)]
-use crate::nccl;
-use crate::symbols::lookup;
+use crate::error::{NcclLoadError, NcclVersion};
+use crate::search::{Candidate, SearchPlan};
+use crate::symbols::{lookup, Nccl};
 use crate::sys::*;
-use crate::{Candidate, Nccl, NcclLoadError, NcclVersion, SearchPlan};
 
 /// The oldest NCCL chorus loads.
 pub const MIN_VERSION: NcclVersion = NcclVersion::new(2, 18, 0);
@@ -30,11 +29,11 @@ fn check_min_version(path: &str, version: NcclVersion) -> Result<(), NcclLoadErr
 impl Nccl {
     /// Loads the library at `path` (a file path, or a bare name such as
     /// `"libnccl.so.2"` that the dynamic linker resolves). Meant for tests
-    /// and tools; programs use [`nccl()`].
+    /// and tools; programs use [`nccl()`](crate::nccl()).
     ///
     /// # Errors
     ///
-    /// As [`nccl()`]; a file that cannot be opened is `BackendUnavailable`
+    /// As [`nccl()`](crate::nccl()); a file that cannot be opened is `BackendUnavailable`
     /// with this one path searched.
     pub fn load_from(path: impl AsRef<Path>) -> Result<Self, NcclLoadError> {
         let path = path.as_ref().to_string_lossy().into_owned();

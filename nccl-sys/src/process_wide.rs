@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-#[cfg(doc)]
-use crate::MIN_VERSION;
-use crate::{Candidate, Nccl, NcclLoadError, SearchPlan};
+use crate::error::NcclLoadError;
+use crate::search::{Candidate, SearchPlan};
+use crate::symbols::Nccl;
 
 /// The process-wide NCCL, found with [`SearchPlan::from_env`] on first use
 /// and kept for the life of the process. Later calls return the same library
@@ -15,7 +15,7 @@ use crate::{Candidate, Nccl, NcclLoadError, SearchPlan};
 /// # Errors
 ///
 /// [`NcclLoadError::BackendUnavailable`] when no library was found,
-/// [`NcclLoadError::TooOld`] when the one found predates [`MIN_VERSION`],
+/// [`NcclLoadError::TooOld`] when the one found predates [`MIN_VERSION`](crate::MIN_VERSION),
 /// [`NcclLoadError::MissingSymbol`] when it lacks required symbols.
 pub fn nccl() -> Result<&'static Nccl, NcclLoadError> {
     NCCL.get_or_init(|| Nccl::load_with(&SearchPlan::from_env()))

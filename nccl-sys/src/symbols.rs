@@ -5,10 +5,8 @@
 use std::ffi::c_void;
 use std::fmt;
 
-#[cfg(doc)]
-use crate::nccl;
+use crate::error::{NcclLoadError, NcclVersion};
 use crate::sys::*;
-use crate::{NcclLoadError, NcclVersion};
 
 macro_rules! nccl_symbols {
     (
@@ -21,7 +19,7 @@ macro_rules! nccl_symbols {
         /// pointers; optional ones are `None` when the library lacks them.
         ///
         /// The pointers are valid while this value lives (it holds the
-        /// library open); the one returned by [`nccl()`] lives for the whole
+        /// library open); the one returned by [`nccl()`](crate::nccl()) lives for the whole
         /// process. Calling any of them is `unsafe`: the caller upholds
         /// NCCL's documented contract for that function.
         #[allow(non_snake_case)]

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use super::pending::Pending;
 use super::shared::{lock_vec, Padded, Shared};
 use super::thread::run;
-use super::waiters;
-use super::ReactorConfig;
+use super::waiter_queues::Waiters;
 use crate::bell::Bell;
+use crate::config::ReactorConfig;
 
 /// Counters of a reactor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,7 +72,7 @@ impl Reactor {
                 parks: AtomicU64::new(0),
                 config,
                 bell: OnceLock::new(),
-                waiters: waiters::Waiters::default(),
+                waiters: Waiters::default(),
                 waiters_alive: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
                 asleep: AtomicU64::new(0),

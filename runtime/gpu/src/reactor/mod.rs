@@ -81,13 +81,15 @@
 //! * `shared`: the state registering threads, the reactor thread and the
 //!   driver waiters share.
 //! * `thread`: the reactor thread's loop.
-//! * `waiters`: the driver waiters, one per stream.
+//! * `waiters`: the driver waiters, one per stream;
+//!   `waiter_queues`: their bookkeeping.
 
 mod handle;
 mod pending;
 mod process_wide;
 mod shared;
 mod thread;
+mod waiter_queues;
 mod waiters;
 
 pub use crate::config::ReactorConfig;

@@ -4,9 +4,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(doc)]
-use super::Reactor;
-
 /// How a thread sleeps until an op has ended (see [`Pending::sleeper`]).
 pub trait Sleeper: Send + Sync {
     /// Blocks the calling thread, asleep, until the op has ended or failed
@@ -36,16 +33,18 @@ pub trait Pending: Send + 'static {
     }
 
     /// When the op is expected to end, if an awaiting future should be
-    /// woken the lead in force ([`Reactor::prewake_lead`]) before it. The
-    /// default: never.
+    /// woken the lead in force
+    /// ([`Reactor::prewake_lead`](crate::reactor::Reactor::prewake_lead))
+    /// before it. The default: never.
     fn expected_end(&self) -> Option<Instant> {
         None
     }
 
     /// Wakes the awaiting future ahead of the expected end (once; after it
     /// [`expected_end`](Self::expected_end) returns `None`). `lead` is the
-    /// lead in force ([`Reactor::prewake_lead`]): the future was due to be
-    /// woken that long before the expected end.
+    /// lead in force
+    /// ([`Reactor::prewake_lead`](crate::reactor::Reactor::prewake_lead)):
+    /// the future was due to be woken that long before the expected end.
     fn prewake(&mut self, lead: Duration) {
         let _ = lead;
     }

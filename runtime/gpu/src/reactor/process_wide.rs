@@ -3,7 +3,8 @@
 
 use std::sync::{Mutex, OnceLock};
 
-use super::{Reactor, ReactorConfig};
+use super::handle::Reactor;
+use crate::config::ReactorConfig;
 
 /// The process-wide reactor. Its settings are those given to
 /// [`configure`] before its first use, else the defaults overridden by the

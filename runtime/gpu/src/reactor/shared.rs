@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::pending::Pending;
-use super::waiters;
-use super::ReactorConfig;
+use super::waiter_queues::Waiters;
 use crate::bell::Bell;
+use crate::config::ReactorConfig;
 
 /// Keeps a value on its own cache line (no false sharing between the
 /// registering threads and the reactor thread).
@@ -42,7 +42,7 @@ pub(super) struct Shared {
     /// The thread's sleep (made when the thread starts).
     pub(super) bell: OnceLock<Bell>,
     /// The driver waiters and the entries they watch.
-    pub(super) waiters: waiters::Waiters,
+    pub(super) waiters: Waiters,
     pub(super) waiters_alive: AtomicU64,
     pub(super) waits: AtomicU64,
     pub(super) asleep: AtomicU64,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::pending::Pending;
 use super::shared::{lock_vec, Shared};
-use super::ReactorConfig;
+use crate::config::ReactorConfig;
 use crate::exit_gate;
 
 struct Done;
