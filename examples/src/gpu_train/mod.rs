@@ -14,8 +14,8 @@
 //!
 //! Its files:
 //!
-//! * [`train`]: the training loop (steps, bucket submission, stream-ordered
-//!   waits, printing, the checks and the measurements);
+//! * [`train`](mod@train): the training loop (steps, bucket submission,
+//!   stream-ordered waits, printing, the checks and the measurements);
 //!   [`fault_tolerant`]: the same in steps that survive lost ranks.
 //! * [`model`]: the MLP on the GPU, its buffers and the launches of
 //!   forward, backward and the update; [`layout`]: where each parameter
