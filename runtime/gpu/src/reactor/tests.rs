@@ -421,7 +421,16 @@ fn a_registration_expected_to_end_later_leaves_the_thread_asleep_until_its_prewa
     }))
     .map_err(|(e, _)| e)
     .unwrap();
+    // The thread may have parked before the registration, which then only
+    // brought its sleep forward to the far pre-wake: wake it to take the
+    // entry.
+    r.nudge();
+    let t0 = Instant::now();
     while first.lock().unwrap().is_none() || !r.shared.sleeping.load(Ordering::SeqCst) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the thread neither polled the entry nor went to sleep"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     // Registered while the thread sleeps, expected in 60 ms.
