@@ -25,8 +25,7 @@ One module-file style: a module with files of its own is a folder with a
 `x.rs` beside a folder `x/` of Rust files fails, and so does `#[path = ...]`
 on a module declaration anywhere.
 
-Files listed in ALLOWED are reported but do not fail the check; an entry
-whose file no longer breaks a rule fails it, so the list only shrinks.
+Every finding fails the check: there is no list of exceptions.
 
     python3 .ci/module-maps.py [workspace-root]
 """
@@ -38,36 +37,6 @@ import sys
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 VIS = r"(?:pub(?:\s*\([^)]*\))?\s+)?"
-
-# Files that break a rule and are left as they are for now, each with the
-# rule it breaks, why, and what is to be done. Every entry must still break
-# its rule (the check fails on a stale one): remove an entry with the change
-# that fixes it, and the list only shrinks.
-ALLOWED = {
-    # The NCCL loader (symbol table, library search, version check) and its
-    # unit tests: to move into files of nccl-sys/src/, and the docs to name
-    # `error`, with the NCCL work under way in nccl-sys.
-    ("nccl-sys/src/lib.rs", "code in a map"),
-    ("nccl-sys/src/lib.rs", "files missing from the docs"),
-    # `main_from_args` and `launch_local`: to move into a file of
-    # runtime/launcher/src/, and the docs to name `cli`, `output` and
-    # `supervise`, with the launcher work under way there.
-    ("runtime/launcher/src/lib.rs", "code in a map"),
-    ("runtime/launcher/src/lib.rs", "files missing from the docs"),
-    # `DeviceWork` itself: to move into a file of device_work/ with the
-    # completion work under way there.
-    ("collectives/src/device_work/mod.rs", "code in a map"),
-    # The docs' list of files omits `forecast` and `items`: to be completed
-    # with the completion work under way in runtime/gpu/src/nccl/.
-    ("runtime/gpu/src/nccl/mod.rs", "files missing from the docs"),
-    # The docs name none of the trainer's files: to be completed with the
-    # GPU trainer work under way in examples/src/gpu_train/.
-    ("examples/src/gpu_train/mod.rs", "files missing from the docs"),
-    # `liveness.rs` beside `liveness/` (its tests): to become
-    # liveness/mod.rs and files with the liveness work under way there.
-    ("collectives/src/liveness.rs", "x.rs beside x/"),
-}
-
 
 def load_strip():
     """`strip` of import-cycles.py: source without comments, strings and
@@ -214,10 +183,10 @@ def inner_docs(raw):
 
 def main():
     ws = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
-    findings = {}  # relative path -> [(rule, message)]
+    findings = []  # messages, each naming its file
 
-    def report(path, rule, msg):
-        findings.setdefault(os.path.relpath(path, ws), []).append((rule, msg))
+    def report(msg):
+        findings.append(msg)
 
     for path in rust_files(ws):
         rel = os.path.relpath(path, ws)
@@ -226,10 +195,10 @@ def main():
         line = lambda pos: src.count("\n", 0, pos) + 1  # noqa: E731
 
         for m in re.finditer(r"#\[\s*path\s*=", src):
-            report(path, "#[path]", (
+            report(
                 f"{rel}:{line(m.start())}: `#[path = ...]` on a module: put the file "
                 f"where its declaration finds it (a folder `x/` with `x/mod.rs`, or "
-                f"`x/main.rs` for a program of several files) and drop the attribute"))
+                f"`x/main.rs` for a program of several files) and drop the attribute")
 
         base, name = os.path.dirname(path), os.path.basename(path)
         folder = path[:-3]
@@ -239,13 +208,13 @@ def main():
             # example at the package root) becomes x/main.rs.
             target = "main.rs" if os.path.basename(base) in ("bin", "examples", "tests", "benches") \
                 or os.path.exists(os.path.join(base, "Cargo.toml")) else "mod.rs"
-            report(path, "x.rs beside x/", (
+            report(
                 f"{rel}: `{name}` beside the folder `{name[:-3]}/`: the workspace keeps a "
                 f"module's files in its folder, with `{name[:-3]}/{target}` as its "
                 f"{'root' if target == 'main.rs' else 'map'}: "
                 f"`git mv {rel} {os.path.join(os.path.relpath(folder, ws), target)}`"
                 + (" (and its path in Cargo.toml)" if target == "main.rs" else
-                   ", then move its code into files of that folder")))
+                   ", then move its code into files of that folder"))
 
         is_map = name == "mod.rs" or (name == "lib.rs" and declared_files(src, path))
         if not is_map:
@@ -253,36 +222,21 @@ def main():
         code = []
         map_findings(src, 0, len(src), name == "lib.rs", code)
         for pos, what in code:
-            report(path, "code in a map", (
+            report(
                 f"{rel}:{line(pos)}: {what} is code in a module map; a {name} only "
                 f"declares its files and re-exports (docs/ARCHITECTURE.md, \"Layers\"): "
                 f"move it into a file of {os.path.relpath(base, ws)}/ named for what it "
-                f"holds, declare that file here and `pub use` what others name"))
+                f"holds, declare that file here and `pub use` what others name")
         docs = inner_docs(raw)
         for mname in declared_files(src, path):
             if not re.search(r"`(?:[A-Za-z_:]*::)?" + mname + r"(?:`|::)|\[`?" + mname + r"`?\]", docs):
-                report(path, "files missing from the docs", (
+                report(
                     f"{rel}: its docs do not name its file `{mname}`: say in the "
-                    f"map's `//!` docs what `{mname}` holds"))
+                    f"map's `//!` docs what `{mname}` holds")
 
-    bad = 0
-    for rel in sorted(findings):
-        by_rule = {}
-        for rule, msg in findings[rel]:
-            by_rule.setdefault(rule, []).append(msg)
-        for rule, msgs in by_rule.items():
-            if (rel, rule) in ALLOWED:
-                print(f"allowed for now (ALLOWED in .ci/module-maps.py): {rel}: {rule}, "
-                      f"{len(msgs)} finding(s), the first: {msgs[0]}")
-                continue
-            for msg in msgs:
-                print(msg)
-                bad += 1
-    for rel, rule in sorted(ALLOWED):
-        if not any(r == rule for r, _ in findings.get(rel, [])):
-            print(f"{rel}: listed in ALLOWED ({rule}) but no longer breaks that rule: "
-                  f"remove its entry from ALLOWED in .ci/module-maps.py")
-            bad += 1
+    for msg in findings:
+        print(msg)
+    bad = len(findings)
     if bad:
         print(f"{bad} finding(s): module maps hold only declarations and re-exports, "
               f"one module-file style (docs/ARCHITECTURE.md, \"Layers\")")

@@ -1,6 +1,8 @@
 use std::time::{Duration, Instant};
 
-use super::{period, PeerClock, Verdict, LEFT};
+use super::beat::period;
+use super::clock::{PeerClock, Verdict};
+use super::marks::LEFT;
 
 const T: Duration = Duration::from_secs(3);
 
@@ -134,7 +136,9 @@ mod task {
     use chorus_core::{OpContext, Registry, WorkError};
     use chorus_store::{InMemoryStore, Store};
 
-    use super::super::{key, period, Liveness, PeerWitness, Report, LOST};
+    use super::super::beat::{key, period};
+    use super::super::marks::LOST;
+    use super::super::{Liveness, PeerWitness, Report};
     use crate::watchdog::ErrorPolicy;
 
     const TIMEOUT: Duration = Duration::from_millis(1_500);

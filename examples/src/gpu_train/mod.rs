@@ -11,6 +11,23 @@
 //! every rank. `fault_tolerant` trains in steps that survive lost ranks
 //! (`--fault-tolerant`). `examples/gpu_trainer.rs` is the program;
 //! docs/EXAMPLES.md describes what it prints.
+//!
+//! Its files:
+//!
+//! * [`train`](mod@train): the training loop (steps, bucket submission,
+//!   stream-ordered waits, printing, the checks and the measurements);
+//!   [`fault_tolerant`]: the same in steps that survive lost ranks.
+//! * [`model`]: the MLP on the GPU, its buffers and the launches of
+//!   forward, backward and the update; [`layout`]: where each parameter
+//!   lives in the flat vector, and the gradient buckets over it.
+//! * [`blas`]: a cuBLAS handle and the GEMMs of a linear layer;
+//!   [`blas_search`]: finding cuBLAS before cudarc loads it.
+//! * [`ptx`]: the element-wise kernels as PTX text; [`kernels`]: loading
+//!   and launching them.
+//! * [`data`]: the run's deterministic inputs; [`reference`](mod@reference):
+//!   the CPU reference of the same model.
+//! * [`timing`]: CUDA events with timing and the marks of a profiled step.
+//! * [`error`]: [`TrainError`], naming the call that failed and where.
 #![allow(unsafe_code)]
 
 pub mod blas;

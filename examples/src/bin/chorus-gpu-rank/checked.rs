@@ -8,7 +8,8 @@
 use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
 use chorus_examples::testkit::{data, reference};
 
-use super::{down, rej, up, werr, Checker, Res};
+use super::checker::Checker;
+use super::support::{down, rej, up, werr, Res};
 
 const LEN: usize = 4099;
 

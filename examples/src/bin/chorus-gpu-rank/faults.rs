@@ -14,7 +14,8 @@ use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
 use chorus_examples::testkit::{data, poison, reference};
 use nix::sys::signal::{raise, Signal};
 
-use super::{down, env_num, rej, up, werr, Checker, Res};
+use super::checker::Checker;
+use super::support::{down, env_num, rej, up, werr, Res};
 
 /// The group's peer liveness timeout, as the group reads it.
 fn liveness() -> Duration {

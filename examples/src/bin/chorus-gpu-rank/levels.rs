@@ -19,7 +19,8 @@ use chorus::test_util::Kernels;
 use chorus::{Device, ProcessGroup, ReduceOp, Stream, StreamPriority, WorkStatus};
 use chorus_examples::testkit::{data, reference};
 
-use super::{rej, up, werr, Checker, Res};
+use super::checker::Checker;
+use super::support::{rej, up, werr, Res};
 
 const LEN: usize = 1 << 16;
 const STEP: Duration = Duration::from_millis(30);

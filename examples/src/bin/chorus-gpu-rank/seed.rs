@@ -9,7 +9,8 @@
 use chorus::{ProcessGroup, ReduceOp, Stream};
 use chorus_examples::testkit::{data, poison, reference};
 
-use super::{down, rej, up, werr, Checker, Res};
+use super::checker::Checker;
+use super::support::{down, rej, up, werr, Res};
 
 /// One group's round: an all_reduce, then rank `a` sends to rank `b` for
 /// every ordered pair in turn (so no rank waits on a pair's creation

@@ -16,16 +16,21 @@
 //!   `InFlight` leaves them with the communicator's retire queue (see
 //!   `retire`), which drops them afterwards. [`Watched`]: an op
 //!   handed to the completion [`reactor`](crate::reactor).
-//! * [`Batch`]: several ops in one NCCL group; [`GraphCapture`] /
-//!   [`Graph`]: CUDA graph capture of NCCL ops.
+//! * `forecast`: when an op is expected to end, learned from the ops like it
+//!   that ended before, so that the reactor wakes an awaited op's future
+//!   shortly before (docs/ARCHITECTURE.md, "Waking on time").
+//! * [`Batch`]: several ops in one NCCL group, each op's buffers kept in
+//!   `items` until its work takes them; [`GraphCapture`] / [`Graph`]: CUDA
+//!   graph capture of NCCL ops.
 //! * Faults: an aborted communicator's work stops through `ncclCommAbort`,
 //!   or it is kept (revoked with `ncclCommRevoke` where NCCL has it) for
 //!   [`Communicator::shrink`] (`ncclCommShrink`): the survivors' next
 //!   communicator without a new unique id (`revoke`, `shrink`).
 //!
 //! Files, lowest first (each uses only those before it): `error`, `types`,
-//! `buffer`, `event_pool`, `progress`, `retire`, `watch`, `inflight`,
-//! `revoke`, `communicator`, `init`, `shrink`, `enqueue`, `batch`, `graph`.
+//! `buffer`, `event_pool`, `progress`, `forecast`, `retire`, `watch`,
+//! `inflight`, `revoke`, `communicator`, `init`, `shrink`, `enqueue`,
+//! `items`, `batch`, `graph`.
 
 mod batch;
 mod buffer;

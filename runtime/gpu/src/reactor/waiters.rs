@@ -25,81 +25,21 @@
 //! ended before its op (the driver could not sleep on it) goes to the
 //! reactor thread, which polls it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::thread::Thread;
+use std::sync::Arc;
 use std::time::Instant;
 
-use super::{poll_one, stop_for_exit, Pending, Shared};
+use super::pending::Pending;
+use super::shared::Shared;
+use super::thread::{poll_one, stop_for_exit};
+use super::waiter_queues::{lock, Mailbox, Waiters};
 use crate::exit_gate;
 
 /// Waiters at most per queue (each sleeps on a position before the next's).
 pub(crate) const PER_QUEUE: usize = 4;
 
-/// The waiters of a reactor.
-#[derive(Default)]
-pub(super) struct Waiters {
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    queues: HashMap<u64, Queue>,
-    /// Waiters with no queue, parked until given one.
-    idle: Vec<Arc<Mailbox>>,
-}
-
-/// A queue's pending entries and the waiters that serve it.
-#[derive(Default)]
-struct Queue {
-    /// By position on the stream.
-    entries: BTreeMap<u64, Vec<Box<dyn Pending>>>,
-    /// The positions waiters sleep on now.
-    asleep: Vec<u64>,
-    /// Waiters serving the queue that are not asleep (they look at the
-    /// entries before they sleep again).
-    awake: usize,
-}
-
-impl Queue {
-    fn waiters(&self) -> usize {
-        self.awake + self.asleep.len()
-    }
-
-    /// Whether an entry at `pos` will be seen when it ends: a waiter is
-    /// about to look, or sleeps on it or on an earlier position.
-    fn covers(&self, pos: u64) -> bool {
-        self.awake > 0 || self.asleep.iter().any(|&s| s <= pos)
-    }
-
-    fn is_unused(&self) -> bool {
-        self.entries.is_empty() && self.waiters() == 0
-    }
-}
-
-/// How an idle waiter is given a queue.
-#[derive(Default)]
-struct Mailbox {
-    queue: Mutex<Option<u64>>,
-    thread: OnceLock<Thread>,
-}
-
-impl Mailbox {
-    fn take(&self) -> Option<u64> {
-        lock(&self.queue).take()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Waiters {
-    fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
-    }
-
     /// Hands `entry`, at `pos` of `queue`, to the queue's waiters, starting
     /// one if none will see it. Costs no wake-up when a waiter sleeps on
     /// an earlier position.
@@ -290,8 +230,10 @@ mod tests {
     use std::sync::{mpsc, Arc, Condvar, Mutex};
     use std::time::{Duration, Instant};
 
+    use super::super::handle::Reactor;
+    use super::super::pending::{Pending, Sleeper};
     use super::PER_QUEUE;
-    use crate::reactor::{Pending, Reactor, ReactorConfig, Sleeper};
+    use crate::config::ReactorConfig;
 
     /// A stream whose ops end in order, up to a position the test moves;
     /// or fail all at once.

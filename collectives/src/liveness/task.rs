@@ -1,36 +1,8 @@
-//! Peer liveness through the store: a rank that stopped (SIGSTOP, a hung
-//! host) or that a partition cut off is noticed within the liveness
-//! timeout, however long the op in flight may run, on every backend
-//! (docs/ARCHITECTURE.md, "Peer liveness" among the fault mechanisms).
-//!
-//! The TCP backend's transport sees a silent link by itself (keepalive);
-//! NCCL cannot tell a slow peer from a dead one and spins until the op
-//! timeout, and neither transport notices a peer process that is stopped
-//! while its kernel still acknowledges. So every rank of a group also
-//! keeps a beat in the group's store: a counter under `alive/{epoch}/{rank}`
-//! that a task on chorus's runtime ([`chorus_store::rt`]) adds 1 to every
-//! [`period`] — independent of the user's threads and executor, so a rank
-//! busy computing still beats. The same task reads its peers' counters
-//! each round. [`PeerClock`], the I/O-free part, turns those readings into
-//! a verdict: a peer whose counter has not moved for the liveness timeout
-//! is silent; a store that has not answered for as long means this rank is
-//! cut off from the job.
-//!
-//! A verdict fails nothing while the group has no pending work (a peer
-//! that comes back is alive again). With pending works, the group's error
-//! policy is applied (by default the group is aborted, which aborts its
-//! NCCL communicators) with [`WorkError::PeerSilent`] naming the peer, or
-//! [`WorkError::Store`] when the store went silent.
-//!
-//! The same readings name the peer behind a failure that the backend
-//! reports without naming it (NCCL's `ncclRemoteError`): the backend hands
-//! it to the group's [`PeerWitness`], and the task fails the group with
-//! [`WorkError::PeerLost`] naming the peer whose beat stopped or that left
-//! (see `witness`).
-//!
-//! Cost: two store requests per rank and round (one `add`, one `multi_get`
-//! of the peers' counters), nothing on an op's path. Off with a timeout of
-//! zero.
+//! The liveness task of one group: [`Liveness`] starts it on chorus's
+//! runtime, [`LivenessTask`] stops it. Each round it beats, reads the
+//! peers' counters, and fails the group's pending works by the group's
+//! error policy when a peer went silent, was lost or left, or the store
+//! went silent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -39,134 +11,11 @@ use std::time::{Duration, Instant};
 use chorus_core::{OpContext, Registry, WorkError};
 use chorus_store::Store;
 
+use super::beat::{key, period};
+use super::clock::{PeerClock, Verdict};
+use super::marks::{LEFT, LOST};
+use super::witness::{Gone, Outcome, PeerWitness, Search};
 use crate::watchdog::ErrorPolicy;
-
-mod marks;
-mod witness;
-
-pub(crate) use marks::{LEFT, LOST};
-
-use witness::{Gone, Outcome, Search};
-pub(crate) use witness::{PeerWitness, Report};
-
-/// Default peer liveness timeout of a group: a peer whose beat in the
-/// store stops for this long fails the group's pending works (see
-/// [`GroupBuilder::peer_liveness`](crate::GroupBuilder::peer_liveness)).
-pub const DEFAULT_PEER_LIVENESS: Duration = Duration::from_secs(10);
-
-/// The store key (in the group's namespace) of `rank`'s beat.
-pub(crate) fn key(epoch: u64, rank: usize) -> String {
-    format!("alive/{epoch}/{rank}")
-}
-
-/// How often a rank beats and reads its peers' beats for a liveness
-/// `timeout`: a tenth of it, between 50 ms and 1 s. A silent peer is then
-/// noticed within the timeout and two periods of its last beat.
-pub(crate) fn period(timeout: Duration) -> Duration {
-    (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
-}
-
-/// What the readings say.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Every peer beat within the timeout, and the store answers.
-    Alive,
-    /// `peer` (a group rank) has not beaten for `silent_for`.
-    PeerSilent { peer: usize, silent_for: Duration },
-    /// The store has not answered for `silent_for`; `cause` is its last
-    /// error.
-    StoreSilent { silent_for: Duration, cause: String },
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Beat {
-    /// The counter as last read (`None` before the first reading); at or
-    /// above [`LEFT`] once the peer left.
-    value: Option<i64>,
-    /// When the reading last found it changed (or the clock started).
-    changed: Instant,
-}
-
-/// The liveness of a group's peers from this rank's readings of their
-/// beats: no I/O and no clock of its own (every call passes `now`).
-#[derive(Debug)]
-pub(crate) struct PeerClock {
-    me: usize,
-    timeout: Duration,
-    beats: Vec<Beat>,
-    /// When the store last answered.
-    store_ok: Instant,
-    store_error: Option<String>,
-}
-
-impl PeerClock {
-    /// A clock for rank `me` of a group of `size`, started at `now` (every
-    /// peer counts as just heard from).
-    pub(crate) fn new(me: usize, size: usize, timeout: Duration, now: Instant) -> PeerClock {
-        PeerClock {
-            me,
-            timeout,
-            beats: vec![
-                Beat {
-                    value: None,
-                    changed: now,
-                };
-                size
-            ],
-            store_ok: now,
-            store_error: None,
-        }
-    }
-
-    /// The peers whose counters a reading asks for, in order.
-    pub(crate) fn peers(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.beats.len()).filter(move |&r| r != self.me)
-    }
-
-    /// A reading at `now`: `values[i]` is the counter of the `i`-th of
-    /// [`peers`](Self::peers) (`None`: not readable).
-    pub(crate) fn read(&mut self, values: &[Option<i64>], now: Instant) {
-        self.store_ok = now;
-        self.store_error = None;
-        let peers: Vec<usize> = self.peers().collect();
-        for (&peer, &v) in peers.iter().zip(values) {
-            let b = &mut self.beats[peer];
-            if v.is_some() && v != b.value {
-                b.value = v;
-                b.changed = now;
-            }
-        }
-    }
-
-    /// The store failed to answer at `now` with `cause`.
-    pub(crate) fn store_failed(&mut self, cause: String) {
-        self.store_error = Some(cause);
-    }
-
-    /// The verdict at `now`: the store's silence first (it makes every
-    /// peer look silent), then the peer silent longest.
-    pub(crate) fn verdict(&self, now: Instant) -> Verdict {
-        let store_silent = now.saturating_duration_since(self.store_ok);
-        if store_silent >= self.timeout {
-            return Verdict::StoreSilent {
-                silent_for: store_silent,
-                cause: self
-                    .store_error
-                    .clone()
-                    .unwrap_or_else(|| "no answer".into()),
-            };
-        }
-        self.peers()
-            .filter(|&p| self.beats[p].value.is_none_or(|v| v < LEFT))
-            .map(|p| (p, now.saturating_duration_since(self.beats[p].changed)))
-            .filter(|&(_, d)| d >= self.timeout)
-            .max_by_key(|&(_, d)| d)
-            .map_or(Verdict::Alive, |(peer, silent_for)| Verdict::PeerSilent {
-                peer,
-                silent_for,
-            })
-    }
-}
 
 /// What the liveness task of one group needs.
 pub(crate) struct Liveness {
@@ -417,6 +266,3 @@ fn lost_peer(ctx: OpContext, peers: &[usize], lost: &[(usize, Gone)], cause: &st
         cause: format!("{said}{}", named.join(", ")),
     }
 }
-
-#[cfg(test)]
-mod tests;

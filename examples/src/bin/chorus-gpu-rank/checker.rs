@@ -1,0 +1,74 @@
+//! [`Checker`], the checks a scenario counts and the mismatches it
+//! records, and [`report`], which prints its outcome.
+
+use super::support::Res;
+
+/// Counts checks and records mismatches (all of them, not only the first).
+#[derive(Default)]
+pub(super) struct Checker {
+    pub(super) checks: usize,
+    pub(super) fails: Vec<String>,
+}
+
+impl Checker {
+    /// A check that is a condition: `what` held, or failed as `detail`.
+    pub(super) fn count(&mut self, what: String, ok: bool, detail: String) {
+        self.checks += 1;
+        if !ok {
+            self.fails.push(format!("{what}: {detail}"));
+        }
+    }
+
+    pub(super) fn check<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        what: String,
+        got: &[T],
+        want: &[T],
+    ) {
+        self.checks += 1;
+        if got.len() != want.len() {
+            self.fails.push(format!(
+                "{what}: {} elements, expected {}",
+                got.len(),
+                want.len()
+            ));
+            return;
+        }
+        let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
+        if let Some(&i) = bad.first() {
+            self.fails.push(format!(
+                "{what}: {} of {} elements differ; first at {i}: got {:?}, expected {:?}",
+                bad.len(),
+                got.len(),
+                got[i],
+                want[i]
+            ));
+        }
+    }
+}
+
+/// Prints a scenario's outcome (`OK`, or each `MISMATCH` and `FAIL`) and
+/// returns the exit code.
+pub(super) fn report(rank: usize, outcome: Res<Checker>, extra: &str) -> i32 {
+    match outcome {
+        Ok(ck) if ck.fails.is_empty() => {
+            println!("OK rank={rank} checks={}{extra}", ck.checks);
+            0
+        }
+        Ok(ck) => {
+            for f in &ck.fails {
+                println!("MISMATCH rank={rank} {f}");
+            }
+            println!(
+                "FAIL rank={rank} {} of {} checks failed",
+                ck.fails.len(),
+                ck.checks
+            );
+            1
+        }
+        Err(e) => {
+            println!("FAIL rank={rank} {e}");
+            1
+        }
+    }
+}
