@@ -198,8 +198,10 @@
 //!
 //! `options` ([`TcpOptions`]), `wire` (the handshake and the header of every
 //! frame), `notice` (the fault notice a failing rank sends its peers), `pool`
-//! (recycled receive buffers), `shm` (the shared-memory data plane), `halves`
-//! (a connection's two halves), `conn` (the connections: readers and write
+//! (recycled receive buffers), `shm` (the shared-memory data plane: slots
+//! and pipes), `halves` (a socket's two halves), `pipe_io` (a connection's
+//! read and write sides over the socket or a shared-memory pipe), `conn`
+//! (the connections: readers and write
 //! sides), `state` (what the handle, the worker and the readers share),
 //! `request` (one op as the worker receives it), `algo` (the algorithms),
 //! `worker` (the per-group worker), `drive` (a small op on the caller's
