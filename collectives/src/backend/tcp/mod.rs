@@ -131,7 +131,8 @@
 //!
 //! Between two ranks joined by a Unix socket that both have
 //! [`TcpOptions::shared_memory`] on (the default; `CHORUS_SHM=0` turns it
-//! off), large payloads skip the socket (see `shm` for the details):
+//! off), the frames skip the socket (see `shm` and `pipe_io` for the
+//! details):
 //!
 //! * **Segments.** At setup each rank of the pair creates one segment for
 //!   its direction: an anonymous, sealed `memfd` whose descriptor goes to
@@ -139,11 +140,27 @@
 //!   acknowledges. Nothing is ever created in `/dev/shm` or elsewhere in
 //!   the file system, so there is nothing to unlink and nothing can leak,
 //!   even if a rank is SIGKILLed: the memory goes away with the last
-//!   mapping. A segment is a header page and `min(32, 8 MiB / chunk)` slots
-//!   (at least 2) of `chunk_bytes` each: with the default 256 KiB chunks,
-//!   32 slots, 8 MiB per direction (pages are only allocated once used;
-//!   the lowest free slot is taken first). Shared memory is only offered
-//!   when `chunk_bytes` is between 16 KiB and 16 MiB.
+//!   mapping. A segment is a header page, a 1 MiB pipe and
+//!   `min(32, 8 MiB / chunk)` slots (at least 2) of `chunk_bytes` each:
+//!   with the default 256 KiB chunks, 32 slots (pages are only allocated
+//!   once used; the lowest free slot is taken first). Shared memory is
+//!   only offered when `chunk_bytes` is between 16 KiB and 16 MiB.
+//! * **Pipes.** The frames of a direction go through the pipe of its
+//!   segment, a ring of bytes with one writer and one reader
+//!   (`chorus_core::pipe`): the same byte stream the socket would carry,
+//!   framed and checked alike, but a frame costs no system call while
+//!   both ranks run. The socket is left the control plane: a byte on it is
+//!   a doorbell (the reader said it sleeps, and the writer published), its
+//!   end is the peer's end (a fault notice or goodbye in the pipe before
+//!   it says why).
+//! * **Slots.** A frame whose payload is at least 16 KiB goes into a free
+//!   slot; only its header (with the slot number) goes through the pipe,
+//!   in order with every other frame. The receiver checks the header as
+//!   always (mismatches are reported the same way), then reduces or copies
+//!   straight from the slot into the op's buffer and frees the slot (its
+//!   share of it, for a broadcast slot); the ring's reduce-scatter reduces
+//!   a received partial sum straight into a slot of the next rank. Peers on
+//!   other hosts and peers without a segment use the socket.
 //! * **Broadcast segments.** Each rank also creates one segment of the
 //!   same layout that every local peer maps, read by several peers (a
 //!   slot's state counts its readers). When every rank of the group is on
@@ -151,48 +168,37 @@
 //!   its Unix socket; a rank learns it about higher ranks from the store
 //!   and about lower ones from their hellos, which also say whether they
 //!   found this rank's published host equal to theirs, so every rank comes
-//!   to the same answer) and there are at least 3 ranks, a large all_reduce runs the ring's
-//!   reduce-scatter and then, instead of the ring's all-gather (which
-//!   copies every block into a slot at every hop), each rank writes each
-//!   chunk of its reduced block once into its broadcast segment and sends
-//!   every peer only the header; each peer copies it out (algorithm
-//!   `ALGO_RS_BCAST` in the header).
-//! * **Frames.** A frame whose payload is at least 16 KiB goes into a free
-//!   slot; only its header (with the slot number) goes through the socket,
-//!   in order with every other frame. The receiver checks the header as
-//!   always (mismatches are reported the same way), then reduces or copies
-//!   straight from the slot into the op's buffer and frees the slot (its
-//!   share of it, for a broadcast slot); the ring's reduce-scatter reduces
-//!   a received partial sum straight into a slot of the next rank. Smaller frames, peers on other hosts and peers
-//!   without a segment use the socket.
+//!   to the same answer) and there are at least 3 ranks, a large
+//!   all_reduce runs the ring's reduce-scatter and then, instead of the
+//!   ring's all-gather (which copies every block into a slot at every
+//!   hop), each rank writes each chunk of its reduced block once into its
+//!   broadcast segment and sends every peer only the header; each peer
+//!   copies it out (algorithm `ALGO_RS_BCAST` in the header).
 //! * **No new waits.** A sender that finds every slot of a peer in use
-//!   sends that payload through the socket instead of waiting, so shared
-//!   memory never blocks a sender and cannot deadlock the ring; timeouts,
-//!   ordering and peer-death detection are the socket's, unchanged. A peer
-//!   that dies leaves its slots full; the survivor sees its socket close
-//!   (`PeerLost`) as before.
+//!   sends that payload through the pipe instead of waiting for a slot,
+//!   so the slots never block a sender and cannot deadlock the ring; a
+//!   full pipe waits for the peer's reader task, which drains it into its
+//!   queues whatever the peer's worker does, as a socket's buffer does.
+//!   Timeouts, ordering and peer-death detection are the socket's,
+//!   unchanged: a peer that dies leaves its slots full and its socket
+//!   closed (`PeerLost`).
 //! * **Agreement.** The handshake carries whether a rank offers shared
 //!   memory; a pair uses it only if both ends do, and each direction only
 //!   if its receiver mapped the segment. Failures to create or map a
 //!   segment are logged (`tracing`, info) and that direction uses the
 //!   socket.
 //!
-//! On the 2-core development VM this takes the 4-rank 16 MiB all_reduce
-//! from about 19-21 ms to 11-13 ms on a quiet machine (figures in
-//! `benches/RESULTS.md`).
+//! What each saves is measured in `benches/RESULTS.md` ("TCP backend").
 //!
 //! ## Crossover and chunk size
 //!
-//! Measured with f32 all_reduce, all ranks in one process, on the 2-core
-//! development VM (ignored tests `bench_crossover_sweep` and
-//! `bench_chunk_sweep` in the backend's tests). With 2 ranks the
-//! direct path and the ring cost the same from 64 KiB on (both move the
-//! buffer once each way). With 4 ranks the direct path (which sends `n - 1`
-//! copies of the buffer) is faster at 16 KiB (150 µs against 300 µs) but
-//! the ring wins from 64 KiB (260 µs against 500 µs, 230 µs against 680 µs
-//! at 128 KiB): the crossover is 64 KiB. Chunks of 256 KiB gave the best
-//! 16 MiB bandwidth for 2 and 4 ranks (64 KiB: more syscalls and wake-ups;
-//! 1 MiB: more cache misses).
+//! `crossover_bytes` (64 KiB) is where the ring overtakes the direct
+//! algorithms with 4 ranks: the direct path sends `n - 1` copies of the
+//! buffer, the ring about two. `chunk_bytes` (256 KiB) gave the best
+//! 16 MiB bandwidth for 2 and 4 ranks: smaller chunks cost more system
+//! calls and wake-ups, larger ones more cache misses. Both were measured
+//! with `tcp_allreduce` (`benches/README.md`); the figures are in
+//! `benches/RESULTS.md`.
 //!
 //! # Files
 //!
