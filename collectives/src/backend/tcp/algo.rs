@@ -382,9 +382,9 @@ impl Worker {
             for k in 0..nchunks(count, ce) {
                 let c = chunk(&all, ce, k);
                 let b = bytes(&c, es);
-                for p in self.others() {
-                    self.send(&o, p, &buf.as_bytes()[b.clone()]).await?;
-                }
+                // One copy for every local peer where it is large enough
+                // for a broadcast slot.
+                self.send_to_all(&o, &buf.as_bytes()[b.clone()]).await?;
                 frames.clear();
                 let me = self.me();
                 for p in (0..n).filter(|&p| p != me) {
@@ -566,9 +566,7 @@ impl Worker {
             for k in 0..nchunks(count, ce) {
                 let c = chunk(&all, ce, k);
                 if me == root {
-                    for p in self.others() {
-                        self.send(&o, p, &buf.as_bytes()[bytes(&c, es)]).await?;
-                    }
+                    self.send_to_all(&o, &buf.as_bytes()[bytes(&c, es)]).await?;
                 } else {
                     if k == 0 {
                         // An empty frame back to the root, so that ranks that
@@ -699,9 +697,8 @@ impl Worker {
         let all = 0..k;
         for j in 0..nchunks(k, ce) {
             let c = chunk(&all, ce, j);
-            for p in self.others() {
-                self.send(&o, p, &input.as_bytes()[bytes(&c, es)]).await?;
-            }
+            self.send_to_all(&o, &input.as_bytes()[bytes(&c, es)])
+                .await?;
             for p in (0..n).filter(|&p| p != me) {
                 let dst = bytes(&(p * k + c.start..p * k + c.end), es);
                 self.recv_into(&o, p, &mut output.as_bytes_mut()[dst])
