@@ -97,10 +97,7 @@ pub(crate) async fn size(
     // Each rank's times, then its CPU time, gathered on every rank.
     let mut mine: Vec<f64> = times.iter().map(|d| d.as_secs_f64()).collect();
     mine.push(cpu);
-    let all = pg
-        .all_gather(mine, vec![0.0; (iters + 1) * n])?
-        .await?
-        .1;
+    let all = pg.all_gather(mine, vec![0.0; (iters + 1) * n])?.await?.1;
     if pg.rank() != 0 {
         return Ok(());
     }
