@@ -94,13 +94,13 @@ pub(crate) fn commit_here(out: &std::path::Path, plots: &std::path::Path) -> Str
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
-    let Some(head) = git(&["rev-parse", "--short", "HEAD"]) else {
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]).map(|h| h.trim().to_string()) else {
         return "unknown".into();
     };
     // The report and its plots, as paths from the checkout's root.
-    let root = git(&["rev-parse", "--show-toplevel"]).map(std::path::PathBuf::from);
+    let root = git(&["rev-parse", "--show-toplevel"]).map(|r| std::path::PathBuf::from(r.trim()));
     let from_root = |p: &std::path::Path| {
         let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
         root.as_ref()
