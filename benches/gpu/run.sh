@@ -44,7 +44,7 @@ usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0";
 RESULTS=""; MODES=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --out) RESULTS=${2:-}; shift 2 ;;
+    --out) RESULTS=${2:-}; shift; [ $# -gt 0 ] && shift ;;
     --out=*) RESULTS=${1#--out=}; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "unknown option $1" >&2; usage >&2; exit 2 ;;
@@ -67,7 +67,7 @@ if [ ! -d "$D/bin" ]; then
   exec bash "$pack/run.sh" --out "$RESULTS" "${MODES[@]}"
 fi
 mkdir -p "$RESULTS"; RESULTS=$(cd "$RESULTS" && pwd)
-BIN=$D/bin; SUM=$RESULTS/summary.txt
+BIN=$D/bin; SUM=$RESULTS/summary.txt; : > "$SUM"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} RUST_BACKTRACE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The Python with PyTorch first on PATH: python3 and torchrun are its own
 # for every step.
