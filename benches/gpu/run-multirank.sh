@@ -5,8 +5,8 @@
 # the GPU). Real communicators of N ranks, real data between processes,
 # real remote failures; no figure of speed.
 #
-#   bash run-multirank.sh [RANKS...]          (default: 2 4)
-#   STEPS="matrix:4 kill-fresh:4 ..." bash run-multirank.sh
+#   bash run-multirank.sh --out DIR [RANKS...]          (default: 2 4)
+#   STEPS="matrix:4 kill-fresh:4 ..." bash run-multirank.sh --out DIR
 #
 # Steps, NAME:N (N ranks):
 #   matrix, groups, seed, levels   chorus-gpu-rank's scenario, every rank OK
@@ -25,15 +25,18 @@
 #   memcheck                       compute-sanitizer memcheck on kill (if found)
 # Without STEPS: for each N of RANKS matrix, groups, seed, levels, trainer;
 # torchrun and tp_mlp with 2 ranks; the faults with the largest N (3 or
-# more). Expects bin/ beside it (pack.sh nccl); logs and
-# multirank-summary.txt under $OUT.
+# more). Runs the executables of bin/ beside it (a folder made by
+# pack.sh; run.sh's `multirank` mode runs this script); each step's log,
+# and summary.txt, go under DIR.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
-export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1 OMP_NUM_THREADS=1
-: "${OUT:=/tmp/out}"; mkdir -p "$OUT"
+[ "${1:-}" = --out ] && [ -n "${2:-}" ] || { echo "usage: bash run-multirank.sh --out DIR [RANKS...]" >&2; exit 2; }
+LOGS=$2; shift 2
+mkdir -p "$LOGS"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} RUST_BACKTRACE=1 OMP_NUM_THREADS=1
 RANKS=${*:-2 4}
 RUN="$D/bin/chorus-run"; GR="$D/bin/chorus-gpu-rank"; TR="$D/bin/gpu_trainer"
-SUM="$OUT/multirank-summary.txt"; touch "$SUM"
+SUM="$LOGS/summary.txt"; touch "$SUM"
 PASSED=0; FAILED=0
 # Liveness and re-form window of the fault runs (ms).
 export CHORUS_PEER_LIVENESS_MS=${CHORUS_PEER_LIVENESS_MS:-3000} FAULT_WINDOW_MS=${FAULT_WINDOW_MS:-2000}
@@ -45,15 +48,15 @@ secs_since() { local ms=$(( ($(date +%s%N) - $1) / 1000000 )); printf '%d.%02d' 
 verdict() { # name, ok (0/1), detail
   if [ "$2" = 1 ]; then PASSED=$((PASSED+1)); say "PASS $1: $3"; else FAILED=$((FAILED+1)); say "FAIL $1: $3"; fi
 }
-# Runs chorus-run --share-gpu with a time limit; log in $OUT/NAME.log; sets RC and SECS.
+# Runs chorus-run --share-gpu with a time limit; log in $LOGS/NAME.log; sets RC and SECS.
 job() { # name, limit, chorus-run args...
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s%N)
-  timeout -k 5 "$limit" "$RUN" --share-gpu "$@" > "$OUT/$name.log" 2>&1; RC=$?
+  timeout -k 5 "$limit" "$RUN" --share-gpu "$@" > "$LOGS/$name.log" 2>&1; RC=$?
   SECS=$(secs_since "$t0")
 }
-oks() { grep -c "^\[rank [0-9]*\] OK rank=" "$OUT/$1.log"; }
-bad() { grep -cE "FAIL|MISMATCH|panicked|ERROR rank" "$OUT/$1.log"; }
+oks() { grep -c "^\[rank [0-9]*\] OK rank=" "$LOGS/$1.log"; }
+bad() { grep -cE "FAIL|MISMATCH|panicked|ERROR rank" "$LOGS/$1.log"; }
 indent() { sed -e 's/^\[rank [0-9]*\] //' -e 's/^/  /' | tee -a "$SUM"; }
 
 # A scenario every rank passes.
@@ -61,12 +64,12 @@ scenario() { # scenario, N
   local sc=$1 n=$2 name="$1-$2"
   job "$name" 240 --nproc-per-node "$n" -- "$GR" "$sc"
   local ok=0; [ "$RC" = 0 ] && [ "$(oks "$name")" = "$n" ] && [ "$(bad "$name")" = 0 ] && ok=1
-  verdict "$name" $ok "$n ranks, rc=$RC, $(oks "$name") of $n OK, ${SECS}s; $(grep -ohE 'checks=[0-9]+' "$OUT/$name.log" | sort -u | tr '\n' ' ')"
-  grep -h "NCCL version" "$OUT/$name.log" | head -1 | indent
+  verdict "$name" $ok "$n ranks, rc=$RC, $(oks "$name") of $n OK, ${SECS}s; $(grep -ohE 'checks=[0-9]+' "$LOGS/$name.log" | sort -u | tr '\n' ' ')"
+  grep -h "NCCL version" "$LOGS/$name.log" | head -1 | indent
   case $sc in
-    matrix) grep -h "COMMS rank=0" "$OUT/$name.log" | indent ;;
-    seed) grep -h "SEED rank=0" "$OUT/$name.log" | indent ;;
-    levels) grep -h "LEVELS rank=0 round=1" "$OUT/$name.log" | indent ;;
+    matrix) grep -h "COMMS rank=0" "$LOGS/$name.log" | indent ;;
+    seed) grep -h "SEED rank=0" "$LOGS/$name.log" | indent ;;
+    levels) grep -h "LEVELS rank=0 round=1" "$LOGS/$name.log" | indent ;;
   esac
 }
 
@@ -74,18 +77,18 @@ trainer() { # N
   local n=$1 name=trainer-$1
   job "$name" 180 --nproc-per-node "$n" -- "$TR" --width 256 --layers 4 --batch 16 --steps 40 \
       --check-steps 3 --print-every 10 --profile-steps 0
-  local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$OUT/$name.log" && ok=1
-  verdict "$name" $ok "$n ranks, rc=$RC, ${SECS}s; $(grep -hoE 'max relative difference [^:]*: [A-Z]+|bit-identical on all [0-9]+ rank\(s\) after each of [0-9]+ steps' "$OUT/$name.log" | tr '\n' ';')"
+  local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$LOGS/$name.log" && ok=1
+  verdict "$name" $ok "$n ranks, rc=$RC, ${SECS}s; $(grep -hoE 'max relative difference [^:]*: [A-Z]+|bit-identical on all [0-9]+ rank\(s\) after each of [0-9]+ steps' "$LOGS/$name.log" | tr '\n' ';')"
 }
 
 torchrun_matrix() { # N
   local n=$1 name=torchrun-matrix-$1
   # The variables --share-gpu sets, by hand.
-  printf '#!/bin/sh\nexport CUDA_VISIBLE_DEVICES=0 LOCAL_RANK=0 NCCL_HOSTID="torchrun-rank$RANK" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1\nexec "$@"\n' > "$OUT/share-gpu.sh"
-  chmod +x "$OUT/share-gpu.sh"
+  printf '#!/bin/sh\nexport CUDA_VISIBLE_DEVICES=0 LOCAL_RANK=0 NCCL_HOSTID="torchrun-rank$RANK" NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1\nexec "$@"\n' > "$LOGS/share-gpu.sh"
+  chmod +x "$LOGS/share-gpu.sh"
   local t0; t0=$(date +%s%N)
-  timeout -k 5 240 torchrun --no-python --nproc-per-node "$n" --master-port 29577 "$OUT/share-gpu.sh" "$GR" matrix > "$OUT/$name.log" 2>&1; RC=$?
-  local n_ok; n_ok=$(grep -c "OK rank=" "$OUT/$name.log")
+  timeout -k 5 240 torchrun --no-python --nproc-per-node "$n" --master-port 29577 "$LOGS/share-gpu.sh" "$GR" matrix > "$LOGS/$name.log" 2>&1; RC=$?
+  local n_ok; n_ok=$(grep -c "OK rank=" "$LOGS/$name.log")
   local ok=0; [ "$RC" = 0 ] && [ "$n_ok" = "$n" ] && ok=1
   verdict "$name" $ok "torchrun --no-python --nproc-per-node $n, rc=$RC, $n_ok of $n OK, $(secs_since "$t0")s"
 }
@@ -100,29 +103,29 @@ tp_mlp() { # N
   local cu old=${LD_LIBRARY_PATH:-}
   cu=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)
   export LD_LIBRARY_PATH="$cu${old:+:$old}"
-  timeout 120 "$D/bin/tp_mlp" --iters 3 > "$OUT/tp_mlp-1.log" 2>&1; local rc1=$?
+  timeout 120 "$D/bin/tp_mlp" --iters 3 > "$LOGS/tp_mlp-1.log" 2>&1; local rc1=$?
   job "tp_mlp-$n" 120 --nproc-per-node "$n" -- "$D/bin/tp_mlp" --iters 3
   export LD_LIBRARY_PATH="$old"
   local s1 s2 close
-  s1=$(grep -ohE 'sum of outputs [-0-9.e]+' "$OUT/tp_mlp-1.log" | awk '{print $4}')
-  s2=$(grep -ohE 'sum of outputs [-0-9.e]+' "$OUT/tp_mlp-$n.log" | awk '{print $4}')
+  s1=$(grep -ohE 'sum of outputs [-0-9.e]+' "$LOGS/tp_mlp-1.log" | awk '{print $4}')
+  s2=$(grep -ohE 'sum of outputs [-0-9.e]+' "$LOGS/tp_mlp-$n.log" | awk '{print $4}')
   close=$(awk -v a="${s1:-x}" -v b="${s2:-x}" 'BEGIN { if (a == "x" || b == "x") { print 0; exit } d = a - b; if (d < 0) d = -d; m = (a < 0 ? -a : a); print (d <= 1e-4 * (m > 1 ? m : 1)) ? 1 : 0 }')
-  local ok=0; [ "$rc1" = 0 ] && [ "$RC" = 0 ] && [ "$close" = 1 ] && grep -q "OK; sum" "$OUT/tp_mlp-$n.log" && ok=1
+  local ok=0; [ "$rc1" = 0 ] && [ "$RC" = 0 ] && [ "$close" = 1 ] && grep -q "OK; sum" "$LOGS/tp_mlp-$n.log" && ok=1
   verdict "tp_mlp-$n" $ok "candle tp_mlp on $n ranks (rc=$RC, sum $s2) against 1 rank (rc=$rc1, sum $s1), ${SECS}s"
-  grep -ohE "tp_mlp: [0-9]+ rank\(s\)[^;]*; [^;]*" "$OUT/tp_mlp-1.log" "$OUT/tp_mlp-$n.log" | indent
+  grep -ohE "tp_mlp: [0-9]+ rank\(s\)[^;]*; [^;]*" "$LOGS/tp_mlp-1.log" "$LOGS/tp_mlp-$n.log" | indent
 }
 
 fault() { # name, N, scenario, kind wanted, extra env...
   local name=$1 n=$2 sc=$3 kind=$4; shift 4
   local t0; t0=$(date +%s%N)
-  env "$@" timeout -k 5 120 "$RUN" --share-gpu --keep-going --kill-timeout 2 --nproc-per-node "$n" -- "$GR" "$sc" > "$OUT/$name.log" 2>&1; RC=$?
+  env "$@" timeout -k 5 120 "$RUN" --share-gpu --keep-going --kill-timeout 2 --nproc-per-node "$n" -- "$GR" "$sc" > "$LOGS/$name.log" 2>&1; RC=$?
   SECS=$(secs_since "$t0")
   local ok=0
   [ "$(oks "$name")" = $((n-1)) ] && [ "$(bad "$name")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks, $(oks "$name") of $((n-1)) survivors OK ($kind wanted), ${SECS}s"
-  grep -h "NCCL version" "$OUT/$name.log" | head -1 | indent
-  grep -hoE "RESULT rank=[0-9]+ kind=[A-Za-z]+ peer=[a-z0-9]+ elapsed_ms=[0-9]+ bound_ms=[0-9]+" "$OUT/$name.log" | indent
-  grep -hoE "REFORM rank=[0-9]+ new_rank=[0-9]+ size=[0-9]+ epoch=[0-9]+|reform_ms=[0-9.]+ comm=[a-z]+ shrink_ms=[-0-9.]+ first_op_ms=[0-9.]+" "$OUT/$name.log" | paste - - | indent
+  grep -h "NCCL version" "$LOGS/$name.log" | head -1 | indent
+  grep -hoE "RESULT rank=[0-9]+ kind=[A-Za-z]+ peer=[a-z0-9]+ elapsed_ms=[0-9]+ bound_ms=[0-9]+" "$LOGS/$name.log" | indent
+  grep -hoE "REFORM rank=[0-9]+ new_rank=[0-9]+ size=[0-9]+ epoch=[0-9]+|reform_ms=[0-9.]+ comm=[a-z]+ shrink_ms=[-0-9.]+ first_op_ms=[0-9.]+" "$LOGS/$name.log" | paste - - | indent
 }
 
 NCCL_PIP=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib", "libnccl.so.2"))' 2>/dev/null || true)
@@ -137,7 +140,7 @@ rejoin() { # N
   job "$name" 150 --max-restarts 1 --nproc-per-node "$n" -- "$GR" rejoin
   local ok=0; [ "$RC" = 0 ] && [ "$(oks "$name")" = "$n" ] && [ "$(bad "$name")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks with one killed and restarted (--max-restarts 1), rc=$RC, $(oks "$name") of $n OK, ${SECS}s"
-  grep -hE "REJOIN |REJOINED" "$OUT/$name.log" | indent
+  grep -hE "REJOIN |REJOINED" "$LOGS/$name.log" | indent
 }
 
 trainer_ft() { # N
@@ -145,9 +148,9 @@ trainer_ft() { # N
   local k1=$(( 6 + RANDOM % 12 )) k2=$(( 20 + RANDOM % 14 ))
   job "$name" 240 --max-restarts 2 --nproc-per-node "$n" -- "$TR" --fault-tolerant --width 256 --layers 4 \
       --batch 16 --steps 40 --check-steps 3 --print-every 10 --window-ms 2000 --kill "1@$k1" --kill "2@$k2"
-  local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$OUT/$name.log" && [ "$(grep -c 'panicked' "$OUT/$name.log")" = 0 ] && ok=1
+  local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$LOGS/$name.log" && [ "$(grep -c 'panicked' "$LOGS/$name.log")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks, rank 1 killed in step $k1 and rank 2 in step $k2 (--max-restarts 2), rc=$RC, ${SECS}s"
-  grep -hE "abandoned|groups:|loss fell|bit-identical" "$OUT/$name.log" | indent
+  grep -hE "abandoned|groups:|loss fell|bit-identical" "$LOGS/$name.log" | indent
 }
 
 memcheck() { # N
@@ -156,11 +159,11 @@ memcheck() { # N
   if [ -z "$san" ]; then say "SKIP $name: no compute-sanitizer on this machine"; return; fi
   local t0; t0=$(date +%s%N)
   CHORUS_PEER_LIVENESS_MS=5000 FAULT_ELEMS=262144 timeout -k 5 200 "$RUN" --share-gpu --keep-going --kill-timeout 2 \
-    --nproc-per-node "$n" -- "$san" --tool memcheck --print-limit 20 "$GR" kill > "$OUT/$name.log" 2>&1; RC=$?
-  local clean; clean=$(grep -c "ERROR SUMMARY: 0 errors" "$OUT/$name.log")
-  local ok=0; [ "$clean" -ge $((n-1)) ] && [ "$(grep -cE 'ERROR SUMMARY: [1-9]' "$OUT/$name.log")" = 0 ] && ok=1
+    --nproc-per-node "$n" -- "$san" --tool memcheck --print-limit 20 "$GR" kill > "$LOGS/$name.log" 2>&1; RC=$?
+  local clean; clean=$(grep -c "ERROR SUMMARY: 0 errors" "$LOGS/$name.log")
+  local ok=0; [ "$clean" -ge $((n-1)) ] && [ "$(grep -cE 'ERROR SUMMARY: [1-9]' "$LOGS/$name.log")" = 0 ] && ok=1
   verdict "$name" $ok "compute-sanitizer memcheck on kill ($n ranks): $clean clean summaries, rc=$RC, $(secs_since "$t0")s"
-  grep -hE "ERROR SUMMARY|RESULT" "$OUT/$name.log" | head -6 | indent
+  grep -hE "ERROR SUMMARY|RESULT" "$LOGS/$name.log" | head -6 | indent
 }
 
 step() { # NAME:N

@@ -4,7 +4,7 @@
 /// One device op's CPU bookkeeping without the GPU, as the NCCL path does
 /// it: a work registered with one clock reading (registry entry, flight
 /// record), completed and dropped. For the enqueue breakdowns of
-/// `nccl_bench` and `enqueue_probe`.
+/// `nccl_bench` (its figures and `--layers`).
 ///
 /// # Errors
 ///

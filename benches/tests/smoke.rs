@@ -57,8 +57,22 @@ fn quick_run_writes_tables_and_plots() {
     std::fs::create_dir_all(&tmp).expect("temp dir");
     let out = tmp.join("RESULTS.md");
     let plots = tmp.join("plots");
-    // A hand-written section that must survive the run.
-    std::fs::write(&out, "# Results\n\n## Hand written\n\nkeep me\n").expect("seed report");
+    // A hand-written section, and a GPU section this machine may not
+    // rewrite, that must survive the run.
+    let gpu_section = if std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        ""
+    } else {
+        "<!-- chorus-bench:nccl:begin -->\nan earlier GPU run\n<!-- chorus-bench:nccl:end -->\n"
+    };
+    std::fs::write(
+        &out,
+        format!("# Results\n\n## Hand written\n\nkeep me\n\n{gpu_section}"),
+    )
+    .expect("seed report");
 
     let mut child = Command::new(&bench)
         .args(["--quick", "--no-torch", "--reps", "1", "--out"])
@@ -83,20 +97,28 @@ fn quick_run_writes_tables_and_plots() {
 
     let md = std::fs::read_to_string(&out).expect("report written");
     assert!(md.contains("keep me"), "hand-written section kept:\n{md}");
+    assert!(
+        md.contains(gpu_section),
+        "the GPU section is left as it was:\n{md}"
+    );
     for want in [
-        "<!-- chorus-bench:begin -->",
-        "<!-- chorus-bench:end -->",
-        "Machine:",
-        "Command",
-        "### Store",
-        "| op | chorus clients × in flight | ours ops/s | PyTorch ops/s | ratio | target | met |",
+        "<!-- chorus-bench:store:begin -->",
+        "<!-- chorus-bench:store:end -->",
+        "<!-- chorus-bench:tcp:begin -->",
+        "<!-- chorus-bench:checked:end -->",
+        "Measured ",
+        " at commit `",
+        "--quick",
+        "## Store",
+        "| op | chorus clients × in flight | ours ops/s | ÷ floor | PyTorch ops/s | ratio | target | met |",
         "| set | 1 × 1 |",
-        "### TCP backend beside Gloo: all_reduce f32, 2 ranks",
-        "| 4 B |",
-        "| 64 KiB |",
-        "Gloo anchor skipped: --no-torch given",
-        "### NCCL backend",
-        "Skipped:",
+        "## TCP backend beside Gloo: all_reduce f32",
+        "| 2 | 4 B |",
+        "| 2 | 64 KiB |",
+        "Gloo anchor skipped (2 ranks): --no-torch given",
+        "### On the TCP backend",
+        "| 2 | broadcast | 4 B |",
+        "| 2 | all_reduce | 4 KiB |",
     ] {
         assert!(md.contains(want), "report lacks {want:?}:\n{md}");
     }

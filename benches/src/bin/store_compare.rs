@@ -1,5 +1,5 @@
 //! Prints chorus's store ops/s in the format of
-//! `benches/compare/torch_store.py`, for `benches/compare/store.sh`.
+//! `benches/compare/torch_store.py`, for `chorus-bench`'s store suite.
 //!
 //! `store_compare [SECONDS]` (default 2): 1 and 16 clients with one op in
 //! flight each (like PyTorch's synchronous calls), and 1 client with 32

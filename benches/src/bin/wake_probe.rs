@@ -49,7 +49,7 @@
 //! plus the GPU time between the two stamps, in host time (the handshake
 //! reaches the GPU a PCIe write after the host's instant, so the latency
 //! errs high by about a microsecond). The GPU's clock runs at its own rate,
-//! not quite the host's (+12 ppm on the lent H200 hosts, 0.4 µs over a
+//! not quite the host's (+12 ppm on the H200 hosts measured, 0.4 µs over a
 //! 30 ms op), so the GPU time is converted at the rate that the handshakes
 //! of each cell's own samples show (their offsets from the first samples
 //! to the last), printed per cell. "Crude" =

@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     interleave: usize,
     /// Sleep this long before exiting (lets background NCCL abort threads
-    /// finish; see benches/RESULTS.md "Watchdog (H200)").
+    /// finish).
     #[arg(long, default_value_t = 0)]
     exit_sleep_ms: u64,
 }

@@ -51,10 +51,12 @@ pub(crate) struct Point {
     pub(crate) median_us: f64,
     pub(crate) p99_us: f64,
     pub(crate) busbw_gbps: f64,
+    /// CPU time of all ranks per op (µs; NaN where not reported).
+    pub(crate) cpu_us: f64,
 }
 
-/// Per-size runs of (median, p99, busbw), merged by median.
-pub(crate) fn merge_points(runs: &BTreeMap<usize, Vec<[f64; 3]>>) -> Vec<Point> {
+/// Per-size runs of (median, p99, busbw, CPU per op), merged by median.
+pub(crate) fn merge_points(runs: &BTreeMap<usize, Vec<[f64; 4]>>) -> Vec<Point> {
     runs.iter()
         .filter_map(|(&bytes, v)| {
             let col = |i: usize| median(&v.iter().map(|x| x[i]).collect::<Vec<_>>());
@@ -63,6 +65,7 @@ pub(crate) fn merge_points(runs: &BTreeMap<usize, Vec<[f64; 3]>>) -> Vec<Point> 
                 median_us: col(0)?,
                 p99_us: col(1)?,
                 busbw_gbps: col(2).unwrap_or(f64::NAN),
+                cpu_us: col(3).unwrap_or(f64::NAN),
             })
         })
         .collect()
@@ -75,7 +78,9 @@ pub(crate) fn busbw(bytes: f64, ranks: Option<f64>, median_us: f64) -> Option<f6
     (n >= 1.0 && median_us > 0.0).then(|| bytes * 2.0 * (n - 1.0) / n / (median_us * 1e-6) / 1e9)
 }
 
-pub(crate) fn add_runs(rows: &[Value], into: &mut BTreeMap<usize, Vec<[f64; 3]>>) -> usize {
+/// Adds each row's (median, p99, busbw, CPU per op) to its size's runs;
+/// returns how many rows it took.
+pub(crate) fn add_runs(rows: &[Value], into: &mut BTreeMap<usize, Vec<[f64; 4]>>) -> usize {
     let mut n = 0;
     for r in rows {
         let f = |k: &str| r.get(k).and_then(Value::as_f64);
@@ -86,6 +91,7 @@ pub(crate) fn add_runs(rows: &[Value], into: &mut BTreeMap<usize, Vec<[f64; 3]>>
                 busbw(b, f("ranks"), m)
                     .or(f("busbw_gbps"))
                     .unwrap_or(f64::NAN),
+                f("cpu_us").unwrap_or(f64::NAN),
             ]);
             n += 1;
         }

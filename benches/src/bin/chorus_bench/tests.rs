@@ -1,27 +1,34 @@
 use std::collections::BTreeMap;
 
-use crate::markdown::{splice, utc_now, BEGIN, END};
+use crate::markdown::{begin, end, splice, utc_now};
 use crate::parse::{add_runs, json_lines, median, parse_rates, Rates};
 
 #[test]
-fn splice_replaces_between_markers_and_keeps_the_rest() {
-    let old = format!("# R\n\nhand written\n\n{BEGIN}\nold run\n{END}\n\n## After\nkept\n");
-    let new = splice(&old, "new run\n");
+fn splice_replaces_its_section_and_keeps_the_rest() {
+    let old = format!(
+        "# R\n\nhand written\n\n{}\nold store\n{}\n\n## After\nkept\n\n{}\nold tcp\n{}\n",
+        begin("store"),
+        end("store"),
+        begin("tcp"),
+        end("tcp")
+    );
+    let new = splice(&old, "store", "new store\n");
     assert!(new.contains("hand written") && new.contains("## After\nkept"));
-    assert!(new.contains("new run") && !new.contains("old run"));
-    assert_eq!(new.matches(BEGIN).count(), 1);
+    assert!(new.contains("new store") && !new.contains("old store"));
+    assert!(new.contains("old tcp"), "another section is left as it was");
+    assert_eq!(new.matches(&begin("store")).count(), 1);
     // Idempotent shape on a second run.
-    let again = splice(&new, "third");
-    assert_eq!(again.matches(END).count(), 1);
-    assert!(again.contains("third") && !again.contains("new run"));
+    let again = splice(&new, "store", "third");
+    assert_eq!(again.matches(&end("store")).count(), 1);
+    assert!(again.contains("third") && !again.contains("new store"));
 }
 
 #[test]
-fn splice_appends_without_markers() {
-    let new = splice("# R\n\n## Store\ntable\n", "run");
+fn splice_appends_a_section_without_markers() {
+    let new = splice("# R\n\n## Store\ntable\n", "tcp", "run");
     assert!(new.starts_with("# R\n\n## Store\ntable\n\n"));
-    assert!(new.trim_end().ends_with(END));
-    assert!(splice("", "run").starts_with("# Benchmark results"));
+    assert!(new.trim_end().ends_with(&end("tcp")));
+    assert!(splice("", "tcp", "run").starts_with("# Benchmark results"));
 }
 
 #[test]
@@ -39,7 +46,8 @@ fn parses_prefixed_json_and_rate_lines() {
     );
     let mut m = BTreeMap::new();
     assert_eq!(add_runs(&rows, &mut m), 1);
-    assert_eq!(m[&4][0], [10.5, 20.0, 0.001]);
+    assert_eq!(m[&4][0][..3], [10.5, 20.0, 0.001]);
+    assert!(m[&4][0][3].is_nan(), "no CPU figure");
     let rows =
         json_lines("{\"ranks\":2,\"bytes\":1000,\"median_us\":1,\"p99_us\":2,\"busbw_gbps\":0}");
     add_runs(&rows, &mut m);

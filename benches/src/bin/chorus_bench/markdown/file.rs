@@ -1,18 +1,26 @@
-//! The report's place in its file: between the chorus-bench markers, with
-//! paths relative to the file.
+//! The report's sections' places in their file: each between the markers
+//! of its key, with paths relative to the file.
 
 use std::path::Path;
 
-pub(crate) const BEGIN: &str = "<!-- chorus-bench:begin -->";
-pub(crate) const END: &str = "<!-- chorus-bench:end -->";
+/// The marker that opens the section `key`.
+pub(crate) fn begin(key: &str) -> String {
+    format!("<!-- chorus-bench:{key}:begin -->")
+}
 
-/// `old` with the text between the markers replaced by `section` (the
-/// markers kept), or `section` appended between new markers.
-pub(crate) fn splice(old: &str, section: &str) -> String {
-    let block = format!("{BEGIN}\n{}\n{END}", section.trim_end());
-    match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if b < e => {
-            format!("{}{block}{}", &old[..b], &old[e + END.len()..])
+/// The marker that closes the section `key`.
+pub(crate) fn end(key: &str) -> String {
+    format!("<!-- chorus-bench:{key}:end -->")
+}
+
+/// `old` with the text between the markers of `key` replaced by `section`
+/// (the markers kept), or `section` appended between new markers.
+pub(crate) fn splice(old: &str, key: &str, section: &str) -> String {
+    let (b, e) = (begin(key), end(key));
+    let block = format!("{b}\n{}\n{e}", section.trim_end());
+    match (old.find(&b), old.find(&e)) {
+        (Some(i), Some(j)) if i < j => {
+            format!("{}{block}{}", &old[..i], &old[j + e.len()..])
         }
         _ if old.trim().is_empty() => format!("# Benchmark results\n\n{block}\n"),
         _ => format!("{}\n\n{block}\n", old.trim_end()),

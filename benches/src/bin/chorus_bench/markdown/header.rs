@@ -1,10 +1,13 @@
-//! The report's header: the machine, the command, the date.
+//! Where a section's figures come from: the machine, the commit, the
+//! command, the date.
 
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::env::Env;
 
+/// The machine in one line: CPU, cores, memory, OS, kernel, load at the
+/// start, the run's niceness, the GPU and PyTorch.
 pub(crate) fn machine(env: &Env) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
@@ -46,28 +49,77 @@ pub(crate) fn machine(env: &Env) -> String {
                 .and_then(|r| r.split_whitespace().nth(16).map(str::to_string))
         })
         .unwrap_or_else(|| "?".into());
-    let mut s = format!(
-        "- CPU: {cpu}, {cores} cores available, {mem} memory\n- OS: {os}, Linux {}\n- load average at start: {}; niceness of the run: {nice}\n",
+    let gpu = match &env.gpu {
+        Ok(g) => g.clone(),
+        Err(_) => "none".into(),
+    };
+    let torch = match &env.torch {
+        Ok(v) => v.clone(),
+        Err(_) => "none".into(),
+    };
+    format!(
+        "{cpu}, {cores} cores, {mem}; {os}, Linux {}; load {} at the start, niceness {nice}; GPU: {gpu}; PyTorch: {torch}",
         kernel.trim(),
         load.join(" ")
-    );
-    let _ = writeln!(
-        s,
-        "- GPU: {}",
-        match &env.gpu {
-            Ok(g) => g.clone(),
-            Err(e) => format!("none ({e})"),
-        }
-    );
-    let _ = writeln!(
-        s,
-        "- PyTorch: {}",
-        match &env.torch {
-            Ok(v) => v.clone(),
-            Err(e) => format!("none ({e})"),
-        }
-    );
-    s
+    )
+}
+
+/// Where a section's figures come from: the date, the commit, the machine
+/// and the command, as the section's first lines.
+#[derive(Debug, Clone)]
+pub(crate) struct Provenance {
+    pub(crate) date: String,
+    pub(crate) commit: String,
+    pub(crate) machine: String,
+    pub(crate) command: String,
+}
+
+impl Provenance {
+    pub(crate) fn write(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "Measured {} at commit `{}` by the command below, on {}.\n\n    {}\n",
+            self.date, self.commit, self.machine, self.command
+        );
+    }
+}
+
+/// The commit of this checkout, `+changes` when a tracked file other than
+/// the report (`out`) and its plots differs from it; `unknown` outside a
+/// git checkout.
+pub(crate) fn commit_here(out: &std::path::Path, plots: &std::path::Path) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short", "HEAD"]).map(|h| h.trim().to_string()) else {
+        return "unknown".into();
+    };
+    // The report and its plots, as paths from the checkout's root.
+    let root = git(&["rev-parse", "--show-toplevel"]).map(|r| std::path::PathBuf::from(r.trim()));
+    let from_root = |p: &std::path::Path| {
+        let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        root.as_ref()
+            .and_then(|r| abs.strip_prefix(r).ok())
+            .map(|r| r.to_string_lossy().into_owned())
+    };
+    let (out, plots) = (from_root(out), from_root(plots));
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.get(3..))
+        .any(|path| {
+            out.as_deref() != Some(path) && !plots.as_deref().is_some_and(|p| path.starts_with(p))
+        });
+    if changed {
+        format!("{head}+changes")
+    } else {
+        head
+    }
 }
 
 pub(crate) fn shell_quote(a: &str) -> String {

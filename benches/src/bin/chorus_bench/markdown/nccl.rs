@@ -1,4 +1,5 @@
-//! The NCCL comparisons' sections of the report.
+//! The NCCL comparisons' sections of the report (written only when the
+//! comparison ran: `NcclResult::skipped` and `groups_skipped` are `None`).
 
 use std::fmt::Write as _;
 
@@ -11,14 +12,6 @@ use crate::run::NcclResult;
 /// chorus beside the raw NCCL/CUDA calls it is built from: what the
 /// layers above NCCL cost per op.
 pub(crate) fn raw_section(r: &NcclResult, reps: usize, md: &mut String) {
-    let _ = writeln!(
-        md,
-        "### NCCL backend beside raw NCCL calls (one GPU, 1-rank group)\n"
-    );
-    if let Some(s) = r.skipped.as_ref().or(r.groups_skipped.as_ref()) {
-        let _ = writeln!(md, "Skipped: {s}.\n");
-        return;
-    }
     let _ = writeln!(
         md,
         "Median of {reps} runs. Enqueue and round trip: one 1 MiB f32 all_reduce (`group_bench`, width 1: \
@@ -60,14 +53,6 @@ pub(crate) fn raw_section(r: &NcclResult, reps: usize, md: &mut String) {
 }
 
 pub(crate) fn groups_section(r: &NcclResult, reps: usize, md: &mut String) {
-    let _ = writeln!(
-        md,
-        "### Sequential vs grouped all_reduce beside raw NCCL and PyTorch (one GPU, 1-rank group)\n"
-    );
-    if let Some(s) = r.skipped.as_ref().or(r.groups_skipped.as_ref()) {
-        let _ = writeln!(md, "Skipped: {s}.\n");
-        return;
-    }
     let _ = writeln!(
         md,
         "`group_bench --json` (chorus: ops one by one, a group of ops, and `all_reduce_coalesced`; raw \
@@ -140,14 +125,6 @@ pub(crate) fn groups_section(r: &NcclResult, reps: usize, md: &mut String) {
 }
 
 pub(crate) fn nccl_section(r: &NcclResult, reps: usize, md: &mut String) {
-    let _ = writeln!(
-        md,
-        "### NCCL backend beside PyTorch ProcessGroupNCCL (one GPU, 1-rank group)\n"
-    );
-    if let Some(s) = &r.skipped {
-        let _ = writeln!(md, "Skipped: {s}.\n");
-        return;
-    }
     let _ = writeln!(
         md,
         "Host-side costs of a small all_reduce (`nccl_bench --json` / `torch_nccl.py --json`), median of \

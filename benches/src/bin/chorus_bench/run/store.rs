@@ -1,18 +1,26 @@
 //! Running the store comparison: chorus's `TcpStore` beside PyTorch's
-//! `TCPStore`.
+//! `TCPStore`, with the floor (a blocking 64-byte loopback TCP ping-pong)
+//! before each run.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use crate::child::run;
 use crate::cli::Plan;
 use crate::env::Env;
-use crate::parse::{parse_rates, Rates};
+use crate::parse::{median, parse_rates, Rates};
+use crate::run::floor::pingpong;
+
+/// A request's size in the store runs, and so the floor's.
+const REQUEST_BYTES: usize = 64;
 
 #[derive(Debug, Default)]
 pub(crate) struct StoreResult {
     pub(crate) ours: Rates,
     pub(crate) anchor: Rates,
     pub(crate) anchor_skipped: Option<String>,
+    /// Round trips per second of the floor (median of the runs), if it ran.
+    pub(crate) floor_per_s: Option<f64>,
     pub(crate) error: Option<String>,
 }
 
@@ -29,8 +37,12 @@ pub(crate) fn bench_store(env: &Env, plan: &Plan) -> StoreResult {
         r.anchor_skipped = Some(e.clone());
     }
     let secs = format!("{}", plan.store_secs);
+    let mut floor = BTreeMap::new();
     for rep in 0..plan.reps {
         eprintln!("store: run {}/{}", rep + 1, plan.reps);
+        if let Err(e) = pingpong(env, plan, "tcp", &[REQUEST_BYTES], &mut floor) {
+            eprintln!("store: the floor did not run: {e}");
+        }
         match run(Command::new(&ours).arg(&secs), plan.timeout) {
             Ok(o) => parse_rates(&o.stdout, "chorus", &mut r.ours),
             Err(e) => {
@@ -48,5 +60,10 @@ pub(crate) fn bench_store(env: &Env, plan: &Plan) -> StoreResult {
             }
         }
     }
+    r.floor_per_s = floor
+        .get(&REQUEST_BYTES)
+        .and_then(|v| median(v))
+        .filter(|us| *us > 0.0)
+        .map(|us| 1e6 / us);
     r
 }

@@ -10,8 +10,14 @@
 //! * round trips per second of `block_on(all_reduce(..))` (GPU finished each
 //!   time).
 //!
+//! `--enqueue-only` runs the enqueue / stream-ordered loop alone (for a
+//! profiler, or an A/B of two builds); `--layers` the enqueue built up
+//! layer by layer from a bare `ncclAllReduce` (`layers`).
+//!
 //! Needs a CUDA GPU and NCCL. `nccl_bench --help` for the knobs.
 #![forbid(unsafe_code)]
+
+mod layers;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -30,13 +36,14 @@ use clap::Parser;
 
 #[derive(Parser, Debug)]
 #[command(about = "NCCL backend host-cost benchmark (1-rank group on device 0)")]
-struct Args {
-    /// Iterations of the enqueue / stream-ordered loop.
+pub(crate) struct Args {
+    /// Iterations of the enqueue / stream-ordered loop (with `--layers`:
+    /// calls per layer).
     #[arg(long, default_value_t = 20000)]
-    iters: usize,
+    pub(crate) iters: usize,
     /// Elements (f32) of the small message.
     #[arg(long, default_value_t = 256)]
-    count: usize,
+    pub(crate) count: usize,
     /// Wake-latency samples per spin length.
     #[arg(long, default_value_t = 400)]
     wake_iters: usize,
@@ -48,7 +55,7 @@ struct Args {
     seconds: f64,
     /// CUDA device.
     #[arg(long, default_value_t = 0)]
-    device: usize,
+    pub(crate) device: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -65,6 +72,11 @@ struct Args {
     /// (for profiling the enqueue path, e.g. under `perf record`).
     #[arg(long)]
     enqueue_only: bool,
+    /// Instead, time the enqueue layer by layer: a bare `ncclAllReduce`,
+    /// the driver's floor of the two events, `Communicator::submit`, a
+    /// work's bookkeeping, `ProcessGroup::all_reduce`.
+    #[arg(long, conflicts_with = "enqueue_only")]
+    layers: bool,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -149,6 +161,9 @@ fn print_threads() {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if args.layers {
+        return layers::run(&args);
+    }
     let dev = Device::get(args.device)?;
     let kernels = Kernels::load(&dev)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;

@@ -1,25 +1,25 @@
-//! Where the host time of a group of per-op works goes: `--width` all_reduces
-//! of `--count` f32 on a 1-rank communicator, issued and awaited, built up
-//! layer by layer like `enqueue_probe` (median total µs per group, submit
-//! until the host knows the GPU finished; the GPU's part is the same in
-//! every layer, so differences between layers are host costs).
+//! `group_bench --layers`: where the host time of a group of per-op
+//! works goes. The widest of `--widths` all_reduces of `--count` f32 on a
+//! 1-rank communicator, issued and awaited, built up layer by layer
+//! (median total µs per group over `--iters` groups, submit until the host
+//! knows the GPU finished; the GPU's part is the same in every layer, so
+//! differences between layers are host costs).
 //!
 //! Grouped: (g1) the raw NCCL group with one input-ready wait and one end
 //! event, the floor of docs/ARCHITECTURE.md rule 3; (g2) chorus-gpu's
 //! `Batch`: pushes, launch, each op's buffers taken back once the shared
-//! end event completed; (g3) g2 plus a registered work per op (registry
-//! entry, flight record, completion); (g3b) g2 plus the ops' works
-//! registered as one batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::group`, each
+//! end event completed; (g3b) g2 plus the ops' works registered as one
+//! batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::group`, each
 //! work awaited with `block_on`.
 //!
 //! One by one: (s1) raw calls with the two events per op, one end event
 //! re-recorded; (s1e) the same with an end event per op; (s2)
 //! `Communicator::submit` per op, each op's buffer taken back once its end
 //! event completed; (s3) s2 plus a registered work per op; (s4)
-//! `ProcessGroup::all_reduce` per op, each work awaited.
+//! `ProcessGroup::all_reduce` per op, each work awaited, then again with
+//! the enqueue profile (`CHORUS_NCCL_PROFILE=1`).
 //!
-//! `group_probe [--iters N] [--width W] [--count C]`; needs a GPU.
-#![forbid(unsafe_code)]
+//! `--layers g1,g4` times only those (e.g. one layer under a profiler).
 
 use std::time::{Duration, Instant};
 
@@ -29,26 +29,9 @@ use chorus_core::Op;
 use chorus_gpu::cuda::Device;
 use chorus_gpu::floor::RawComm;
 use chorus_gpu::nccl::{CommOptions, Communicator, InFlight, PendingComm};
-use clap::Parser;
 use futures::executor::block_on;
 
-#[derive(Parser, Debug)]
-#[command(about = "Layer-by-layer host cost of a group of per-op works (1 rank, device 0)")]
-struct Args {
-    /// Groups timed per layer.
-    #[arg(long, default_value_t = 2000)]
-    iters: usize,
-    /// Ops per group.
-    #[arg(long, default_value_t = 16)]
-    width: usize,
-    /// f32 elements per buffer (1 MiB by default, as group_bench).
-    #[arg(long, default_value_t = 262_144)]
-    count: usize,
-    /// Layers to time (`g1,s1,g2,...`; all by default), e.g. one layer
-    /// under a profiler.
-    #[arg(long, value_delimiter = ',')]
-    layers: Vec<String>,
-}
+use crate::Args;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -103,9 +86,11 @@ fn communicator(dev: &Device) -> Result<Communicator, Box<dyn std::error::Error>
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
-    let (w, iters) = (args.width, args.iters);
+/// Runs the layers named in `layers` (all when empty) at the widest of
+/// `args.widths`; prints one line per layer.
+pub(crate) fn run(args: &Args, layers: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let w = args.widths.iter().copied().max().unwrap_or(16);
+    let iters = args.iters;
     let dev = Device::get(0)?;
     dev.bind_to_thread()?;
     let prod = dev.new_stream(StreamPriority::Normal)?;
@@ -114,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, Box<dyn std::error::Error>>>()?;
     prod.synchronize()?;
     println!(
-        "group_probe: {w} ops of {} f32 per group, {iters} groups per layer",
+        "group_bench --layers: {w} ops of {} f32 per group, {iters} groups per layer",
         args.count
     );
 
@@ -126,7 +111,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     layer(
-        &args.layers,
+        layers,
         "g1 raw NCCL group + one input-ready wait + one end event",
         iters,
         || {
@@ -137,7 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     layer(
-        &args.layers,
+        layers,
         "s1 raw calls one by one, two events per op",
         iters,
         || {
@@ -153,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // with one event re-recorded, only the last op's end can be known).
     let ends: Vec<_> = (0..w).map(|_| dev.new_event()).collect::<Result<_, _>>()?;
     layer(
-        &args.layers,
+        layers,
         "s1e raw calls one by one, an end event per op",
         iters,
         || {
@@ -174,17 +159,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reg = std::sync::Arc::new(chorus_core::Registry::with_recorder(std::sync::Arc::new(
         chorus_core::flight_recorder::FlightRecorder::new(1024),
     )));
-    let group: std::sync::Arc<str> = "probe".into();
+    let group: std::sync::Arc<str> = "layers".into();
     let mut seq = 0u64;
-    // g3 registers each op's work on its own; g3b registers them as one
-    // batch (one registry entry, as `ProcessGroup::group` does).
-    for (with_works, batched) in [(false, false), (true, false), (true, true)] {
-        let name = match (with_works, batched) {
-            (false, _) => "g2 chorus-gpu Batch: push, launch, take, buffers back",
-            (true, false) => "g3 g2 + a registered work per op",
-            (true, true) => "g3b g2 + the ops' works registered as one batch",
+    // g3b registers the ops' works as one batch (one registry entry).
+    for batched in [false, true] {
+        let name = if batched {
+            "g3b g2 + the ops' works registered as one batch"
+        } else {
+            "g2 chorus-gpu Batch: push, launch, take, buffers back"
         };
-        layer(&args.layers, name, iters, || {
+        layer(layers, name, iters, || {
             let mut batch = c.batch();
             let tickets: Vec<_> = bufs
                 .drain(..)
@@ -196,14 +180,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .expect("works")
                     .into_iter()
                     .inspect(|_| seq += 1)
-                    .collect()
-            } else if with_works {
-                (0..w)
-                    .map(|_| {
-                        seq += 1;
-                        chorus_benches::started_work(&reg, &group, seq, Instant::now())
-                            .expect("work")
-                    })
                     .collect()
             } else {
                 Vec::new()
@@ -230,7 +206,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             "s2 Communicator::submit per op, buffers back"
         };
-        layer(&args.layers, name, iters, || {
+        layer(layers, name, iters, || {
             let flights: Vec<_> = bufs
                 .drain(..)
                 .map(|b| {
@@ -253,10 +229,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(c);
 
-    let pg = chorus_benches::one_rank_device_group("group_probe", 0)?;
+    let pg = chorus_benches::one_rank_device_group("group_layers", 0)?;
     let mut slots: Vec<Option<DeviceBuffer<f32>>> = bufs.drain(..).map(Some).collect();
     layer(
-        &args.layers,
+        layers,
         "g4 ProcessGroup::group: stage, launch, await each",
         iters,
         || {
@@ -282,14 +258,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     layer(
-        &args.layers,
+        layers,
         "s4 ProcessGroup::all_reduce per op, await each",
         iters,
         &mut one_by_one,
     );
     chorus_core::profile::reset();
     layer(
-        &args.layers,
+        layers,
         "s4 again, with the enqueue profile",
         iters / 4,
         &mut one_by_one,

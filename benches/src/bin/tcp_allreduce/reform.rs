@@ -1,12 +1,12 @@
-//! Time from detecting a lost rank to the first op on the re-formed group
-//! (TCP backend, ranks as tasks of one process over loopback, one
-//! in-memory store).
+//! `tcp_allreduce --reform`: the time from detecting a lost rank to the
+//! first op on the re-formed group (TCP backend, ranks as tasks of one
+//! process over loopback, one in-memory store).
 //!
 //! Each trial builds a group of `--ranks`, starts an all_reduce on every
 //! rank, aborts and drops the last rank's group mid-op (its connections
 //! close, as when the process dies), and on each survivor measures from
 //! the moment its work failed to the end of its first all_reduce on the
-//! group `reform(--window)` returned. With a rank missing, the quorum
+//! group `reform(--window-ms)` returned. With a rank missing, the quorum
 //! closes when the first announcer's window passes, so the figure is the
 //! window plus the overhead printed separately; `--all-alive` re-forms
 //! with nobody lost (the quorum closes as soon as everyone announced).
@@ -16,23 +16,8 @@ use std::time::{Duration, Instant};
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{ProcessGroup, ReduceOp};
-use clap::Parser;
 
-#[derive(Parser, Debug)]
-struct Args {
-    /// Ranks before the loss.
-    #[arg(long, default_value_t = 4)]
-    ranks: usize,
-    /// The quorum's window, in milliseconds.
-    #[arg(long, default_value_t = 200)]
-    window_ms: u64,
-    /// Trials.
-    #[arg(long, default_value_t = 10)]
-    trials: usize,
-    /// Lose nobody: every rank re-forms.
-    #[arg(long)]
-    all_alive: bool,
-}
+use crate::Args;
 
 async fn groups(size: usize, name: &str) -> Result<Vec<ProcessGroup>, chorus::Error> {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
@@ -67,14 +52,14 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+/// Runs the trials and prints the median and the maximum.
+pub(crate) async fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let window = Duration::from_millis(args.window_ms);
+    let all_alive = args.all_alive;
     let mut totals = Vec::new();
     for t in 0..args.trials {
-        let gs = groups(args.ranks, &format!("probe{t}")).await?;
-        let lost = if args.all_alive {
+        let gs = groups(args.ranks, &format!("reform{t}")).await?;
+        let lost = if all_alive {
             None
         } else {
             Some(args.ranks - 1)
@@ -89,14 +74,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let w = g.all_reduce(vec![1.0f32; 1 << 16], ReduceOp::Sum)?;
             tasks.push(tokio::spawn(async move {
-                if args.all_alive {
+                if all_alive {
                     // A drill: the op may finish first; the re-form
                     // starts from here either way.
                     g.abort("re-form drill");
                 }
                 let r = w.await.map(|_| ());
                 let detected = Instant::now();
-                if r.is_ok() && !args.all_alive {
+                if r.is_ok() && !all_alive {
                     return Err("the op did not fail".to_string());
                 }
                 let new = g.reform(window).await.map_err(|e| e.to_string())?;
@@ -112,15 +97,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let m = median(&mut totals);
-    let over = if args.all_alive {
+    let over = if all_alive {
         0.0
     } else {
         m - window.as_secs_f64() * 1e3
     };
     println!(
-        "reform_probe ranks={} lost={} window_ms={} trials={}: detection to first op on the new group median {:.1} ms (beyond the window: {:.1} ms), max {:.1} ms",
+        "tcp_allreduce --reform ranks={} lost={} window_ms={} trials={}: detection to first op on the new group median {:.1} ms (beyond the window: {:.1} ms), max {:.1} ms",
         args.ranks,
-        usize::from(!args.all_alive),
+        usize::from(!all_alive),
         args.window_ms,
         args.trials,
         m,

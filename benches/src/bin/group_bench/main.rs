@@ -23,7 +23,12 @@
 //! that each turn but its first iteration finds its own code and data
 //! warm while the host's slow stretches, which last milliseconds, still
 //! reach every mode alike.
+//!
+//! `--layers [L,..]` times instead where a group's host time goes, layer
+//! by layer from the raw floor to `ProcessGroup::group` (`layers`).
 #![forbid(unsafe_code)]
+
+mod layers;
 
 use std::time::Instant;
 
@@ -34,16 +39,17 @@ use clap::Parser;
 use futures::executor::block_on;
 
 #[derive(Parser, Debug)]
-struct Args {
-    /// Timed iterations per mode and width.
+pub(crate) struct Args {
+    /// Timed iterations per mode and width (with `--layers`: groups per
+    /// layer).
     #[arg(long, default_value_t = 300)]
-    iters: usize,
+    pub(crate) iters: usize,
     /// f32 elements per buffer (1 MiB by default).
     #[arg(long, default_value_t = 262_144)]
-    count: usize,
-    /// Widths (ops per iteration).
+    pub(crate) count: usize,
+    /// Widths (ops per iteration); `--layers` runs at the widest.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
-    widths: Vec<usize>,
+    pub(crate) widths: Vec<usize>,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<String>,
@@ -55,6 +61,11 @@ struct Args {
     /// `--interleave`), instead of each in a block of its own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     turns: Option<u32>,
+    /// Instead, time a group layer by layer (`g1,s1,s1e,g2,g3b,s2,s3,g4,s4`;
+    /// all when no list is given): the raw floor, chorus-gpu's batch, the
+    /// works' registration, `ProcessGroup`.
+    #[arg(long, value_delimiter = ',', num_args = 0.., conflicts_with_all = ["json", "interleave", "turns"])]
+    layers: Option<Vec<String>>,
 }
 
 /// How the modes' iterations are ordered.
@@ -315,6 +326,9 @@ impl Bench<'_> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if let Some(layers) = &args.layers {
+        return layers::run(&args, layers);
+    }
     let order = Order::of(&args);
     let dev = Device::get(0)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
