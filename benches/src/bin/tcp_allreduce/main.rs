@@ -50,6 +50,11 @@ pub(crate) struct Args {
     /// Time budget per size in seconds.
     #[arg(long, default_value_t = 3.0)]
     pub(crate) budget_s: f64,
+    /// Milliseconds the last rank sleeps before each timed op, so that the
+    /// others wait for it (the line's `rank0_cpu_pct` is what rank 0's
+    /// waiting costs: its spin, then asleep).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) late_ms: u64,
     /// The op: `all_reduce` (sum) or `broadcast` (from rank 0).
     #[arg(long, default_value = "all_reduce")]
     pub(crate) op: measure::Bench,

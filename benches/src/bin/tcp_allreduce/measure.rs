@@ -83,14 +83,21 @@ pub(crate) async fn size(
     let want = ((args.budget_s / one) as usize).clamp(5, args.iters) as i64;
     let iters = pg.broadcast(vec![want], 0)?.await?[0] as usize;
     let mut times = Vec::with_capacity(iters);
+    let late = Duration::from_millis(args.late_ms);
     let cpu0 = cpu_time();
+    let wall0 = Instant::now();
     for _ in 0..iters {
         pg.barrier()?.await?;
         let t = Instant::now();
+        if !late.is_zero() && pg.rank() + 1 == n {
+            // The last rank comes late: the others wait for it.
+            tokio::time::sleep(late).await;
+        }
         buf = args.op.run(pg, buf)?.await?;
         times.push(t.elapsed());
     }
     let cpu = (cpu_time() - cpu0).as_secs_f64();
+    let wall = wall0.elapsed().as_secs_f64();
     // Keep values bounded so repeated sums stay finite.
     buf.iter_mut().for_each(|x| *x = 1.0);
     drop(buf);
@@ -111,8 +118,12 @@ pub(crate) async fn size(
     let p99 = percentile(&per_iter, 0.99);
     let cpu_us = (0..n).map(|r| row(r)[iters]).sum::<f64>() / iters as f64 * 1e6;
     let busbw = (count * 4) as f64 * args.op.busbw_factor(n) / med.as_secs_f64() / 1e9;
+    // Rank 0's share of a core over the loop: with `--late-ms`, what a
+    // rank costs while it waits for a late peer.
+    let cpu0_pct = row(0)[iters] / wall.max(1e-9) * 100.0;
     println!(
-        "{{\"impl\":\"chorus\",\"op\":\"{}\",\"checked\":{},\"algorithm\":\"{}\",\"transport\":\"{}\",\"chunk_bytes\":{},\"ranks\":{n},\"bytes\":{},\"iters\":{iters},\"median_us\":{:.1},\"p99_us\":{:.1},\"busbw_gbps\":{:.3},\"cpu_us\":{:.1}}}",
+        "{{\"impl\":\"chorus\",\"late_ms\":{},\"rank0_cpu_pct\":{cpu0_pct:.1},\"op\":\"{}\",\"checked\":{},\"algorithm\":\"{}\",\"transport\":\"{}\",\"chunk_bytes\":{},\"ranks\":{n},\"bytes\":{},\"iters\":{iters},\"median_us\":{:.1},\"p99_us\":{:.1},\"busbw_gbps\":{:.3},\"cpu_us\":{:.1}}}",
+        args.late_ms,
         args.op.name(),
         std::env::var("CHORUS_CHECK_OPS").is_ok_and(|v| v == "1"),
         format!("{:?}", args.algorithm).to_lowercase(),
