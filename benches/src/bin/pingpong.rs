@@ -1,7 +1,7 @@
 //! The machine's floor for a small exchange: a blocking ping-pong of the
 //! same bytes over the transports the TCP backend and the store use (an
 //! abstract Unix socket, loopback TCP with `TCP_NODELAY`), one thread per
-//! side, no runtime. `chorus-bench` and `tcp_vs_gloo.py` run it
+//! side, no runtime. `chorus-bench` and `tcp_compare.py` run it
 //! beside chorus in the same call, so each figure is read against the floor
 //! as the machine is at that moment.
 //!
