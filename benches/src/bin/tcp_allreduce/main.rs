@@ -55,6 +55,16 @@ pub(crate) struct Args {
     /// waiting costs: its spin, then asleep).
     #[arg(long, default_value_t = 0)]
     pub(crate) late_ms: u64,
+    /// `barrier`: every timed op after a barrier, the op's time the slowest
+    /// rank's (the latency of one op that all ranks start together);
+    /// `loop`: as osu_allreduce and MPI benchmarks time it, `--rounds`
+    /// rounds of back-to-back ops after one barrier, a round's figure the
+    /// slowest rank's mean time per op, the median of the rounds reported.
+    #[arg(long, default_value = "barrier")]
+    pub(crate) timing: measure::Timing,
+    /// `--timing loop`: rounds per size.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: usize,
     /// The op: `all_reduce` (sum) or `broadcast` (from rank 0).
     #[arg(long, default_value = "all_reduce")]
     pub(crate) op: measure::Bench,
@@ -144,7 +154,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .init_from_env()
                 .await?;
             for &bytes in &args.sizes {
-                measure::size(&pg, &args, &opts, bytes).await?;
+                match args.timing {
+                    measure::Timing::Barrier => measure::size(&pg, &args, &opts, bytes).await?,
+                    measure::Timing::Loop => measure::size_loop(&pg, &args, &opts, bytes).await?,
+                }
             }
             pg.shutdown().await?;
             Ok(())

@@ -44,6 +44,13 @@ impl Bench {
     }
 }
 
+/// How an op is timed (see `--timing`).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum Timing {
+    Barrier,
+    Loop,
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -132,6 +139,71 @@ pub(crate) async fn size(
         count * 4,
         med.as_secs_f64() * 1e6,
         p99.as_secs_f64() * 1e6,
+        busbw,
+        cpu_us
+    );
+    Ok(())
+}
+
+/// Warms up, then times `--rounds` rounds of back-to-back ops after a
+/// barrier (osu_allreduce's way): a round's figure is the slowest rank's
+/// mean time per op; prints rank 0's JSON line with the median round.
+pub(crate) async fn size_loop(
+    pg: &ProcessGroup,
+    args: &Args,
+    opts: &TcpOptions,
+    bytes: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = pg.size();
+    let count = (bytes / 4).max(1);
+    let mut buf: Vec<f32> = (0..count).map(|i| (i % 7) as f32).collect();
+    for _ in 0..args.warmup {
+        buf = args.op.run(pg, buf)?.await?;
+    }
+    let t0 = Instant::now();
+    buf = args.op.run(pg, buf)?.await?;
+    let one = t0.elapsed().as_secs_f64().max(1e-6);
+    let rounds = args.rounds.max(1);
+    // The budget is for all rounds together; every rank runs rank 0's count.
+    let want = ((args.budget_s / rounds as f64 / one) as usize).clamp(5, args.iters * 10) as i64;
+    let iters = pg.broadcast(vec![want], 0)?.await?[0] as usize;
+    let cpu0 = cpu_time();
+    let mut mine = Vec::with_capacity(rounds + 1);
+    for _ in 0..rounds {
+        pg.barrier()?.await?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            buf = args.op.run(pg, buf)?.await?;
+        }
+        mine.push(t.elapsed().as_secs_f64() / iters as f64);
+        buf.iter_mut().for_each(|x| *x = 1.0);
+    }
+    mine.push((cpu_time() - cpu0).as_secs_f64() / (iters * rounds) as f64);
+    drop(buf);
+    let all = pg.all_gather(mine, vec![0.0; (rounds + 1) * n])?.await?.1;
+    if pg.rank() != 0 {
+        return Ok(());
+    }
+    let row = |r: usize| &all[r * (rounds + 1)..(r + 1) * (rounds + 1)];
+    let mut per_round: Vec<f64> = (0..rounds)
+        .map(|i| (0..n).map(|r| row(r)[i]).fold(0.0, f64::max))
+        .collect();
+    let rounds_us: Vec<String> = per_round
+        .iter()
+        .map(|s| format!("{:.2}", s * 1e6))
+        .collect();
+    per_round.sort_by(f64::total_cmp);
+    let med = per_round[per_round.len() / 2];
+    let cpu_us = (0..n).map(|r| row(r)[rounds]).sum::<f64>() * 1e6;
+    let busbw = (count * 4) as f64 * args.op.busbw_factor(n) / med / 1e9;
+    println!(
+        "{{\"impl\":\"chorus\",\"timing\":\"loop\",\"op\":\"{}\",\"transport\":\"{}\",\"chunk_bytes\":{},\"ranks\":{n},\"bytes\":{},\"iters\":{iters},\"median_us\":{:.2},\"rounds_us\":[{}],\"busbw_gbps\":{:.3},\"cpu_us\":{:.1}}}",
+        args.op.name(),
+        if opts.local_unix_sockets { "unix" } else { "tcp" },
+        opts.chunk_bytes,
+        count * 4,
+        med * 1e6,
+        rounds_us.join(","),
         busbw,
         cpu_us
     );
