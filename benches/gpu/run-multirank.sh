@@ -147,7 +147,7 @@ trainer_ft() { # N
   local n=$1 name=trainer-ft-$1
   local k1=$(( 6 + RANDOM % 12 )) k2=$(( 20 + RANDOM % 14 ))
   job "$name" 240 --max-restarts 2 --nproc-per-node "$n" -- "$TR" --fault-tolerant --width 256 --layers 4 \
-      --batch 16 --steps 40 --check-steps 3 --print-every 10 --window-ms 2000 --kill "1@$k1" --kill "2@$k2"
+      --batch 16 --steps 80 --check-steps 3 --print-every 10 --window-ms 2000 --kill "1@$k1" --kill "2@$k2"
   local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$LOGS/$name.log" && [ "$(grep -c 'panicked' "$LOGS/$name.log")" = 0 ] && ok=1
   verdict "$name" $ok "$n ranks, rank 1 killed in step $k1 and rank 2 in step $k2 (--max-restarts 2), rc=$RC, ${SECS}s"
   grep -hE "abandoned|groups:|loss fell|bit-identical" "$LOGS/$name.log" | indent

@@ -52,10 +52,11 @@ impl Default for NcclOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReformComms {
-    /// Shrink the old group's communicator (`ncclCommShrink`, NCCL 2.27 or
-    /// later, of the communicator kept at the failure: revoked where NCCL
-    /// has `ncclCommRevoke`, 2.28.7), and initialize a fresh one where that
-    /// is not possible. A group that ranks joined always gets a fresh one.
+    /// Shrink the old group's communicator (`ncclCommShrink` of the
+    /// communicator kept and revoked at the failure: NCCL 2.28.7 or later,
+    /// with `ncclCommRevoke`), and initialize a fresh one where that is not
+    /// possible (an older NCCL, a revoke that failed, a member that cannot).
+    /// A group that ranks joined always gets a fresh one.
     Shrink,
     /// A fresh communicator with a new unique id, at the new group's first
     /// device op (lazily, as for a new group).

@@ -1,6 +1,9 @@
 //! [`Checker`], the checks a scenario counts and the mismatches it
 //! records, and [`report`], which prints its outcome.
 
+use chorus::ReduceOp;
+use chorus_examples::testkit::{reduce_tolerance, TestElem};
+
 use super::support::Res;
 
 /// Counts checks and records mismatches (all of them, not only the first).
@@ -38,6 +41,37 @@ impl Checker {
         if let Some(&i) = bad.first() {
             self.fails.push(format!(
                 "{what}: {} of {} elements differ; first at {i}: got {:?}, expected {:?}",
+                bad.len(),
+                got.len(),
+                got[i],
+                want[i]
+            ));
+        }
+    }
+}
+
+impl Checker {
+    /// A reduction's result against the serial reference, bit for bit but
+    /// where [`reduce_tolerance`] allows a few roundings (a floating-point
+    /// mean over a group whose size is not a power of two).
+    pub(super) fn check_reduced<T: TestElem>(
+        &mut self,
+        what: String,
+        got: &[T],
+        want: &[T],
+        op: ReduceOp,
+        size: usize,
+    ) {
+        let tol = reduce_tolerance::<T>(op, size);
+        if tol == 0.0 || got.len() != want.len() {
+            return self.check(what, got, want);
+        }
+        self.checks += 1;
+        let far = |i: usize| (got[i].to_f64() - want[i].to_f64()).abs() > tol;
+        let bad: Vec<usize> = (0..got.len()).filter(|&i| far(i)).collect();
+        if let Some(&i) = bad.first() {
+            self.fails.push(format!(
+                "{what}: {} of {} elements differ by more than {tol:e}; first at {i}: got {:?}, expected {:?}",
                 bad.len(),
                 got.len(),
                 got[i],

@@ -96,10 +96,12 @@ pub(super) async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
             .map_err(|r| format!("all_reduce_coalesced: {}", r.error))?;
         let out = w.await.map_err(werr("all_reduce_coalesced"))?;
         for (i, (b, &len)) in out.iter().zip(&lens).enumerate() {
-            ck.check(
+            ck.check_reduced(
                 format!("coalesced {op:?} buffer {i} ({len} f32)"),
                 &down(b)?,
                 &reference::<f32>(c + i as u64, n, len, op),
+                op,
+                n,
             );
         }
     }

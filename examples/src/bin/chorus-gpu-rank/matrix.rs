@@ -26,7 +26,7 @@ where
             .map_err(rej(&w))?
             .await
             .map_err(werr(&w))?;
-        ck.check(w, &down(&b)?, &reference::<T>(c, size, len, op));
+        ck.check_reduced(w, &down(&b)?, &reference::<T>(c, size, len, op), op, size);
 
         let c = case(20 + oi as u64);
         let root = (c as usize + 1) % size;
@@ -37,7 +37,7 @@ where
             .await
             .map_err(werr(&w))?;
         if rank == root {
-            ck.check(w, &down(&b)?, &reference::<T>(c, size, len, op));
+            ck.check_reduced(w, &down(&b)?, &reference::<T>(c, size, len, op), op, size);
         }
 
         let c = case(40 + oi as u64);
@@ -52,7 +52,7 @@ where
             .await
             .map_err(werr(&w))?;
         let full = reference::<T>(c, size, size * len, op);
-        ck.check(w, &down(&o)?, &full[rank * len..(rank + 1) * len]);
+        ck.check_reduced(w, &down(&o)?, &full[rank * len..(rank + 1) * len], op, size);
     }
 
     let c = case(10);

@@ -13,9 +13,14 @@ use super::revoke::Kept;
 impl Communicator {
     /// Whether this communicator can be shrunk: `Some(true)` once the
     /// loaded NCCL has `ncclCommShrink` and the communicator, aborted with
-    /// [`CommOptions::keep_for_shrink`], is kept (revoked and quiet where
-    /// NCCL has `ncclCommRevoke`); `None` while its revoke still runs;
-    /// `Some(false)` otherwise. Never blocks.
+    /// [`CommOptions::keep_for_shrink`], is kept revoked and quiet (NCCL
+    /// with `ncclCommRevoke`); `None` while its revoke still runs;
+    /// `Some(false)` otherwise. A parent kept without a revoke, its work
+    /// still waiting on the lost peer, is not offered: a shrink with
+    /// `NCCL_SHRINK_ABORT` of such a parent fails with the lost peer's
+    /// remote error on some survivors while others wait in it (NCCL 2.28.3,
+    /// socket transport), and the survivors then need a fresh communicator
+    /// anyway. Never blocks.
     pub fn revoked_parent(&self) -> Option<bool> {
         if self.nccl.ncclCommShrink.is_none() || !self.is_aborted() {
             return Some(false);
@@ -32,7 +37,8 @@ impl Communicator {
             self.revoked
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .is_some(),
+                .as_ref()
+                .is_some_and(|kept| kept.quiet),
         )
     }
 
