@@ -1,7 +1,7 @@
 //! Test kit of the chorus integration tests and test programs:
 //!
 //! * `elems`: [`TestElem`], random test data any rank can compute for any
-//!   rank ([`data`]), [`poison`] and the serial [`reference`];
+//!   rank ([`data`]), [`poison`] and the serial [`reference()`];
 //! * `local`: [`local_groups`], ranks as tasks of one process, and
 //!   [`on_all`];
 //! * `checks`: [`check_all_ops`] and [`check_all_dtypes`], every op
