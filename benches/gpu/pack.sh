@@ -36,14 +36,14 @@ has() { local m; for m in "${MODES[@]}"; do [ "$m" = "$1" ] || { [ "$m" = all ] 
 
 json=$(mktemp); trap 'rm -f "$json"' EXIT
 WANT=()
-tests=(); benches=(); examples=()
+tests=(); benches=(); examples=(); ranks=()
 if has tests || has sanitize; then
   tests+=(-p chorus --test nccl_gpu --test groups_gpu --test watchdog_gpu --test wake_gpu --test foreign_buffer_gpu
           -p nccl-sys --test gpu -p chorus-gpu --test cuda -p chorus-examples --test gpu_trainer_gpu)
   WANT+=(nccl_gpu groups_gpu watchdog_gpu wake_gpu foreign_buffer_gpu gpu cuda gpu_trainer_gpu)
 fi
 if has multirank; then
-  examples+=(--bin chorus-gpu-rank --example gpu_trainer)
+  ranks+=(--bin chorus-gpu-rank); examples+=(--example gpu_trainer)
   WANT+=(chorus-gpu-rank gpu_trainer)
 fi
 if has trainer; then
@@ -64,6 +64,7 @@ WANT+=(chorus-run)
 [ ${#tests[@]} -gt 0 ] && cargo test --release --no-run --message-format=json "${tests[@]}" >> "$json"
 [ ${#benches[@]} -gt 0 ] && cargo build --release --message-format=json -p chorus-benches "${benches[@]}" >> "$json"
 [ ${#examples[@]} -gt 0 ] && cargo build --release --message-format=json -p chorus-examples "${examples[@]}" >> "$json"
+[ ${#ranks[@]} -gt 0 ] && cargo build --release --message-format=json -p tests-integration "${ranks[@]}" >> "$json"
 cargo build --release --message-format=json -p chorus-launcher --bin chorus-run >> "$json"
 if has candle; then
   # The adapter's GPU test is named gpu too: it is packed as gpu-candle.

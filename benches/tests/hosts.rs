@@ -1,6 +1,6 @@
 //! all_reduce f32 between test hosts, chorus beside PyTorch's Gloo: a
 //! benchmark, not a check, kept as an ignored test because it needs the
-//! test hosts of `chorus_examples::netns` (network namespaces joined by a
+//! test hosts of `tests_integration::netns` (network namespaces joined by a
 //! switch, real TCP over veth between them; root).
 //!
 //! 2 hosts × 1 and × 2 ranks: chorus (`tcp_allreduce` under one
@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use chorus_examples::netns::{Hosts, Output};
-use chorus_examples::testkit::workspace_bin;
+use tests_integration::netns::{Hosts, Output};
+use tests_integration::testkit::workspace_bin;
 
 const SIZES: &str = "4,65536,16777216";
 

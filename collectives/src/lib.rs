@@ -115,8 +115,43 @@ pub mod test_util {
     };
 }
 
-// The README's Rust examples are compiled (and, where they can run alone,
-// run) as doctests of this crate.
+// The Rust examples of the README and of the guides in docs/ are compiled
+// (and, where they can run alone, run) as doctests of this crate. The
+// guides' `no_run` blocks join a job from a launcher's environment or use
+// a GPU; docs/CANDLE.md's `ignore` block needs the candle adapter, a
+// workspace of its own.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/ARCHITECTURE.md")]
+struct ArchitectureDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/CANDLE.md")]
+struct CandleDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/CONFIG.md")]
+struct ConfigDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/EXAMPLES.md")]
+struct ExamplesDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/FAULTS.md")]
+struct FaultsDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/GPU.md")]
+struct GpuDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/LAUNCHING.md")]
+struct LaunchingDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/LOOM.md")]
+struct LoomDoctests;

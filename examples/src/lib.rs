@@ -1,5 +1,4 @@
-//! Helpers shared by the chorus examples, and the test kit of the
-//! integration tests:
+//! Helpers shared by the chorus examples:
 //!
 //! * `launch`: [`launch_self_if_needed`] and
 //!   [`launch_self_restarting_if_needed`], a program that starts its own
@@ -11,22 +10,19 @@
 //! * [`busbw`]: bytes and bus bandwidth of an op, as nccl-tests counts them;
 //!   [`latency`]: per-iteration latency across ranks; [`timed`]: one op run
 //!   many times; [`report`]: the quickstart's report;
-//! * [`gpu_train`]: the GPU trainer of `examples/gpu_trainer.rs`;
-//! * [`testkit`]: the test kit of the integration tests; [`job_output`]:
-//!   what a `chorus-run` job prints; [`netns`]: test hosts in network
-//!   namespaces.
+//! * [`gpu_train`]: the GPU trainer of `examples/gpu_trainer.rs`.
+//!
+//! The tests of the examples (`tests/`) run them; the integration tests of
+//! chorus are a package of their own, `tests-integration`.
 #![deny(unsafe_code)]
 
 pub mod busbw;
 pub mod gpu_train;
-pub mod job_output;
 pub mod latency;
 mod launch;
-pub mod netns;
 mod rank_data;
 pub mod report;
 mod run_rank;
-pub mod testkit;
 pub mod timed;
 
 pub use launch::{launch_self_if_needed, launch_self_restarting_if_needed};

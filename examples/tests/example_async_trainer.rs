@@ -6,7 +6,7 @@
 
 use std::process::Output;
 
-use chorus_examples::testkit::run_self_launching;
+use tests_integration::testkit::run_self_launching;
 
 /// Runs the trainer (it launches `--nproc` ranks of itself).
 fn run(args: &[&str]) -> (Output, String) {

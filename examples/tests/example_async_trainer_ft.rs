@@ -6,8 +6,8 @@
 //! Without restarts, the survivors finish on a smaller group.
 #![forbid(unsafe_code)]
 
-use chorus_examples::testkit::run_self_launching;
 use rand::{Rng, SeedableRng};
+use tests_integration::testkit::run_self_launching;
 
 /// Steps of a `--quick` run on `world` ranks (2048 samples, batch 32, 4
 /// epochs).

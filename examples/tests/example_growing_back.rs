@@ -7,7 +7,7 @@
 //! re-forms.
 #![forbid(unsafe_code)]
 
-use chorus_examples::testkit::run_self_launching;
+use tests_integration::testkit::run_self_launching;
 
 fn run(args: &[&str]) -> (bool, String) {
     let (out, text) = run_self_launching("growing_back", args);

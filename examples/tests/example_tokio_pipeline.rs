@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus_examples::testkit::example_bin;
+use tests_integration::testkit::example_bin;
 
 fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(example_bin("tokio_pipeline"));

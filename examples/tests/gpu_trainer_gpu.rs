@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chorus_examples::gpu_train::{train, Config};
-use chorus_examples::testkit::local_groups;
+use tests_integration::testkit::local_groups;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

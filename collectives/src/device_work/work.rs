@@ -232,7 +232,7 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     /// 10; 0 turns it off; skipped when ops like it ran longer), querying
     /// the end event itself: a small GPU op finishes within that, and
     /// resolving it then (on this thread, without the completion reactor)
-    /// saves the park and wake-up of the awaiting thread (~5 µs), which
+    /// saves the park and wake-up of the awaiting thread, which
     /// otherwise dominates the round trip. If the op is still running after
     /// that, the poll hands it to the completion reactor, which wakes the
     /// future when the end event completes, and returns `Pending`. When ops

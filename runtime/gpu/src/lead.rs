@@ -4,11 +4,10 @@
 //! The reactor wakes an awaited op's future `lead` before the op's
 //! expected end, and the future sees the end within microseconds only if
 //! it runs again before then (less its close spin). A thread parked for a
-//! millisecond or more usually runs again within tens to a few hundred
-//! microseconds of its wake-up, which the configured lead (500 µs)
-//! covers. But a host has stretches, of a minute or so, where such
-//! wake-ups take milliseconds: then every pre-woken op is seen late by
-//! as much (its driver waiter, woken late too, does no better).
+//! millisecond or more usually runs again well within the configured lead
+//! (500 µs by default) of its wake-up. But a host has stretches where
+//! such wake-ups take milliseconds: then every pre-woken op is seen late
+//! by as much (its driver waiter, woken late too, does no better).
 //!
 //! So, where the lead may grow, each future the reactor pre-wakes tells
 //! how long after its due instant it ran ([`note`]); the reactor's own

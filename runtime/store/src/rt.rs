@@ -60,7 +60,7 @@ pub fn local_ranks() -> Option<usize> {
 /// The default I/O thread count for `local` ranks sharing `cores` cores.
 /// A second thread only pays where it has a core of its own: on a shared
 /// core every op hands its task from one thread to the other (a futex
-/// wake-up, ~10 µs on a small VM) before it sends.
+/// wake-up) before it sends.
 fn default_io_threads(cores: usize, local: usize) -> usize {
     (cores / local.max(1)).clamp(1, 2)
 }

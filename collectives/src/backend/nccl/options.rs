@@ -15,9 +15,9 @@ pub struct NcclOptions {
     /// `CHORUS_NCCL_BLOCKING=0` turns it off, see `NcclOptions::from_env`). Communicators are created
     /// non-blocking, so that initialization has a timeout and can be
     /// aborted; ops on a non-blocking communicator of several ranks return
-    /// `ncclInProgress` and cost 60–190 µs of polling each (2× H200), so
-    /// after initialization chorus splits a blocking twin (same ranks) and
-    /// issues ops there. A twin that cannot be made within the group's
+    /// `ncclInProgress` and must be polled on every call, so after
+    /// initialization chorus splits a blocking twin (same ranks) and issues
+    /// ops there. A twin that cannot be made within the group's
     /// timeout fails the initialization. Subgroup communicators split by
     /// `new_group` stay non-blocking.
     pub blocking_ops: bool,
@@ -25,7 +25,7 @@ pub struct NcclOptions {
     /// event itself before it hands the op to the completion reactor
     /// (default 10 µs, at most 1 ms; zero turns it off): a small op
     /// finishes within that, and resolving it on the polling thread saves
-    /// the park and wake-up of the awaiting thread (~5 µs).
+    /// the park and wake-up of the awaiting thread.
     /// `CHORUS_POLL_SPIN_US` sets it from the environment.
     pub poll_spin: Duration,
     /// How a group re-formed after losing ranks gets its NCCL communicator

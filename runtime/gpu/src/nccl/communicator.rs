@@ -126,10 +126,10 @@ impl Communicator {
     /// A *blocking* communicator of the same ranks split from this one
     /// (`ncclCommSplit` with `blocking = 1`), with its own stream. Op calls
     /// on a blocking communicator return once the op is enqueued, without
-    /// the `ncclInProgress` polling a non-blocking one needs on every call
-    /// (60–190 µs per op on 2 GPUs). chorus creates communicators
-    /// non-blocking (so initialization has a timeout and can be aborted) and
-    /// then switches to a blocking twin for ops.
+    /// the `ncclInProgress` polling a non-blocking one needs on every call.
+    /// chorus creates communicators non-blocking (so initialization has a
+    /// timeout and can be aborted) and then switches to a blocking twin for
+    /// ops.
     ///
     /// Every rank must call it. It blocks the calling thread until every
     /// rank did; aborting this communicator from another thread ends the
@@ -327,9 +327,9 @@ impl Communicator {
         limit: Duration,
     ) -> Result<(), NcclCommError> {
         // Spin first: an op call that returned ncclInProgress is usually
-        // done within microseconds, and a sleep costs ~50 µs of timer slack
-        // (measured on 2 GPUs: 80-190 µs per op with sleeps alone). Then
-        // yield, then sleep with backoff for long waits (init, split).
+        // done within microseconds, and a sleep costs at least the thread's
+        // timer slack (50 µs by default). Then yield, then sleep with
+        // backoff for long waits (init, split).
         const SPIN: Duration = Duration::from_micros(200);
         const YIELD: Duration = Duration::from_millis(2);
         let t0 = Instant::now();

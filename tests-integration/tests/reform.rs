@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use chorus::store::{ClientOptions, ServerOptions, Store, TcpStore, TcpStoreServer};
 use chorus::{ProcessGroup, ReduceOp, ReformError, WorkError};
-use chorus_examples::testkit::{data, local_groups, reference};
+use tests_integration::testkit::{data, local_groups, reference};
 
 const T: Duration = Duration::from_secs(10);
 const WINDOW: Duration = Duration::from_millis(300);

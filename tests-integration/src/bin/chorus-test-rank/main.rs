@@ -57,8 +57,8 @@ use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
 use chorus::{Failed, ProcessGroup, ReduceOp};
-use chorus_examples::testkit::{check_all_dtypes, check_all_ops, data, reference, SIZES};
 use half::bf16;
+use tests_integration::testkit::{check_all_dtypes, check_all_ops, data, reference, SIZES};
 
 fn env_num(key: &str, default: u64) -> u64 {
     std::env::var(key)

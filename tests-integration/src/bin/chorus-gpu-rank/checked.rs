@@ -6,7 +6,7 @@
 //! all_reduce afterwards gives the serial reference.
 
 use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
-use chorus_examples::testkit::{data, reference};
+use tests_integration::testkit::{data, reference};
 
 use super::checker::Checker;
 use super::support::{down, rej, up, werr, Res};

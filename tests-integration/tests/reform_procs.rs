@@ -10,10 +10,10 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus_examples::job_output::{self, field};
-use chorus_examples::testkit::workspace_bin;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tests_integration::job_output::{self, field};
+use tests_integration::testkit::workspace_bin;
 
 /// RESULT lines by rank: (kind, message).
 type Results = BTreeMap<usize, (String, String)>;

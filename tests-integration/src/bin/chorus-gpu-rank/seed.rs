@@ -7,7 +7,7 @@
 //! does not move.
 
 use chorus::{ProcessGroup, ReduceOp, Stream};
-use chorus_examples::testkit::{data, poison, reference};
+use tests_integration::testkit::{data, poison, reference};
 
 use super::checker::Checker;
 use super::support::{down, rej, up, werr, Res};

@@ -14,9 +14,9 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus_examples::job_output::{self, alive, field};
-use chorus_examples::testkit::workspace_bin;
 use rand::{Rng, SeedableRng};
+use tests_integration::job_output::{self, alive, field};
+use tests_integration::testkit::workspace_bin;
 
 const TIMEOUT_MS: u64 = 600;
 

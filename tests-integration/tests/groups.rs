@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chorus::{ProcessGroup, ReduceOp, WorkError};
-use chorus_examples::testkit::{data, local_groups, on_all, poison, reference};
 use half::bf16;
+use tests_integration::testkit::{data, local_groups, on_all, poison, reference};
 
 const T: Duration = Duration::from_secs(20);
 

@@ -2,7 +2,7 @@
 //! records, and [`report`], which prints its outcome.
 
 use chorus::ReduceOp;
-use chorus_examples::testkit::{reduce_tolerance, TestElem};
+use tests_integration::testkit::{reduce_tolerance, TestElem};
 
 use super::support::Res;
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use chorus::test_util::Kernels;
 use chorus::{Device, ProcessGroup, ReduceOp, Stream, StreamPriority, WorkStatus};
-use chorus_examples::testkit::{data, reference};
+use tests_integration::testkit::{data, reference};
 
 use super::checker::Checker;
 use super::support::{rej, up, werr, Res};

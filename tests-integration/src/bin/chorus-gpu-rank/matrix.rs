@@ -4,8 +4,8 @@
 
 use chorus::reduce::Reducible;
 use chorus::{DeviceElement, ProcessGroup, ReduceOp, Stream};
-use chorus_examples::testkit::{data, poison, reference, TestElem, OPS};
 use half::{bf16, f16};
+use tests_integration::testkit::{data, poison, reference, TestElem, OPS};
 
 use super::checker::Checker;
 use super::support::{down, rej, up, werr, Res};

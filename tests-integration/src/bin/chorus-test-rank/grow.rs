@@ -19,8 +19,8 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus::{Failed, ProcessGroup, ReduceOp};
-use chorus_examples::testkit::{data, reference};
 use nix::sys::signal::Signal;
+use tests_integration::testkit::{data, reference};
 
 use crate::{env_num, report, signal_self};
 

@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use chorus_examples::job_output::{self, alive, field};
-use chorus_examples::testkit::workspace_bin;
+use tests_integration::job_output::{self, alive, field};
+use tests_integration::testkit::workspace_bin;
 
 const RUNS: usize = 20;
 const WORLD: usize = 3;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use chorus::{Failed, ProcessGroup, ReduceOp, WorkError, WorkStatus};
-use chorus_examples::testkit::{data, local_groups, on_all, reference};
+use tests_integration::testkit::{data, local_groups, on_all, reference};
 
 const T: Duration = Duration::from_secs(20);
 

@@ -1,5 +1,5 @@
 //! chorus across hosts: jobs of several `chorus-run`s, one per test host
-//! (network namespaces joined by a switch, see `chorus_examples::netns`),
+//! (network namespaces joined by a switch, see `tests_integration::netns`),
 //! with real TCP between the hosts and Unix sockets and shared memory
 //! inside each.
 //!
@@ -10,8 +10,8 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chorus_examples::netns::{leftovers, Hosts, Output};
-use chorus_examples::testkit::workspace_bin;
+use tests_integration::netns::{leftovers, Hosts, Output};
+use tests_integration::testkit::workspace_bin;
 
 /// The liveness timeout the partition tests run with.
 const LIVENESS_S: u64 = 3;

@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::process::{Command, Output};
 
-use chorus_examples::testkit::workspace_bin;
+use tests_integration::testkit::workspace_bin;
 
 /// A port free on 127.0.0.1 a moment ago.
 fn free_port() -> u16 {

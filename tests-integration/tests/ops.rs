@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use chorus_examples::testkit::{check_all_dtypes, local_groups, on_all, SIZES};
+use tests_integration::testkit::{check_all_dtypes, local_groups, on_all, SIZES};
 
 async fn matrix(size: usize) {
     let groups = local_groups(size, Duration::from_secs(60)).await;

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use chorus_examples::testkit::workspace_bin;
+use tests_integration::testkit::workspace_bin;
 
 fn run_matrix(n: usize) {
     let out = Command::new(workspace_bin("chorus-launcher", "chorus-run"))

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{ProcessGroup, ReduceOp, ReformError, WorkError};
-use chorus_examples::testkit::{data, reference};
+use tests_integration::testkit::{data, reference};
 
 const T: Duration = Duration::from_secs(10);
 const WINDOW: Duration = Duration::from_millis(2_000);

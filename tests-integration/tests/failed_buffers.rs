@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chorus::{ReduceOp, WorkError};
-use chorus_examples::testkit::local_groups;
+use tests_integration::testkit::local_groups;
 
 const T: Duration = Duration::from_secs(10);
 

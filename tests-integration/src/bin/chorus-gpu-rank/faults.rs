@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use chorus::reduce::reference_reduce;
 use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
-use chorus_examples::testkit::{data, poison, reference};
 use nix::sys::signal::{raise, Signal};
+use tests_integration::testkit::{data, poison, reference};
 
 use super::checker::Checker;
 use super::support::{down, env_num, rej, up, werr, Res};

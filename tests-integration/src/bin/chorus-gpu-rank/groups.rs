@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, Stream};
-use chorus_examples::testkit::{data, poison, reference};
+use tests_integration::testkit::{data, poison, reference};
 
 use super::checker::Checker;
 use super::support::{down, env_num, rej, up, werr, Res};

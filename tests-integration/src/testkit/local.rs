@@ -1,0 +1,59 @@
+//! Ranks of one group as tasks of this process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chorus::store::{InMemoryStore, Store};
+use chorus::{ProcessGroup, TcpOptions};
+
+/// Builds `size` ranks of one group as tasks of this process, over loopback,
+/// sharing one in-memory store.
+pub async fn local_groups(size: usize, timeout: Duration) -> Vec<ProcessGroup> {
+    local_groups_with(size, timeout, TcpOptions::default()).await
+}
+
+/// [`local_groups`] with TCP options.
+pub async fn local_groups_with(
+    size: usize,
+    timeout: Duration,
+    tcp: TcpOptions,
+) -> Vec<ProcessGroup> {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let handles: Vec<_> = (0..size)
+        .map(|rank| {
+            let store = store.clone();
+            let tcp = tcp.clone();
+            tokio::spawn(async move {
+                ProcessGroup::builder()
+                    .rank(rank)
+                    .world_size(size)
+                    .store(store)
+                    .timeout(timeout)
+                    .tcp_options(tcp)
+                    .build()
+                    .await
+            })
+        })
+        .collect();
+    let mut groups = Vec::new();
+    for h in handles {
+        groups.push(h.await.expect("rank task").expect("group setup"));
+    }
+    groups
+}
+
+/// Runs `f(group)` on every rank concurrently and returns the results by
+/// rank.
+pub async fn on_all<F, Fut, R>(groups: &[ProcessGroup], f: F) -> Vec<R>
+where
+    F: Fn(ProcessGroup) -> Fut,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    let handles: Vec<_> = groups.iter().map(|g| tokio::spawn(f(g.clone()))).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("rank task panicked"));
+    }
+    out
+}
