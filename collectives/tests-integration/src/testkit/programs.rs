@@ -71,7 +71,7 @@ pub fn example_bin(name: &str) -> std::path::PathBuf {
     let dir = profile_dir();
     let path = dir.join("examples").join(name);
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
+        .join("../../examples")
         .join(format!("{name}.rs"));
     let modified = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let stale = match (modified(&path), modified(&src)) {
