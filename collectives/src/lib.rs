@@ -92,8 +92,8 @@ pub use work::Work;
 /// PyTorch's TCPStore (torchrun's agent store).
 pub mod store {
     pub use chorus_store::{
-        ClientOptions, InMemoryStore, PrefixStore, ServerOptions, Store, StoreError, TcpStore,
-        TcpStoreServer, TorchStore, TorchStoreOptions, DEFAULT_TIMEOUT, MAX_FRAME_LEN,
+        ClientOptions, InMemoryStore, PrefixStore, ServerOptions, ServerStats, Store, StoreError,
+        TcpStore, TcpStoreServer, TorchStore, TorchStoreOptions, DEFAULT_TIMEOUT, MAX_FRAME_LEN,
         MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN, TOKEN_ENV,
     };
 }

@@ -9,7 +9,8 @@
 //! 1. **Announce**: set `alive/{old rank}`, then add 1 to `announced`; the
 //!    rank that gets 1 back is the *leader*.
 //! 2. **Observe** the `roster` key and the `announced` count, every
-//!    [`POLL`], until one of:
+//!    [`POLL`] (the leader), or wait for the roster to be written (the
+//!    others, whose only other way out is the fallback), until one of:
 //!    * a roster exists: it is the answer (this rank is in it or was voted
 //!      out);
 //!    * this rank is the leader and every old member announced, or its
@@ -131,6 +132,11 @@ pub(crate) enum Action {
     /// Read the roster (if it exists) and the `announced` and `joined`
     /// counts; report them with [`Quorum::observed`].
     Observe,
+    /// Wait up to this long for the roster to be written (a waiting get,
+    /// woken by the write: no polling); report what it found with
+    /// [`Quorum::roster_seen`]. Only the leader watches the counts, so a
+    /// rank that does not lead costs the store one request per wait.
+    AwaitRoster(Duration),
     /// Sleep this long, then call [`Quorum::poll`] again.
     Wait(Duration),
     /// Read which old ranks have announced (`alive/{r}` for every old
@@ -228,6 +234,9 @@ impl Quorum {
     pub(crate) fn poll(&mut self, now: Instant) -> Action {
         match self.state {
             State::Announce => Action::Announce,
+            State::Watch { observe: true } if !self.leader && now < self.fallback => {
+                Action::AwaitRoster(self.fallback.saturating_duration_since(now))
+            }
             State::Watch { observe: true } => Action::Observe,
             State::Watch { observe: false } => {
                 // Joiners may replace the old members that did not
@@ -280,6 +289,18 @@ impl Quorum {
         }
         self.announced = self.announced.max(announced);
         self.joined = self.joined.max(joined);
+        match roster {
+            Some(value) => self.finish(value),
+            None => self.state = State::Watch { observe: false },
+        }
+    }
+
+    /// The roster's stored value, if a wait for it ([`Action::AwaitRoster`])
+    /// found it written.
+    pub(crate) fn roster_seen(&mut self, roster: Option<&[u8]>) {
+        if !matches!(self.state, State::Watch { .. }) {
+            return;
+        }
         match roster {
             Some(value) => self.finish(value),
             None => self.state = State::Watch { observe: false },

@@ -151,6 +151,12 @@ fn simulate_joins(
             Action::Observe => {
                 q.observed(sim.roster.as_deref(), sim.announced, sim.joins.len() as u64)
             }
+            Action::AwaitRoster(d) => {
+                assert!(d > Duration::ZERO);
+                // A waiting get, woken by the write: here it looks again
+                // a poll later (the state machine waits in between).
+                q.roster_seen(sim.roster.as_deref());
+            }
             Action::Wait(d) => {
                 assert!(d <= POLL, "waits are short: {d:?}");
                 rank.at = now + d;
