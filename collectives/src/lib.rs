@@ -61,6 +61,8 @@ pub mod propagation;
 pub mod recovery;
 pub mod reduce;
 mod sequence;
+#[cfg(feature = "test-util")]
+mod sim_rank;
 pub mod watchdog;
 mod work;
 
@@ -103,11 +105,13 @@ pub mod store {
 #[cfg(feature = "profile")]
 pub use chorus_core::profile;
 
-/// Helpers for GPU tests and benchmarks (feature `test-util`): a spin
-/// kernel of exact length, an add-one kernel, stream holds, diagnostic
-/// counters.
+/// Helpers for tests and benchmarks (feature `test-util`): a spin kernel
+/// of exact length, an add-one kernel, stream holds, diagnostic counters,
+/// and [`SimRank`](test_util::SimRank), a rank's control plane without its
+/// data plane.
 #[cfg(feature = "test-util")]
 pub mod test_util {
+    pub use crate::sim_rank::{SimError, SimRank};
     pub use chorus_gpu::cuda::kernels::Kernels;
     pub use chorus_gpu::cuda::StreamHold;
     pub use chorus_gpu::nccl::{

@@ -62,6 +62,18 @@ impl LivenessTask {
     }
 }
 
+impl LivenessTask {
+    /// Stops beating and reading without telling the peers: the rank
+    /// looks stopped to them (a simulated rank's SIGSTOP or death).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn halt(mut self) {
+        self.stopped.store(true, Ordering::Release);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
 impl Drop for LivenessTask {
     fn drop(&mut self) {
         self.stop();

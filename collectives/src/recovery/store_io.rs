@@ -31,7 +31,7 @@ const ROSTER: &str = "roster";
 ///
 /// The store's error, or [`StoreError::Timeout`] for an operation still
 /// running at `bound`.
-pub(super) async fn drive(
+pub(crate) async fn drive(
     store: &dyn Store,
     me: usize,
     size: usize,
