@@ -193,6 +193,12 @@ pub(crate) struct Quorum {
     /// The `joined` count of the last collect that found the roster not
     /// yet complete (the leader collects again only when it grows).
     checked: u64,
+    /// Old ranks this rank's liveness found silent or lost: the leader
+    /// need not wait its window for them.
+    gone: Vec<usize>,
+    /// The `announced` count of the last collect made because every rank
+    /// but the gone ones had announced.
+    checked_announced: u64,
     state: State,
     /// The roster this rank closes with, once collected.
     pending: Option<Roster>,
@@ -224,10 +230,24 @@ impl Quorum {
             announced: 0,
             joined: 0,
             checked: 0,
+            gone: Vec::new(),
+            checked_announced: 0,
             state: State::Announce,
             pending: None,
             outcome: None,
         }
+    }
+
+    /// Old ranks known gone (liveness found them silent or lost): once
+    /// every other old rank announced, the leader closes without waiting
+    /// out its window. A gone rank that announced in time is a member all
+    /// the same.
+    pub(crate) fn expect_gone(mut self, gone: Vec<usize>) -> Quorum {
+        self.gone = gone;
+        self.gone.sort_unstable();
+        self.gone.dedup();
+        self.gone.retain(|&r| r < self.size && r != self.me);
+        self
     }
 
     /// The next action at `now`.
@@ -243,8 +263,16 @@ impl Quorum {
                 // announce: worth a collect to see.
                 let replaced =
                     self.joined > self.checked && self.announced + self.joined >= self.size as u64;
+                // Every rank but the gone ones may have announced: worth
+                // a collect to see (again only once more have).
+                let but_gone = !self.gone.is_empty()
+                    && self.announced > self.checked_announced
+                    && self.announced + self.gone.len() as u64 >= self.size as u64;
                 let close = (self.leader
-                    && (self.announced >= self.size as u64 || now >= self.deadline || replaced))
+                    && (self.announced >= self.size as u64
+                        || now >= self.deadline
+                        || replaced
+                        || but_gone))
                     || now >= self.fallback;
                 if close {
                     self.state = State::Collect;
@@ -326,13 +354,21 @@ impl Quorum {
             .collect();
         joiners.sort_unstable();
         joiners.dedup();
-        let complete =
-            (0..self.size).all(|r| members.contains(&r) || joiners.contains(&self.world_of[r]));
+        let mut is_member = vec![false; self.size];
+        for &r in &members {
+            is_member[r] = true;
+        }
+        let complete = (0..self.size).all(|r| {
+            is_member[r]
+                || joiners.contains(&self.world_of[r])
+                || self.gone.binary_search(&r).is_ok()
+        });
         let due = now >= self.deadline || self.announced >= self.size as u64;
         if self.leader && !complete && !due && now < self.fallback {
             // Collected early for joiners that do not cover the missing
             // members yet: watch on.
             self.checked = self.joined;
+            self.checked_announced = self.announced;
             self.state = State::Watch { observe: true };
             return;
         }

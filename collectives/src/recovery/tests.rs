@@ -427,3 +427,54 @@ fn a_late_replacement_passes_this_epoch_and_random_joiners_agree() {
         check_joiners(seed, &roster, &joined, &[2]);
     }
 }
+
+#[test]
+fn a_leader_told_who_is_gone_closes_once_every_other_rank_announced() {
+    let t0 = Instant::now();
+    let long = Duration::from_secs(10);
+    let mut q = Quorum::new(0, (0..4).collect(), 1, t0, long, long).expect_gone(vec![2]);
+    assert_eq!(q.poll(t0), Action::Announce);
+    q.announced(1);
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 2, 0);
+    assert!(
+        matches!(q.poll(t0), Action::Wait(_)),
+        "rank 1 or 3 is missing"
+    );
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 3, 0);
+    assert_eq!(q.poll(t0), Action::Collect, "long before the window");
+    q.collected(&[true, true, false, true], &[], t0);
+    match q.poll(t0) {
+        Action::Close(r) => assert_eq!(r.members, vec![0, 1, 3]),
+        a => panic!("expected the close, got {a:?}"),
+    }
+}
+
+#[test]
+fn a_gone_rank_that_announces_does_not_close_the_roster_on_a_live_one() {
+    let t0 = Instant::now();
+    let long = Duration::from_secs(10);
+    let mut q = Quorum::new(0, (0..4).collect(), 1, t0, long, long).expect_gone(vec![2]);
+    assert_eq!(q.poll(t0), Action::Announce);
+    q.announced(1);
+    assert_eq!(q.poll(t0), Action::Observe);
+    // Ranks 0, 1 and the gone rank 2 announced; rank 3 has not yet.
+    q.observed(None, 3, 0);
+    assert_eq!(q.poll(t0), Action::Collect);
+    q.collected(&[true, true, true, false], &[], t0);
+    // Not complete: watch on, and no collect again until the count grows.
+    for _ in 0..3 {
+        assert_eq!(q.poll(t0), Action::Observe);
+        q.observed(None, 3, 0);
+        assert!(matches!(q.poll(t0), Action::Wait(_)));
+    }
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 4, 0);
+    assert_eq!(q.poll(t0), Action::Collect);
+    q.collected(&[true, true, true, true], &[], t0);
+    match q.poll(t0) {
+        Action::Close(r) => assert_eq!(r.members, vec![0, 1, 2, 3]),
+        a => panic!("expected the close, got {a:?}"),
+    }
+}
