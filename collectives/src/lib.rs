@@ -41,7 +41,8 @@
 //! `buffer` (the routing), `grouped`; `work` and `device_work` ([`Work`]
 //! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
 //! liveness through the store); `nccl_library` ([`nccl_library`],
-//! [`use_nccl_library`]).
+//! [`use_nccl_library`]); `sim_rank` (feature `test-util`: a rank's control
+//! plane without its data plane, for simulating thousands of ranks).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
