@@ -102,15 +102,51 @@ impl Roster {
     }
 }
 
+/// A list of ranks as stored: runs of consecutive ranks as `first-last`
+/// (every survivor reads the roster: at thousands of ranks it stays a few
+/// bytes, not tens of kilobytes each).
 fn list(v: &[usize]) -> String {
-    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i + 1 {
+            format!("{}-{}", v[i], v[j])
+        } else if j == i + 1 {
+            format!("{},{}", v[i], v[j])
+        } else {
+            v[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
+
+/// Ranks a stored list can hold at most (a run is checked before it is
+/// expanded).
+const MAX_LISTED: usize = 1 << 24;
 
 fn parse_list(s: &str) -> Option<Vec<usize>> {
     if s.is_empty() {
         return Some(Vec::new());
     }
-    s.split(',').map(|x| x.parse().ok()).collect()
+    let mut out = Vec::new();
+    for x in s.split(',') {
+        match x.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a >= MAX_LISTED || out.len() + (b - a) >= MAX_LISTED {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(x.parse().ok()?),
+        }
+    }
+    Some(out)
 }
 
 impl fmt::Display for Roster {

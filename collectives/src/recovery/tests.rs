@@ -316,9 +316,31 @@ fn rosters_round_trip_and_garbage_is_refused() {
         b"chorus-roster/2 epoch=1 members=0 world=0,3,1",
         b"chorus-roster/2 epoch=1 members=0 world=0,0",
         b"chorus-roster/2 epoch=1 members=0,1 world=0",
+        b"chorus-roster/2 epoch=1 members=3-1 world=3,2,1",
+        b"chorus-roster/2 epoch=1 members=0-99999999999 world=0",
+        b"chorus-roster/2 epoch=1 members=0-2,2 world=0,1,2,2",
     ] {
         assert_eq!(Roster::decode(bad), None, "{bad:?}");
     }
+    // Runs of ranks are stored as ranges: a roster of thousands stays small.
+    let big = Roster {
+        epoch: 1,
+        members: (0..4096).filter(|&r| r != 2048 && r != 7).collect(),
+        joiners: vec![],
+        world: (0..4096).filter(|&r| r != 2048 && r != 7).collect(),
+    };
+    let stored = big.encode();
+    assert!(stored.len() < 100, "{}", String::from_utf8_lossy(&stored));
+    assert!(String::from_utf8_lossy(&stored).contains("members=0-6,8-2047,2049-4095"));
+    assert_eq!(Roster::decode(&stored), Some(big));
+    let pair = Roster {
+        epoch: 2,
+        members: vec![4, 5, 9],
+        joiners: vec![],
+        world: vec![4, 5, 9],
+    };
+    assert!(String::from_utf8_lossy(&pair.encode()).contains("members=4,5,9"));
+    assert_eq!(Roster::decode(&pair.encode()), Some(pair));
     let mut q = Quorum::new(0, vec![0, 1], 4, Instant::now(), WINDOW, GRACE);
     q.announced(1);
     assert_eq!(q.poll(Instant::now()), Action::Observe);
