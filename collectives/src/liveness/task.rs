@@ -140,7 +140,9 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
     let mut search: Option<(String, Search)> = None;
     let mut next = tokio::time::Instant::now();
     loop {
-        next += period;
+        // A round that ran long (a slow store) delays the next rather
+        // than bunching rounds up behind it.
+        next = (next + period).max(tokio::time::Instant::now());
         tokio::time::sleep_until(next).await;
         if stopped.load(Ordering::Acquire) {
             return;
@@ -253,8 +255,10 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
 /// One round's store work: beat, read the watched peers' counters and the
 /// log's count in one request, then (rarely) the new log entries, the
 /// verdicts to publish, and every peer's counter while a search runs.
-/// Each request is bounded by the period. Returns when the readings were
-/// taken.
+/// The beat and the reading are each bounded by a third of the timeout (a
+/// slow answer is still an answer: abandoning it would only add load to a
+/// store that is already behind), the rest by the period. Returns when the
+/// readings were taken.
 async fn round(
     l: &Liveness,
     ring: &mut Ring,
@@ -267,9 +271,10 @@ async fn round(
     let watched = ring.watched();
     let mut keys: Vec<String> = watched.iter().map(|&p| key(l.epoch, p)).collect();
     keys.push(count_key.to_string());
-    let beat = tokio::time::timeout(period, l.store.add(mine, 1)).await;
+    let bound = (l.timeout / 3).max(period);
+    let beat = tokio::time::timeout(bound, l.store.add(mine, 1)).await;
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let read = tokio::time::timeout(period, l.store.multi_get(&refs, period)).await;
+    let read = tokio::time::timeout(bound, l.store.multi_get(&refs, period)).await;
     let now = Instant::now();
     match (beat, read) {
         (Ok(Ok(_)), Ok(Ok(values))) => {
@@ -286,7 +291,7 @@ async fn round(
             return now;
         }
         (Err(_), _) | (_, Err(_)) => {
-            ring.store_failed(format!("no answer within {period:?}"));
+            ring.store_failed(format!("no answer within {bound:?}"));
             return now;
         }
     }
