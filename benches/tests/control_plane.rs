@@ -9,7 +9,7 @@ use std::process::Command;
 fn the_harness_runs_512_ranks_through_every_phase() {
     let out = Command::new(env!("CARGO_BIN_EXE_control_plane"))
         .args(["--ranks", "512", "--procs", "2", "--liveness-ms", "2000"])
-        .args(["--periods", "5", "--phase-timeout-s", "50"])
+        .args(["--periods", "10", "--phase-timeout-s", "50"])
         .output()
         .expect("run control_plane");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -27,9 +27,9 @@ fn the_harness_runs_512_ranks_through_every_phase() {
     let req = c["steady_requests_per_rank_period"]
         .as_f64()
         .expect("requests");
-    // Two per rank and period; the window can catch one period's worth
-    // more or less of a rank's rounds.
-    assert!(req > 1.5 && req <= 2.1, "{line}");
+    // Two per rank and period; the window of ten periods can catch one
+    // round more or less of a rank's at its edges.
+    assert!(req > 1.7 && req <= 2.2, "{line}");
     let detect = c["detect_ms"].as_u64().expect("detect");
     assert!(detect >= 2_000, "found before the timeout: {line}");
 }
