@@ -272,9 +272,13 @@ async fn round(
     let mut keys: Vec<String> = watched.iter().map(|&p| key(l.epoch, p)).collect();
     keys.push(count_key.to_string());
     let bound = (l.timeout / 3).max(period);
-    let beat = tokio::time::timeout(bound, l.store.add(mine, 1)).await;
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let read = tokio::time::timeout(bound, l.store.multi_get(&refs, period)).await;
+    // Both at once: a client pipelines them, so the store reads, answers
+    // and writes them together (one wake-up and one write for the pair).
+    let (beat, read) = tokio::join!(
+        tokio::time::timeout(bound, l.store.add(mine, 1)),
+        tokio::time::timeout(bound, l.store.multi_get(&refs, period)),
+    );
     let now = Instant::now();
     match (beat, read) {
         (Ok(Ok(_)), Ok(Ok(values))) => {
