@@ -275,10 +275,10 @@ async fn round(
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     // Both at once: a client pipelines them, so the store reads, answers
     // and writes them together (one wake-up and one write for the pair).
-    let (beat, read) = tokio::join!(
-        tokio::time::timeout(bound, l.store.add(mine, 1)),
-        tokio::time::timeout(bound, l.store.multi_get(&refs, period)),
-    );
+    // One after the other: PyTorch's store, through chorus's client,
+    // answers neither when both are in flight at once.
+    let beat = tokio::time::timeout(bound, l.store.add(mine, 1)).await;
+    let read = tokio::time::timeout(bound, l.store.multi_get(&refs, period)).await;
     let now = Instant::now();
     match (beat, read) {
         (Ok(Ok(_)), Ok(Ok(values))) => {

@@ -5,11 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::rendezvous::{rendezvous, Rendezvous, RendezvousConfig};
-use chorus::store::{ClientOptions, Store, TcpStore};
+use chorus::store::{ClientOptions, Store, StoreError, TcpStore, TorchStore, TorchStoreOptions};
 use chorus::test_util::SimRank;
 use chorus::WorkError;
 
 use crate::{unix_ms, Args};
+
+/// A control connection to the store at `addr`, PyTorch's or chorus's.
+pub(crate) async fn control(addr: &str, torch: bool) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(if torch {
+        Arc::new(TorchStore::connect(addr, TorchStoreOptions::default()).await?)
+    } else {
+        Arc::new(TcpStore::connect(addr, ClientOptions::default()).await?)
+    })
+}
 
 /// Runs child `me`: form, stop (or watch), detect, re-form.
 pub(crate) fn run(args: &Args, me: usize) -> Result<(), String> {
@@ -26,11 +35,10 @@ async fn phases(args: Args, me: usize) -> Result<(), String> {
     let phase = Duration::from_secs(args.phase_timeout_s);
     let liveness = Duration::from_millis(args.liveness_ms);
     let n = args.ranks;
-    let ctl: Arc<dyn Store> = Arc::new(
-        TcpStore::connect(&addr, ClientOptions::default())
-            .await
-            .map_err(|e| format!("child {me}: control connection: {e}"))?,
-    );
+    let torch = args.torch.is_some();
+    let ctl = control(&addr, torch)
+        .await
+        .map_err(|e| format!("child {me}: control connection: {e}"))?;
     let err =
         |what: &'static str| move |e: chorus::store::StoreError| format!("child {me}: {what}: {e}");
     if ctl.add("bench/ready", 1).await.map_err(err("ready"))? == args.procs as i64 {
@@ -51,10 +59,13 @@ async fn phases(args: Args, me: usize) -> Result<(), String> {
                 .world_size(n)
                 .master_addr(host)
                 .master_port(port)
-                .launcher_store()
-                .timeout(phase)
-                .build()
-                .map_err(|e| format!("rank {r}: {e}"))?;
+                .timeout(phase);
+            let cfg = if torch {
+                cfg.torch_store("bench")
+            } else {
+                cfg.launcher_store()
+            };
+            let cfg = cfg.build().map_err(|e| format!("rank {r}: {e}"))?;
             let rv: Rendezvous = rendezvous(cfg)
                 .await
                 .map_err(|e| format!("rank {r}: {e}"))?;

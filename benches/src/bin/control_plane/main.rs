@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod child;
+mod host;
 mod parent;
 
 use clap::Parser;
@@ -47,6 +48,13 @@ pub(crate) struct Args {
     /// Bound on each phase, in seconds.
     #[arg(long, default_value_t = 120)]
     phase_timeout_s: u64,
+    /// Serve the store with PyTorch's TCPStore (libuv server) run by this
+    /// Python instead of chorus's server; the ranks speak its protocol
+    /// through chorus's TorchStore client. The server's own counters are
+    /// then unknown: requests and busy time read 0, CPU is the Python
+    /// process's.
+    #[arg(long)]
+    torch: Option<String>,
     /// Run as child process `i` of a parent (internal).
     #[arg(long, hide = true)]
     child: Option<usize>,

@@ -2,11 +2,12 @@
 //! phases through keys under `bench/`, and measures.
 
 use std::process::{Child, Command};
-use std::sync::Arc;
+
 use std::time::{Duration, Instant};
 
-use chorus::store::{ClientOptions, ServerOptions, ServerStats, Store, TcpStore, TcpStoreServer};
+use chorus::store::ServerStats;
 
+use crate::host::Host;
 use crate::{unix_ms, Args};
 
 /// Kills the children it holds when dropped (a failed phase included).
@@ -19,17 +20,6 @@ impl Drop for Children {
             let _ = c.wait();
         }
     }
-}
-
-/// CPU time of this process (the store's threads: the parent does little
-/// else).
-fn cpu_time() -> Duration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    getrusage(UsageWho::RUSAGE_SELF).map_or(Duration::ZERO, |u| {
-        let (a, b) = (u.user_time(), u.system_time());
-        let us = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-        Duration::from_micros(us(a) + us(b))
-    })
 }
 
 /// The liveness period of a timeout (as chorus computes it).
@@ -45,18 +35,10 @@ pub(crate) fn run(args: &Args) -> Result<(), String> {
 async fn measure(args: Args) -> Result<(), String> {
     let n = args.ranks;
     let phase = Duration::from_secs(args.phase_timeout_s);
-    let server = TcpStoreServer::bind(
-        "127.0.0.1:0".parse().expect("address"),
-        ServerOptions::default(),
-    )
-    .await
-    .map_err(|e| format!("store server: {e}"))?;
-    let addr = server.local_addr().to_string();
-    let ctl: Arc<dyn Store> = Arc::new(
-        TcpStore::connect(&addr, ClientOptions::default())
-            .await
-            .map_err(|e| format!("control connection: {e}"))?,
-    );
+    let (server, addr) = Host::start(args.torch.as_deref()).await?;
+    let ctl = crate::child::control(&addr, args.torch.is_some())
+        .await
+        .map_err(|e| format!("control connection: {e}"))?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mut children = Children(Vec::new());
     for i in 0..args.procs {
@@ -71,6 +53,7 @@ async fn measure(args: Args) -> Result<(), String> {
             .args(["--liveness-ms", &args.liveness_ms.to_string()])
             .args(["--window-ms", &args.window_ms.to_string()])
             .args(["--phase-timeout-s", &args.phase_timeout_s.to_string()])
+            .args(args.torch.iter().flat_map(|p| ["--torch", p.as_str()]))
             .spawn()
             .map_err(|e| format!("child {i}: {e}"))?;
         children.0.push(c);
@@ -105,9 +88,9 @@ async fn measure(args: Args) -> Result<(), String> {
     let timeout = Duration::from_millis(args.liveness_ms);
     let p = period(timeout);
     tokio::time::sleep(p * 3).await;
-    let (s0, c0, t0) = (server.stats(), cpu_time(), Instant::now());
+    let (s0, c0, t0) = (server.stats(), server.cpu(), Instant::now());
     tokio::time::sleep(p * args.periods).await;
-    let (s1, c1, t1) = (server.stats(), cpu_time(), Instant::now());
+    let (s1, c1, t1) = (server.stats(), server.cpu(), Instant::now());
     let d: ServerStats = s1.since(&s0);
     let periods = (t1 - t0).as_secs_f64() / p.as_secs_f64();
     let per = |x: f64| x / periods;
@@ -172,6 +155,7 @@ async fn measure(args: Args) -> Result<(), String> {
         args.window_ms
     );
     let json = serde_json::json!({"control_plane": {
+        "store": if args.torch.is_some() { "torch TCPStore (libuv)" } else { "chorus" },
         "ranks": n, "procs": args.procs, "liveness_ms": args.liveness_ms,
         "window_ms": args.window_ms, "period_ms": p.as_millis() as u64,
         "form_ms": form.as_secs_f64() * 1e3,
