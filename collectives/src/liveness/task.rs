@@ -273,10 +273,9 @@ async fn round(
     keys.push(count_key.to_string());
     let bound = (l.timeout / 3).max(period);
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    // Both at once: a client pipelines them, so the store reads, answers
-    // and writes them together (one wake-up and one write for the pair).
     // One after the other: PyTorch's store, through chorus's client,
-    // answers neither when both are in flight at once.
+    // answered neither with both in flight at once (the control_plane
+    // benchmark with --torch).
     let beat = tokio::time::timeout(bound, l.store.add(mine, 1)).await;
     let read = tokio::time::timeout(bound, l.store.multi_get(&refs, period)).await;
     let now = Instant::now();
