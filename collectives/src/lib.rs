@@ -41,7 +41,8 @@
 //! `buffer` (the routing), `grouped`; `work` and `device_work` ([`Work`]
 //! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
 //! liveness through the store); `nccl_library` ([`nccl_library`],
-//! [`use_nccl_library`]).
+//! [`use_nccl_library`]); `sim_rank` (feature `test-util`: a rank's control
+//! plane without its data plane, for simulating thousands of ranks).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
@@ -61,6 +62,8 @@ pub mod propagation;
 pub mod recovery;
 pub mod reduce;
 mod sequence;
+#[cfg(feature = "test-util")]
+mod sim_rank;
 pub mod watchdog;
 mod work;
 
@@ -92,8 +95,8 @@ pub use work::Work;
 /// PyTorch's TCPStore (torchrun's agent store).
 pub mod store {
     pub use chorus_store::{
-        ClientOptions, InMemoryStore, PrefixStore, ServerOptions, Store, StoreError, TcpStore,
-        TcpStoreServer, TorchStore, TorchStoreOptions, DEFAULT_TIMEOUT, MAX_FRAME_LEN,
+        ClientOptions, InMemoryStore, PrefixStore, ServerOptions, ServerStats, Store, StoreError,
+        TcpStore, TcpStoreServer, TorchStore, TorchStoreOptions, DEFAULT_TIMEOUT, MAX_FRAME_LEN,
         MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN, TOKEN_ENV,
     };
 }
@@ -103,11 +106,13 @@ pub mod store {
 #[cfg(feature = "profile")]
 pub use chorus_core::profile;
 
-/// Helpers for GPU tests and benchmarks (feature `test-util`): a spin
-/// kernel of exact length, an add-one kernel, stream holds, diagnostic
-/// counters.
+/// Helpers for tests and benchmarks (feature `test-util`): a spin kernel
+/// of exact length, an add-one kernel, stream holds, diagnostic counters,
+/// and [`SimRank`](test_util::SimRank), a rank's control plane without its
+/// data plane.
 #[cfg(feature = "test-util")]
 pub mod test_util {
+    pub use crate::sim_rank::{SimError, SimRank};
     pub use chorus_gpu::cuda::kernels::Kernels;
     pub use chorus_gpu::cuda::StreamHold;
     pub use chorus_gpu::nccl::{

@@ -13,9 +13,22 @@ pub(crate) fn key(epoch: u64, rank: usize) -> String {
     format!("alive/{epoch}/{rank}")
 }
 
+/// The store key (in the group's namespace) of the number of entries in
+/// the group's verdict log.
+pub(crate) fn log_count_key(epoch: u64) -> String {
+    format!("verdicts/{epoch}")
+}
+
+/// The store key of the `n`-th entry (from 1) of the verdict log.
+pub(crate) fn log_entry_key(epoch: u64, n: u64) -> String {
+    format!("verdicts/{epoch}/{n}")
+}
+
 /// How often a rank beats and reads its peers' beats for a liveness
-/// `timeout`: a tenth of it, between 50 ms and 1 s. A silent peer is then
-/// noticed within the timeout and two periods of its last beat.
+/// `timeout`: a tenth of it, between 50 ms and 300 ms. A silent peer is
+/// then noticed by its watcher within the timeout and two periods of its
+/// last beat, and by every rank one period later (at most the timeout and
+/// 0.9 s for a timeout of 3 s or more).
 pub(crate) fn period(timeout: Duration) -> Duration {
-    (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    (timeout / 10).clamp(Duration::from_millis(50), Duration::from_millis(300))
 }

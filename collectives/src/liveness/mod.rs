@@ -10,11 +10,14 @@
 //! keeps a beat in the group's store: a counter under `alive/{epoch}/{rank}`
 //! that a task on chorus's runtime ([`chorus_store::rt`]) adds 1 to every
 //! [`period`](beat::period) — independent of the user's threads and
-//! executor, so a rank busy computing still beats. The same task reads its
-//! peers' counters each round. [`PeerClock`](clock::PeerClock), the
-//! I/O-free part, turns those readings into a verdict: a peer whose counter
-//! has not moved for the liveness timeout is silent; a store that has not
-//! answered for as long means this rank is cut off from the job.
+//! executor, so a rank busy computing still beats. The same task watches
+//! one peer, its predecessor on the ring of live ranks, and reads the
+//! group's verdict log. [`Ring`](ring::Ring), the I/O-free part, turns
+//! those readings into verdicts: a watched peer whose counter has not
+//! moved for the liveness timeout is silent, and its watcher publishes
+//! that in the log, for every rank to read, before it watches the next
+//! live predecessor; a store that has not answered for as long means this
+//! rank is cut off from the job.
 //!
 //! A verdict fails nothing while the group has no pending work (a peer
 //! that comes back is alive again). With pending works, the group's error
@@ -31,14 +34,16 @@
 //! peer whose beat stopped or that left (see `witness`).
 //!
 //! Cost: two store requests per rank and round (one `add`, one `multi_get`
-//! of the peers' counters), nothing on an op's path. Off with a timeout of
-//! zero.
+//! of the watched counters and the log's count), whatever the group's size;
+//! one more per new log entry or verdict published; nothing on an op's
+//! path. Off with a timeout of zero.
 //!
 //! Its files:
 //!
-//! * `beat`: the key of a rank's counter, the period of its beats, the
-//!   default timeout.
-//! * `clock`: [`PeerClock`](clock::PeerClock) and its verdict, with no I/O.
+//! * `beat`: the keys of a rank's counter and of the verdict log, the
+//!   period of its beats, the default timeout.
+//! * `ring`: [`Ring`](ring::Ring), whom a rank watches and what it
+//!   concludes, with no I/O.
 //! * `task`: the liveness task of a group, which beats, reads and fails the
 //!   group.
 //! * `marks`: the marks a counter carries besides its beats (a peer left,
@@ -47,8 +52,8 @@
 //!   without naming it.
 
 mod beat;
-mod clock;
 mod marks;
+mod ring;
 mod task;
 mod witness;
 

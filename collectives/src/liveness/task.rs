@@ -1,8 +1,9 @@
 //! The liveness task of one group: [`Liveness`] starts it on chorus's
 //! runtime, [`LivenessTask`] stops it. Each round it beats, reads the
-//! peers' counters, and fails the group's pending works by the group's
-//! error policy when a peer went silent, was lost or left, or the store
-//! went silent.
+//! watched peers' counters and the verdict log's count (two requests),
+//! publishes its own verdicts and reads the others' (rarely), and fails
+//! the group's pending works by the group's error policy when a peer went
+//! silent or was lost, or the store went silent.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -11,9 +12,9 @@ use std::time::{Duration, Instant};
 use chorus_core::{OpContext, Registry, WorkError};
 use chorus_store::Store;
 
-use super::beat::{key, period};
-use super::clock::{PeerClock, Verdict};
+use super::beat::{key, log_count_key, log_entry_key, period};
 use super::marks::{LEFT, LOST};
+use super::ring::{Entry, Ring, Verdict};
 use super::witness::{Gone, Outcome, PeerWitness, Search};
 use crate::watchdog::ErrorPolicy;
 
@@ -61,6 +62,18 @@ impl LivenessTask {
     }
 }
 
+impl LivenessTask {
+    /// Stops beating and reading without telling the peers: the rank
+    /// looks stopped to them (a simulated rank's SIGSTOP or death).
+    #[cfg(feature = "test-util")]
+    pub(crate) fn halt(mut self) {
+        self.stopped.store(true, Ordering::Release);
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
 impl Drop for LivenessTask {
     fn drop(&mut self) {
         self.stop();
@@ -78,8 +91,17 @@ impl Liveness {
         &self,
     ) -> impl std::future::Future<Output = Result<(), chorus_store::StoreError>> + Send + 'static
     {
-        let (store, key) = (self.store.clone(), key(self.epoch, self.rank));
-        async move { store.add(&key, 1).await.map(drop) }
+        let (store, key, count) = (
+            self.store.clone(),
+            key(self.epoch, self.rank),
+            log_count_key(self.epoch),
+        );
+        async move {
+            store.add(&key, 1).await?;
+            // The verdict log's count exists from the start too: every
+            // round reads it beside the watched counters.
+            store.add(&count, 0).await.map(drop)
+        }
     }
 
     /// Starts beating and watching on chorus's runtime for the group whose
@@ -112,15 +134,15 @@ impl Liveness {
 async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
     let period = period(l.timeout);
     let mine = key(l.epoch, l.rank);
-    let mut clock = PeerClock::new(l.rank, l.size, l.timeout, Instant::now());
-    let peers: Vec<usize> = clock.peers().collect();
-    let keys: Vec<String> = peers.iter().map(|&p| key(l.epoch, p)).collect();
+    let count_key = log_count_key(l.epoch);
+    let mut ring = Ring::new(l.rank, l.size, l.timeout, Instant::now());
+    let peers: Vec<usize> = (0..l.size).filter(|&r| r != l.rank).collect();
     let mut search: Option<(String, Search)> = None;
-    // Peers another rank marked lost, at the last reading.
-    let mut marked: Vec<(usize, Gone)> = Vec::new();
     let mut next = tokio::time::Instant::now();
     loop {
-        next += period;
+        // A round that ran long (a slow store) delays the next rather
+        // than bunching rounds up behind it.
+        next = (next + period).max(tokio::time::Instant::now());
         tokio::time::sleep_until(next).await;
         if stopped.load(Ordering::Acquire) {
             return;
@@ -132,38 +154,22 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
             // The group failed: nothing left to watch for.
             return;
         }
-        // Beat, then read: each bounded by the period, so a store that
-        // hangs costs rounds, never the task.
-        let beat = tokio::time::timeout(period, l.store.add(&mine, 1)).await;
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let read = tokio::time::timeout(period, l.store.multi_get(&refs, period)).await;
-        let now = Instant::now();
-        match (beat, read) {
-            (Ok(Ok(_)), Ok(Ok(values))) => {
-                let values: Vec<Option<i64>> = values
-                    .iter()
-                    .map(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-                    .collect();
-                clock.read(&values, now);
-                marked = values
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, v)| v.is_some_and(|v| v >= LOST))
-                    .map(|(i, _)| (i, Gone::Marked))
-                    .collect();
-                if search.is_none() {
-                    search = l
-                        .witness
-                        .asked()
-                        .map(|(cause, at)| (cause, Search::new(at, period, peers.len())));
-                }
-                if let Some((_, s)) = &mut search {
-                    s.read(&values, now);
-                }
-            }
-            (Ok(Err(e)), _) | (_, Ok(Err(e))) => clock.store_failed(e.to_string()),
-            (Err(_), _) | (_, Err(_)) => clock.store_failed(format!("no answer within {period:?}")),
+        if search.is_none() {
+            search = l
+                .witness
+                .asked()
+                .map(|(cause, at)| (cause, Search::new(at, period, peers.len())));
         }
+        let now = round(
+            &l,
+            &mut ring,
+            search.as_mut(),
+            &peers,
+            &mine,
+            &count_key,
+            period,
+        )
+        .await;
         let ctx = OpContext {
             rank: l.rank,
             group: l.group.clone(),
@@ -186,11 +192,16 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
                     // Tell the others (their backends may not have seen the
                     // failure), then fail the group.
                     // (Once: a peer already marked is not marked again.)
-                    for &(i, _) in lost.iter().filter(|(_, g)| *g == Gone::Stopped) {
-                        let mark = l.store.add(&keys[i], LOST);
+                    let lost: Vec<(usize, Gone)> =
+                        lost.into_iter().map(|(i, g)| (peers[i], g)).collect();
+                    for &(p, _) in lost.iter().filter(|(_, g)| *g == Gone::Stopped) {
+                        let k = key(l.epoch, p);
+                        let mark = l.store.add(&k, LOST);
                         let _ = tokio::time::timeout(period, mark).await;
+                        let post = append(&*l.store, l.epoch, Entry::Lost(p));
+                        let _ = tokio::time::timeout(period, post).await;
                     }
-                    let err = lost_peer(ctx, &peers, &lost, cause);
+                    let err = lost_peer(ctx, &lost, cause);
                     tracing::error!(group = %l.group, rank = l.rank, error = %err, policy = ?l.policy, "peer liveness: failing the group's pending works");
                     crate::watchdog::apply_detected(l.policy, &reg, &err, "peer lost");
                     return;
@@ -200,13 +211,15 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
         if reg.pending() == 0 {
             continue;
         }
-        if !marked.is_empty() {
-            let err = lost_peer(ctx, &peers, &marked, "");
+        if !ring.lost().is_empty() {
+            let marked: Vec<(usize, Gone)> =
+                ring.lost().iter().map(|&p| (p, Gone::Marked)).collect();
+            let err = lost_peer(ctx, &marked, "");
             tracing::error!(group = %l.group, rank = l.rank, error = %err, policy = ?l.policy, "peer liveness: failing the group's pending works");
             crate::watchdog::apply_detected(l.policy, &reg, &err, "peer lost");
             return;
         }
-        let err = match clock.verdict(now) {
+        let err = match ring.verdict(now) {
             Verdict::Alive => continue,
             // The backend said a peer failed, and this one went silent:
             // it is the one lost.
@@ -239,19 +252,114 @@ async fn run(l: Liveness, registry: Weak<Registry>, stopped: Arc<AtomicBool>) {
     }
 }
 
-/// `PeerLost` naming the first of the `lost` peers (indices into `peers`)
-/// of a failure the backend reported as `cause` (empty: this rank's
-/// backend has not reported one).
-fn lost_peer(ctx: OpContext, peers: &[usize], lost: &[(usize, Gone)], cause: &str) -> WorkError {
+/// One round's store work: beat, read the watched peers' counters and the
+/// log's count in one request, then (rarely) the new log entries, the
+/// verdicts to publish, and every peer's counter while a search runs.
+/// The beat and the reading are each bounded by a third of the timeout (a
+/// slow answer is still an answer: abandoning it would only add load to a
+/// store that is already behind), the rest by the period. Returns when the
+/// readings were taken.
+async fn round(
+    l: &Liveness,
+    ring: &mut Ring,
+    search: Option<&mut (String, Search)>,
+    peers: &[usize],
+    mine: &str,
+    count_key: &str,
+    period: Duration,
+) -> Instant {
+    let watched = ring.watched();
+    let mut keys: Vec<String> = watched.iter().map(|&p| key(l.epoch, p)).collect();
+    keys.push(count_key.to_string());
+    let bound = (l.timeout / 3).max(period);
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    // One after the other: PyTorch's store, through chorus's client,
+    // answered neither with both in flight at once (the control_plane
+    // benchmark with --torch).
+    let beat = tokio::time::timeout(bound, l.store.add(mine, 1)).await;
+    let read = tokio::time::timeout(bound, l.store.multi_get(&refs, period)).await;
+    let now = Instant::now();
+    match (beat, read) {
+        (Ok(Ok(_)), Ok(Ok(values))) => {
+            let values: Vec<Option<i64>> = values.iter().map(|v| parse(v)).collect();
+            let count = values.last().copied().flatten().unwrap_or(0);
+            ring.read(
+                &values[..watched.len()],
+                u64::try_from(count).unwrap_or(0),
+                now,
+            );
+        }
+        (Ok(Err(e)), _) | (_, Ok(Err(e))) => {
+            ring.store_failed(e.to_string());
+            return now;
+        }
+        (Err(_), _) | (_, Err(_)) => {
+            ring.store_failed(format!("no answer within {bound:?}"));
+            return now;
+        }
+    }
+    if let Some(unread) = ring.unread() {
+        let first = *unread.start();
+        let last = (*unread.end()).min(first + LOG_BATCH - 1);
+        let keys: Vec<String> = (first..=last).map(|n| log_entry_key(l.epoch, n)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let wait = period / 2;
+        match tokio::time::timeout(period, l.store.multi_get(&refs, wait)).await {
+            Ok(Ok(raw)) => {
+                let entries: Vec<Option<Entry>> = raw.iter().map(|v| Entry::decode(v)).collect();
+                ring.log_read(&entries, Instant::now());
+            }
+            _ => ring.log_missing(Instant::now()),
+        }
+    }
+    for e in ring.take_posts() {
+        tracing::warn!(group = %l.group, rank = l.rank, verdict = %e.encode(), "peer liveness: publishing a verdict on a watched peer");
+        match tokio::time::timeout(period, append(&*l.store, l.epoch, e)).await {
+            Ok(Ok(())) => {}
+            _ => ring.repost(e),
+        }
+    }
+    if let Some((_, s)) = search {
+        let keys: Vec<String> = peers.iter().map(|&p| key(l.epoch, p)).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        if let Ok(Ok(values)) = tokio::time::timeout(period, l.store.multi_get(&refs, period)).await
+        {
+            let values: Vec<Option<i64>> = values.iter().map(|v| parse(v)).collect();
+            s.read(&values, Instant::now());
+        }
+    }
+    now
+}
+
+/// Log entries read in one request at most.
+const LOG_BATCH: u64 = 256;
+
+/// A counter's value as stored.
+fn parse(v: &[u8]) -> Option<i64> {
+    std::str::from_utf8(v).ok()?.trim().parse().ok()
+}
+
+/// Appends `e` to the group's verdict log: count it, then write it.
+async fn append(store: &dyn Store, epoch: u64, e: Entry) -> Result<(), chorus_store::StoreError> {
+    let n = store.add(&log_count_key(epoch), 1).await?;
+    let n = u64::try_from(n).unwrap_or(0);
+    store
+        .set(&log_entry_key(epoch, n), e.encode().as_bytes())
+        .await
+}
+
+/// `PeerLost` naming the first of the `lost` peers (group ranks) of a
+/// failure the backend reported as `cause` (empty: this rank's backend has
+/// not reported one).
+fn lost_peer(ctx: OpContext, lost: &[(usize, Gone)], cause: &str) -> WorkError {
     let named: Vec<String> = lost
         .iter()
-        .map(|&(i, why)| match why {
-            Gone::Left => format!("rank {} left the group", peers[i]),
-            Gone::Stopped => format!("rank {}'s beat in the group's store stopped", peers[i]),
+        .map(|&(p, why)| match why {
+            Gone::Left => format!("rank {p} left the group"),
+            Gone::Stopped => format!("rank {p}'s beat in the group's store stopped"),
             Gone::Marked => format!(
-                "another rank of the group found rank {} lost (its beat stopped after a backend \
-                 reported a failed peer)",
-                peers[i]
+                "another rank of the group found rank {p} lost (its beat stopped after a backend \
+                 reported a failed peer)"
             ),
         })
         .collect();
@@ -262,7 +370,7 @@ fn lost_peer(ctx: OpContext, peers: &[usize], lost: &[(usize, Gone)], cause: &st
     };
     WorkError::PeerLost {
         ctx,
-        peer: peers[lost[0].0],
+        peer: lost.first().map_or(0, |&(p, _)| p),
         cause: format!("{said}{}", named.join(", ")),
     }
 }

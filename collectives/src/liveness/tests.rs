@@ -1,85 +1,300 @@
 use std::time::{Duration, Instant};
 
 use super::beat::period;
-use super::clock::{PeerClock, Verdict};
-use super::marks::LEFT;
+use super::marks::{LEFT, LOST};
+use super::ring::{Entry, Ring, Verdict};
 
 const T: Duration = Duration::from_secs(3);
-
-fn ms(t0: Instant, ms: u64) -> Instant {
-    t0 + Duration::from_millis(ms)
-}
+const P: Duration = Duration::from_millis(300);
 
 #[test]
 fn the_period_is_a_tenth_of_the_timeout_within_bounds() {
     assert_eq!(period(Duration::from_secs(3)), Duration::from_millis(300));
-    assert_eq!(period(Duration::from_secs(60)), Duration::from_secs(1));
+    assert_eq!(period(Duration::from_secs(60)), Duration::from_millis(300));
     assert_eq!(
         period(Duration::from_millis(100)),
         Duration::from_millis(50)
     );
+    assert_eq!(period(Duration::from_secs(1)), Duration::from_millis(100));
 }
 
 #[test]
-fn peers_that_beat_stay_alive_however_long() {
-    let t0 = Instant::now();
-    let mut c = PeerClock::new(1, 3, T, t0);
-    assert_eq!(c.peers().collect::<Vec<_>>(), vec![0, 2]);
-    for i in 0..100u64 {
-        let v = i as i64 + 1;
-        c.read(&[Some(v), Some(v * 2)], ms(t0, i * 300));
-        assert_eq!(c.verdict(ms(t0, i * 300)), Verdict::Alive, "round {i}");
+fn entries_survive_the_store() {
+    for e in [Entry::Silent(3), Entry::Alive(0), Entry::Lost(4095)] {
+        assert_eq!(Entry::decode(e.encode().as_bytes()), Some(e));
     }
+    assert_eq!(Entry::decode(b"gone 3"), None);
+    assert_eq!(Entry::decode(b"silent x"), None);
 }
 
-#[test]
-fn a_peer_whose_counter_stops_is_silent_after_the_timeout_and_named() {
-    let t0 = Instant::now();
-    let mut c = PeerClock::new(0, 3, T, t0);
-    // Rank 2 beats; rank 1 stops after its first value.
-    for i in 0..=10u64 {
-        c.read(&[Some(1), Some(i as i64)], ms(t0, i * 300));
-    }
-    // Last change of rank 1 seen at t0 + 0 ms.
-    assert_eq!(c.verdict(ms(t0, 2_999)), Verdict::Alive);
-    match c.verdict(ms(t0, 3_000)) {
-        Verdict::PeerSilent { peer, silent_for } => {
-            assert_eq!(peer, 1);
-            assert_eq!(silent_for, Duration::from_secs(3));
+/// What a simulated rank does each round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    /// Beats, reads, publishes.
+    Live,
+    /// Stopped (SIGSTOP, a hung host): does nothing.
+    Stopped,
+    /// Cut off from the store: beats and reads fail.
+    CutOff,
+    /// Left the group cleanly.
+    Left,
+}
+
+/// A group of `Ring`s over a simulated store: the counters, the verdict
+/// log, and a clock that moves one period per round. Every rank runs its
+/// round as the liveness task does (beat, read the watched counters and
+/// the log's count, read new entries, publish).
+struct Sim {
+    now: Instant,
+    counters: Vec<i64>,
+    log: Vec<Entry>,
+    rings: Vec<Ring>,
+    st: Vec<St>,
+    /// Counter reads per round, to check the cost.
+    reads: usize,
+}
+
+impl Sim {
+    fn new(n: usize) -> Sim {
+        let now = Instant::now();
+        Sim {
+            now,
+            counters: vec![1; n],
+            log: Vec::new(),
+            rings: (0..n).map(|r| Ring::new(r, n, T, now)).collect(),
+            st: vec![St::Live; n],
+            reads: 0,
         }
-        v => panic!("expected rank 1 silent, got {v:?}"),
     }
-    // It beats again: alive.
-    c.read(&[Some(2), Some(11)], ms(t0, 3_100));
-    assert_eq!(c.verdict(ms(t0, 3_100)), Verdict::Alive);
-}
 
-#[test]
-fn the_longest_silent_peer_is_named() {
-    let t0 = Instant::now();
-    let mut c = PeerClock::new(2, 4, T, t0);
-    c.read(&[Some(1), Some(1), Some(1)], t0);
-    c.read(&[Some(1), Some(2), Some(2)], ms(t0, 1_000));
-    c.read(&[Some(1), Some(2), Some(3)], ms(t0, 2_000));
-    assert_eq!(
-        c.verdict(ms(t0, 4_500)),
-        Verdict::PeerSilent {
-            peer: 0,
-            silent_for: Duration::from_millis(4_500)
+    fn round(&mut self) {
+        self.now += P;
+        self.reads = 0;
+        for r in 0..self.rings.len() {
+            match self.st[r] {
+                St::Live => {}
+                St::CutOff => {
+                    self.rings[r].store_failed("connection refused".into());
+                    continue;
+                }
+                St::Stopped | St::Left => continue,
+            }
+            self.counters[r] += 1;
+            let ring = &mut self.rings[r];
+            let values: Vec<Option<i64>> = ring
+                .watched()
+                .iter()
+                .map(|&p| Some(self.counters[p]))
+                .collect();
+            self.reads += values.len();
+            ring.read(&values, self.log.len() as u64, self.now);
+            if let Some(u) = ring.unread() {
+                let entries: Vec<Option<Entry>> =
+                    u.map(|n| self.log.get(n as usize - 1).copied()).collect();
+                ring.log_read(&entries, self.now);
+            }
+            let posts = ring.take_posts();
+            self.log.extend(posts);
         }
-    );
+    }
+
+    fn rounds(&mut self, n: usize) {
+        for _ in 0..n {
+            self.round();
+        }
+    }
+
+    /// Rounds until every live rank's verdict satisfies `ok`, at most
+    /// `most`; how many it took.
+    fn until(&mut self, most: usize, ok: impl Fn(usize, &Verdict) -> bool) -> usize {
+        for i in 1..=most {
+            self.round();
+            let all = (0..self.rings.len())
+                .filter(|&r| self.st[r] == St::Live)
+                .all(|r| ok(r, &self.rings[r].verdict(self.now)));
+            if all {
+                return i;
+            }
+        }
+        panic!(
+            "not every live rank got there in {most} rounds; log {:?}",
+            self.log
+        );
+    }
+
+    fn leave(&mut self, r: usize) {
+        self.counters[r] += LEFT;
+        self.st[r] = St::Left;
+    }
+}
+
+/// Rounds within which every rank must learn of a silent peer: the
+/// timeout, the watcher's reading a period late, and one period for the
+/// others to read the log.
+fn within() -> usize {
+    (T.as_millis() / P.as_millis()) as usize + 3
+}
+
+fn silent(peer: usize) -> impl Fn(usize, &Verdict) -> bool {
+    move |_, v| matches!(v, Verdict::PeerSilent { peer: p, .. } if *p == peer)
 }
 
 #[test]
-fn unreadable_values_do_not_count_as_beats() {
-    let t0 = Instant::now();
-    let mut c = PeerClock::new(0, 2, T, t0);
-    c.read(&[Some(5)], t0);
-    for i in 1..=20u64 {
-        c.read(&[None], ms(t0, i * 200));
+fn ranks_that_beat_stay_alive_and_each_reads_one_counter() {
+    let mut s = Sim::new(64);
+    for _ in 0..100 {
+        s.round();
+        assert_eq!(s.reads, 64, "one counter per rank and round");
+        for r in 0..64 {
+            assert_eq!(s.rings[r].verdict(s.now), Verdict::Alive);
+            assert_eq!(s.rings[r].watched(), vec![(r + 63) % 64]);
+        }
     }
+    assert!(s.log.is_empty());
+}
+
+#[test]
+fn a_stopped_rank_is_silent_on_every_rank_within_the_timeout_and_three_periods() {
+    let mut s = Sim::new(64);
+    s.rounds(3);
+    s.st[17] = St::Stopped;
+    let took = s.until(within(), silent(17));
+    // Not before the timeout.
+    assert!(took >= (T.as_millis() / P.as_millis()) as usize, "{took}");
+    // One verdict, by its watcher, and the watcher moved on past it.
+    assert_eq!(s.log, vec![Entry::Silent(17)]);
+    assert_eq!(s.rings[18].watched(), vec![17, 16]);
+    // Long after: still silent, still one verdict.
+    s.rounds(50);
+    assert_eq!(s.log, vec![Entry::Silent(17)]);
     assert!(matches!(
-        c.verdict(ms(t0, 4_000)),
+        s.rings[40].verdict(s.now),
+        Verdict::PeerSilent { peer: 17, silent_for } if silent_for >= T
+    ));
+}
+
+#[test]
+fn a_dead_watcher_does_not_hide_the_rank_it_watched() {
+    let mut s = Sim::new(16);
+    s.rounds(2);
+    // Rank 5 (which watches rank 4) dies, and after it rank 4.
+    s.st[5] = St::Stopped;
+    s.until(within(), silent(5));
+    s.st[4] = St::Stopped;
+    // Rank 6 now watches 5 and 4: it finds 4 within the timeout too.
+    s.until(within(), |_, _| true);
+    let took = (1..=within())
+        .find(|_| {
+            s.round();
+            s.log.contains(&Entry::Silent(4))
+        })
+        .expect("rank 4 found silent");
+    assert!(took <= within());
+    s.round();
+    for r in (0..16).filter(|&r| s.st[r] == St::Live) {
+        assert!(
+            !matches!(s.rings[r].verdict(s.now), Verdict::Alive),
+            "rank {r}"
+        );
+    }
+    assert_eq!(s.rings[6].watched(), vec![5, 4, 3]);
+}
+
+#[test]
+fn two_adjacent_deaths_at_once_are_both_found() {
+    let mut s = Sim::new(32);
+    s.rounds(2);
+    s.st[9] = St::Stopped;
+    s.st[10] = St::Stopped;
+    // The first (the one whose watcher lives) fails every rank's works
+    // within the timeout.
+    s.until(within(), silent(10));
+    // The other is found by the same watcher one timeout later.
+    for _ in 0..within() {
+        s.round();
+    }
+    assert!(s.log.contains(&Entry::Silent(9)), "{:?}", s.log);
+    assert_eq!(s.log.len(), 2, "{:?}", s.log);
+    assert_eq!(s.rings[11].watched(), vec![10, 9, 8]);
+}
+
+#[test]
+fn a_rank_that_left_is_never_silent_and_its_successor_watches_past_it() {
+    let mut s = Sim::new(8);
+    s.rounds(2);
+    s.leave(3);
+    s.rounds(3 * within());
+    assert!(s.log.is_empty(), "{:?}", s.log);
+    for r in (0..8).filter(|&r| r != 3) {
+        assert_eq!(s.rings[r].verdict(s.now), Verdict::Alive, "rank {r}");
+    }
+    assert_eq!(s.rings[4].watched(), vec![2]);
+    // A death behind the one that left is still found.
+    s.st[2] = St::Stopped;
+    s.until(within() + 1, silent(2));
+}
+
+#[test]
+fn a_rank_cut_off_from_the_store_knows_it_and_the_others_find_it_silent() {
+    let mut s = Sim::new(16);
+    s.rounds(2);
+    s.st[7] = St::CutOff;
+    s.until(within(), silent(7));
+    match s.rings[7].verdict(s.now) {
+        Verdict::StoreSilent { silent_for, cause } => {
+            assert!(silent_for >= T);
+            assert_eq!(cause, "connection refused");
+        }
+        v => panic!("the cut-off rank must know it, got {v:?}"),
+    }
+}
+
+#[test]
+fn a_rank_that_comes_back_is_alive_again_everywhere() {
+    let mut s = Sim::new(16);
+    s.rounds(2);
+    s.st[12] = St::Stopped;
+    s.until(within(), silent(12));
+    s.st[12] = St::Live;
+    s.until(3, |_, v| *v == Verdict::Alive);
+    assert_eq!(s.log, vec![Entry::Silent(12), Entry::Alive(12)]);
+    assert_eq!(s.rings[13].watched(), vec![12]);
+    // And it can be found silent again.
+    s.st[12] = St::Stopped;
+    s.until(within(), silent(12));
+}
+
+#[test]
+fn a_lost_mark_on_a_watched_counter_is_seen_at_once() {
+    let mut s = Sim::new(4);
+    s.rounds(2);
+    s.counters[3] += LOST;
+    s.round();
+    assert_eq!(s.rings[0].lost(), &[3]);
+    // Lost entries in the log reach every rank.
+    s.log.push(Entry::Lost(1));
+    s.round();
+    for r in [0, 2] {
+        assert!(s.rings[r].lost().contains(&1), "rank {r}");
+    }
+}
+
+#[test]
+fn an_entry_counted_but_never_written_is_skipped_after_the_timeout() {
+    let t0 = Instant::now();
+    let mut r = Ring::new(0, 3, T, t0);
+    r.read(&[Some(1)], 2, t0);
+    assert_eq!(r.unread(), Some(1..=2));
+    r.log_missing(t0);
+    r.log_missing(t0 + T - Duration::from_millis(1));
+    assert_eq!(r.unread(), Some(1..=2));
+    r.log_missing(t0 + T);
+    assert_eq!(r.unread(), Some(2..=2));
+    r.log_read(&[Some(Entry::Silent(1))], t0 + T);
+    assert_eq!(r.unread(), None);
+    r.read(&[Some(2)], 2, t0 + T);
+    assert!(matches!(
+        r.verdict(t0 + T),
         Verdict::PeerSilent { peer: 1, .. }
     ));
 }
@@ -87,41 +302,42 @@ fn unreadable_values_do_not_count_as_beats() {
 #[test]
 fn a_silent_store_is_reported_before_any_peer() {
     let t0 = Instant::now();
-    let mut c = PeerClock::new(0, 3, T, t0);
-    c.read(&[Some(1), Some(1)], t0);
-    c.store_failed("connection refused".into());
-    assert_eq!(c.verdict(ms(t0, 2_000)), Verdict::Alive);
-    match c.verdict(ms(t0, 3_500)) {
-        Verdict::StoreSilent { silent_for, cause } => {
-            assert_eq!(silent_for, Duration::from_millis(3_500));
-            assert_eq!(cause, "connection refused");
-        }
-        v => panic!("expected the store silent, got {v:?}"),
-    }
-    // The store answers again, the peers moved: alive.
-    c.read(&[Some(2), Some(2)], ms(t0, 3_600));
-    assert_eq!(c.verdict(ms(t0, 3_600)), Verdict::Alive);
+    let mut r = Ring::new(0, 3, T, t0);
+    r.read(&[Some(1)], 0, t0);
+    r.store_failed("connection refused".into());
+    assert_eq!(r.verdict(t0 + Duration::from_secs(2)), Verdict::Alive);
+    assert!(matches!(
+        r.verdict(t0 + Duration::from_millis(3_500)),
+        Verdict::StoreSilent { .. }
+    ));
+    r.read(&[Some(2)], 0, t0 + Duration::from_millis(3_600));
+    assert_eq!(r.verdict(t0 + Duration::from_millis(3_600)), Verdict::Alive);
 }
 
 #[test]
-fn a_group_of_one_is_always_alive() {
+fn a_group_of_one_watches_nobody_and_is_always_alive() {
     let t0 = Instant::now();
-    let mut c = PeerClock::new(0, 1, T, t0);
-    assert_eq!(c.peers().count(), 0);
-    c.read(&[], ms(t0, 10_000));
-    assert_eq!(c.verdict(ms(t0, 10_000)), Verdict::Alive);
+    let mut r = Ring::new(0, 1, T, t0);
+    assert!(r.watched().is_empty());
+    r.read(&[], 0, t0 + Duration::from_secs(10));
+    assert_eq!(r.verdict(t0 + Duration::from_secs(10)), Verdict::Alive);
 }
 
 #[test]
-fn a_peer_that_left_is_never_silent() {
-    let t0 = Instant::now();
-    let mut c = PeerClock::new(0, 3, T, t0);
-    c.read(&[Some(3), Some(3)], t0);
-    // Rank 1 left cleanly; rank 2 goes on beating.
-    for i in 1..=20u64 {
-        c.read(&[Some(3 + LEFT), Some(3 + i as i64)], ms(t0, i * 300));
+fn everyone_else_dead_is_watched_without_end() {
+    let mut s = Sim::new(4);
+    s.rounds(2);
+    for r in 1..4 {
+        s.st[r] = St::Stopped;
     }
-    assert_eq!(c.verdict(ms(t0, 6_000)), Verdict::Alive);
+    s.rounds(4 * within());
+    assert_eq!(s.rings[0].watched(), vec![3, 2, 1]);
+    let mut found: Vec<Entry> = s.log.clone();
+    found.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(
+        found,
+        vec![Entry::Silent(1), Entry::Silent(2), Entry::Silent(3)]
+    );
 }
 
 /// The liveness task of rank 0 of a group of 4 on `store`, with one

@@ -12,10 +12,10 @@
 
 mod admit;
 mod joiner;
-mod quorum;
+pub(crate) mod quorum;
 mod reform;
 pub(crate) mod rejoin;
-mod store_io;
+pub(crate) mod store_io;
 
 pub use crate::error::ReformError;
 pub use quorum::Roster;

@@ -9,7 +9,8 @@
 //! 1. **Announce**: set `alive/{old rank}`, then add 1 to `announced`; the
 //!    rank that gets 1 back is the *leader*.
 //! 2. **Observe** the `roster` key and the `announced` count, every
-//!    [`POLL`], until one of:
+//!    [`POLL`] (the leader), or wait for the roster to be written (the
+//!    others, whose only other way out is the fallback), until one of:
 //!    * a roster exists: it is the answer (this rank is in it or was voted
 //!      out);
 //!    * this rank is the leader and every old member announced, or its
@@ -101,15 +102,51 @@ impl Roster {
     }
 }
 
+/// A list of ranks as stored: runs of consecutive ranks as `first-last`
+/// (every survivor reads the roster: at thousands of ranks it stays a few
+/// bytes, not tens of kilobytes each).
 fn list(v: &[usize]) -> String {
-    v.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i + 1 {
+            format!("{}-{}", v[i], v[j])
+        } else if j == i + 1 {
+            format!("{},{}", v[i], v[j])
+        } else {
+            v[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
 }
+
+/// Ranks a stored list can hold at most (a run is checked before it is
+/// expanded).
+const MAX_LISTED: usize = 1 << 24;
 
 fn parse_list(s: &str) -> Option<Vec<usize>> {
     if s.is_empty() {
         return Some(Vec::new());
     }
-    s.split(',').map(|x| x.parse().ok()).collect()
+    let mut out = Vec::new();
+    for x in s.split(',') {
+        match x.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+                if b < a || b - a >= MAX_LISTED || out.len() + (b - a) >= MAX_LISTED {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(x.parse().ok()?),
+        }
+    }
+    Some(out)
 }
 
 impl fmt::Display for Roster {
@@ -131,6 +168,11 @@ pub(crate) enum Action {
     /// Read the roster (if it exists) and the `announced` and `joined`
     /// counts; report them with [`Quorum::observed`].
     Observe,
+    /// Wait up to this long for the roster to be written (a waiting get,
+    /// woken by the write: no polling); report what it found with
+    /// [`Quorum::roster_seen`]. Only the leader watches the counts, so a
+    /// rank that does not lead costs the store one request per wait.
+    AwaitRoster(Duration),
     /// Sleep this long, then call [`Quorum::poll`] again.
     Wait(Duration),
     /// Read which old ranks have announced (`alive/{r}` for every old
@@ -187,6 +229,12 @@ pub(crate) struct Quorum {
     /// The `joined` count of the last collect that found the roster not
     /// yet complete (the leader collects again only when it grows).
     checked: u64,
+    /// Old ranks this rank's liveness found silent or lost: the leader
+    /// need not wait its window for them.
+    gone: Vec<usize>,
+    /// The `announced` count of the last collect made because every rank
+    /// but the gone ones had announced.
+    checked_announced: u64,
     state: State,
     /// The roster this rank closes with, once collected.
     pending: Option<Roster>,
@@ -218,24 +266,49 @@ impl Quorum {
             announced: 0,
             joined: 0,
             checked: 0,
+            gone: Vec::new(),
+            checked_announced: 0,
             state: State::Announce,
             pending: None,
             outcome: None,
         }
     }
 
+    /// Old ranks known gone (liveness found them silent or lost): once
+    /// every other old rank announced, the leader closes without waiting
+    /// out its window. A gone rank that announced in time is a member all
+    /// the same.
+    pub(crate) fn expect_gone(mut self, gone: Vec<usize>) -> Quorum {
+        self.gone = gone;
+        self.gone.sort_unstable();
+        self.gone.dedup();
+        self.gone.retain(|&r| r < self.size && r != self.me);
+        self
+    }
+
     /// The next action at `now`.
     pub(crate) fn poll(&mut self, now: Instant) -> Action {
         match self.state {
             State::Announce => Action::Announce,
+            State::Watch { observe: true } if !self.leader && now < self.fallback => {
+                Action::AwaitRoster(self.fallback.saturating_duration_since(now))
+            }
             State::Watch { observe: true } => Action::Observe,
             State::Watch { observe: false } => {
                 // Joiners may replace the old members that did not
                 // announce: worth a collect to see.
                 let replaced =
                     self.joined > self.checked && self.announced + self.joined >= self.size as u64;
+                // Every rank but the gone ones may have announced: worth
+                // a collect to see (again only once more have).
+                let but_gone = !self.gone.is_empty()
+                    && self.announced > self.checked_announced
+                    && self.announced + self.gone.len() as u64 >= self.size as u64;
                 let close = (self.leader
-                    && (self.announced >= self.size as u64 || now >= self.deadline || replaced))
+                    && (self.announced >= self.size as u64
+                        || now >= self.deadline
+                        || replaced
+                        || but_gone))
                     || now >= self.fallback;
                 if close {
                     self.state = State::Collect;
@@ -286,6 +359,18 @@ impl Quorum {
         }
     }
 
+    /// The roster's stored value, if a wait for it ([`Action::AwaitRoster`])
+    /// found it written.
+    pub(crate) fn roster_seen(&mut self, roster: Option<&[u8]>) {
+        if !matches!(self.state, State::Watch { .. }) {
+            return;
+        }
+        match roster {
+            Some(value) => self.finish(value),
+            None => self.state = State::Watch { observe: false },
+        }
+    }
+
     /// Which old ranks have announced (`alive[r]` for old rank `r`), and
     /// the world ranks of the joiners found (in any order, repeats
     /// allowed), at `now`. Joiners whose world rank is an announced
@@ -305,13 +390,21 @@ impl Quorum {
             .collect();
         joiners.sort_unstable();
         joiners.dedup();
-        let complete =
-            (0..self.size).all(|r| members.contains(&r) || joiners.contains(&self.world_of[r]));
+        let mut is_member = vec![false; self.size];
+        for &r in &members {
+            is_member[r] = true;
+        }
+        let complete = (0..self.size).all(|r| {
+            is_member[r]
+                || joiners.contains(&self.world_of[r])
+                || self.gone.binary_search(&r).is_ok()
+        });
         let due = now >= self.deadline || self.announced >= self.size as u64;
         if self.leader && !complete && !due && now < self.fallback {
             // Collected early for joiners that do not cover the missing
             // members yet: watch on.
             self.checked = self.joined;
+            self.checked_announced = self.announced;
             self.state = State::Watch { observe: true };
             return;
         }

@@ -16,6 +16,7 @@ use crate::error::ReformError;
 use crate::process_group::builder::{connect, Setup};
 use crate::process_group::state::GROUP_PREFIX;
 use crate::process_group::ProcessGroup;
+use crate::WorkError;
 
 /// The shortest grace period after the window before a rank closes the
 /// roster itself when the leader has not (it died or stalls).
@@ -105,6 +106,14 @@ impl ProcessGroup {
         let g = &self.inner;
         let (old, me, size) = (g.seq.name().to_string(), g.seq.rank(), g.seq.size());
         tracing::warn!(group = %old, rank = me, epoch, "re-forming the group");
+        // The peer liveness found silent or lost (before the abort below
+        // replaces the group's error): the quorum need not wait for it.
+        let gone = match g.seq.registry().errored() {
+            Some(WorkError::PeerSilent { peer, .. } | WorkError::PeerLost { peer, .. }) => {
+                vec![peer]
+            }
+            _ => Vec::new(),
+        };
         self.abort(&format!("the group is being re-formed as epoch {epoch}"));
         let children = std::mem::take(&mut *g.children.lock().unwrap_or_else(|p| p.into_inner()));
         for child in children.iter().filter_map(std::sync::Weak::upgrade) {
@@ -125,7 +134,7 @@ impl ProcessGroup {
         let now = Instant::now();
         let grace = window.max(MIN_GRACE);
         let bound = now + window + grace + STORE_SLACK;
-        let q = Quorum::new(me, g.members.clone(), epoch, now, window, grace);
+        let q = Quorum::new(me, g.members.clone(), epoch, now, window, grace).expect_gone(gone);
         let store_err = |source| ReformError::Store {
             group: old.clone(),
             rank: me,

@@ -31,7 +31,7 @@ const ROSTER: &str = "roster";
 ///
 /// The store's error, or [`StoreError::Timeout`] for an operation still
 /// running at `bound`.
-pub(super) async fn drive(
+pub(crate) async fn drive(
     store: &dyn Store,
     me: usize,
     size: usize,
@@ -56,13 +56,23 @@ pub(super) async fn drive(
                     u64::try_from(j).unwrap_or(0),
                 );
             }
+            Action::AwaitRoster(d) => {
+                let wait = d.max(Duration::from_millis(1));
+                match bounded(bound, ROSTER, store.get(ROSTER, wait)).await {
+                    Ok(v) => q.roster_seen(Some(&v)),
+                    Err(StoreError::Timeout { .. }) if Instant::now() < bound => {
+                        q.roster_seen(None)
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             Action::Wait(d) => tokio::time::sleep(d).await,
             Action::Collect => {
-                let mut alive = Vec::with_capacity(size);
-                for r in 0..size {
-                    let key = alive_key(r);
-                    alive.push(bounded(bound, &key, store.check(&[key.as_str()])).await?);
-                }
+                // One request for every old rank's flag where the store
+                // can (chorus's own), key by key where it cannot.
+                let keys: Vec<String> = (0..size).map(alive_key).collect();
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let alive = bounded(bound, ANNOUNCED, store.present(&refs)).await?;
                 let joiners = read_joiners(store, bound).await?;
                 q.collected(&alive, &joiners, Instant::now());
             }

@@ -151,6 +151,12 @@ fn simulate_joins(
             Action::Observe => {
                 q.observed(sim.roster.as_deref(), sim.announced, sim.joins.len() as u64)
             }
+            Action::AwaitRoster(d) => {
+                assert!(d > Duration::ZERO);
+                // A waiting get, woken by the write: here it looks again
+                // a poll later (the state machine waits in between).
+                q.roster_seen(sim.roster.as_deref());
+            }
             Action::Wait(d) => {
                 assert!(d <= POLL, "waits are short: {d:?}");
                 rank.at = now + d;
@@ -310,9 +316,31 @@ fn rosters_round_trip_and_garbage_is_refused() {
         b"chorus-roster/2 epoch=1 members=0 world=0,3,1",
         b"chorus-roster/2 epoch=1 members=0 world=0,0",
         b"chorus-roster/2 epoch=1 members=0,1 world=0",
+        b"chorus-roster/2 epoch=1 members=3-1 world=3,2,1",
+        b"chorus-roster/2 epoch=1 members=0-99999999999 world=0",
+        b"chorus-roster/2 epoch=1 members=0-2,2 world=0,1,2,2",
     ] {
         assert_eq!(Roster::decode(bad), None, "{bad:?}");
     }
+    // Runs of ranks are stored as ranges: a roster of thousands stays small.
+    let big = Roster {
+        epoch: 1,
+        members: (0..4096).filter(|&r| r != 2048 && r != 7).collect(),
+        joiners: vec![],
+        world: (0..4096).filter(|&r| r != 2048 && r != 7).collect(),
+    };
+    let stored = big.encode();
+    assert!(stored.len() < 100, "{}", String::from_utf8_lossy(&stored));
+    assert!(String::from_utf8_lossy(&stored).contains("members=0-6,8-2047,2049-4095"));
+    assert_eq!(Roster::decode(&stored), Some(big));
+    let pair = Roster {
+        epoch: 2,
+        members: vec![4, 5, 9],
+        joiners: vec![],
+        world: vec![4, 5, 9],
+    };
+    assert!(String::from_utf8_lossy(&pair.encode()).contains("members=4,5,9"));
+    assert_eq!(Roster::decode(&pair.encode()), Some(pair));
     let mut q = Quorum::new(0, vec![0, 1], 4, Instant::now(), WINDOW, GRACE);
     q.announced(1);
     assert_eq!(q.poll(Instant::now()), Action::Observe);
@@ -419,5 +447,56 @@ fn a_late_replacement_passes_this_epoch_and_random_joiners_agree() {
         );
         let roster = agreed(&outs);
         check_joiners(seed, &roster, &joined, &[2]);
+    }
+}
+
+#[test]
+fn a_leader_told_who_is_gone_closes_once_every_other_rank_announced() {
+    let t0 = Instant::now();
+    let long = Duration::from_secs(10);
+    let mut q = Quorum::new(0, (0..4).collect(), 1, t0, long, long).expect_gone(vec![2]);
+    assert_eq!(q.poll(t0), Action::Announce);
+    q.announced(1);
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 2, 0);
+    assert!(
+        matches!(q.poll(t0), Action::Wait(_)),
+        "rank 1 or 3 is missing"
+    );
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 3, 0);
+    assert_eq!(q.poll(t0), Action::Collect, "long before the window");
+    q.collected(&[true, true, false, true], &[], t0);
+    match q.poll(t0) {
+        Action::Close(r) => assert_eq!(r.members, vec![0, 1, 3]),
+        a => panic!("expected the close, got {a:?}"),
+    }
+}
+
+#[test]
+fn a_gone_rank_that_announces_does_not_close_the_roster_on_a_live_one() {
+    let t0 = Instant::now();
+    let long = Duration::from_secs(10);
+    let mut q = Quorum::new(0, (0..4).collect(), 1, t0, long, long).expect_gone(vec![2]);
+    assert_eq!(q.poll(t0), Action::Announce);
+    q.announced(1);
+    assert_eq!(q.poll(t0), Action::Observe);
+    // Ranks 0, 1 and the gone rank 2 announced; rank 3 has not yet.
+    q.observed(None, 3, 0);
+    assert_eq!(q.poll(t0), Action::Collect);
+    q.collected(&[true, true, true, false], &[], t0);
+    // Not complete: watch on, and no collect again until the count grows.
+    for _ in 0..3 {
+        assert_eq!(q.poll(t0), Action::Observe);
+        q.observed(None, 3, 0);
+        assert!(matches!(q.poll(t0), Action::Wait(_)));
+    }
+    assert_eq!(q.poll(t0), Action::Observe);
+    q.observed(None, 4, 0);
+    assert_eq!(q.poll(t0), Action::Collect);
+    q.collected(&[true, true, true, true], &[], t0);
+    match q.poll(t0) {
+        Action::Close(r) => assert_eq!(r.members, vec![0, 1, 2, 3]),
+        a => panic!("expected the close, got {a:?}"),
     }
 }

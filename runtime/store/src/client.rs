@@ -325,6 +325,22 @@ impl Store for TcpStore {
         }
     }
 
+    async fn present(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        wire::check_keys(keys.len(), keys.iter().copied())?;
+        match self
+            .call(op::PRESENT, Duration::ZERO, keys_len(keys) + 4, |e| {
+                e.count(keys.len());
+                for k in keys {
+                    e.bytes(k.as_bytes());
+                }
+            })
+            .await?
+        {
+            Reply::Value(v) if v.len() == keys.len() => Ok(v.iter().map(|&b| b != 0).collect()),
+            r => Err(unexpected(r)),
+        }
+    }
+
     async fn multi_get(
         &self,
         keys: &[&str],

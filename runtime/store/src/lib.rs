@@ -51,7 +51,7 @@
 //! ([`StoreError`]), `wire` (the wire format), `io` (socket buffers), `lock`
 //! (locking the tables), `store` ([`Store`]), `memory` ([`InMemoryStore`],
 //! and the table the server serves), `prefix` ([`PrefixStore`]), `server`
-//! ([`TcpStoreServer`]), `client_conn` (a client's connection), `client`
+//! ([`TcpStoreServer`]), `server_stats` ([`ServerStats`]), `client_conn` (a client's connection), `client`
 //! ([`TcpStore`]), `torch` ([`TorchStore`]), [`rendezvous`], [`rt`],
 //! [`wait_report`].
 #![forbid(unsafe_code)]
@@ -68,6 +68,7 @@ mod prefix;
 pub mod rendezvous;
 pub mod rt;
 mod server;
+mod server_stats;
 mod store;
 mod torch;
 pub mod wait_report;
@@ -79,6 +80,7 @@ pub use error::StoreError;
 pub use memory::InMemoryStore;
 pub use prefix::PrefixStore;
 pub use server::{ServerOptions, TcpStoreServer};
+pub use server_stats::ServerStats;
 pub use store::{Store, DEFAULT_TIMEOUT};
 pub use torch::{TorchStore, TorchStoreOptions};
 pub use wire::{MAX_FRAME_LEN, MAX_KEYS_PER_OP, MAX_KEY_LEN, MAX_TOKEN_LEN, MAX_VALUE_LEN};

@@ -191,6 +191,11 @@ impl Kv {
         keys.iter().all(|k| t.map.contains_key(*k))
     }
 
+    pub(crate) fn present(&self, keys: &[&str]) -> Vec<bool> {
+        let t = lock(&self.table);
+        keys.iter().map(|k| t.map.contains_key(*k)).collect()
+    }
+
     pub(crate) fn delete(&self, key: &str) -> bool {
         lock(&self.table).map.remove(key).is_some()
     }
@@ -403,6 +408,11 @@ impl Store for InMemoryStore {
     async fn check(&self, keys: &[&str]) -> Result<bool, StoreError> {
         wire::check_keys(keys.len(), keys.iter().copied())?;
         Ok(self.kv.check(keys))
+    }
+
+    async fn present(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        wire::check_keys(keys.len(), keys.iter().copied())?;
+        Ok(self.kv.present(keys))
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {

@@ -116,6 +116,12 @@ impl Store for PrefixStore {
         self.inner.check(&refs).await
     }
 
+    async fn present(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        let owned: Vec<String> = keys.iter().map(|k| self.key(k)).collect();
+        let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
+        self.inner.present(&refs).await
+    }
+
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         self.inner.delete(&self.key(key)).await
     }

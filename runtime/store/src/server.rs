@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::error::StoreError;
 use crate::io::{InBuf, OutBuf, OUT_HIGH_WATER};
 use crate::memory::{take_all, take_present, InMemoryStore, Kv};
+use crate::server_stats::{Counters, ServerStats};
 use crate::wire::{self, status, Encoder, FrameStatus, Request};
 
 /// Most waiting operations (get, wait, multi_get whose keys are missing)
@@ -85,6 +86,8 @@ struct Shared {
     last_answer: std::sync::atomic::AtomicU64,
     epoch: Instant,
     next_conn: std::sync::atomic::AtomicU64,
+    /// What the connections served.
+    counters: Arc<Counters>,
 }
 
 /// Another connection's answer less than this long before one's own says
@@ -128,6 +131,7 @@ pub struct TcpStoreServer {
     /// Dropping it tells every task to stop.
     stop: Option<watch::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
 }
 
 fn io_err(addr: SocketAddr, e: &std::io::Error) -> StoreError {
@@ -172,6 +176,7 @@ impl TcpStoreServer {
         };
         let local_addr = listener.local_addr().map_err(|e| io_err(addr, &e))?;
         let store = InMemoryStore::new();
+        let counters = Arc::new(Counters::default());
         let shared = Arc::new(Shared {
             kv: Arc::clone(store.kv()),
             opts,
@@ -179,6 +184,7 @@ impl TcpStoreServer {
             last_answer: std::sync::atomic::AtomicU64::new(0),
             epoch: Instant::now(),
             next_conn: std::sync::atomic::AtomicU64::new(1),
+            counters: Arc::clone(&counters),
         });
         let (stop, stop_rx) = watch::channel(());
         let task = handle.spawn(accept_loop(listener, shared, stop_rx));
@@ -188,12 +194,19 @@ impl TcpStoreServer {
             store,
             stop: Some(stop),
             task: Some(task),
+            counters,
         })
     }
 
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// What the server has served since it started: connections, requests,
+    /// bytes and the time spent answering. Cheap (a few atomic loads).
+    pub fn stats(&self) -> ServerStats {
+        self.counters.snapshot()
     }
 
     /// A handle to the served table, for use inside this process without
@@ -227,6 +240,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch
                         continue;
                     }
                     let _ = sock.set_nodelay(true);
+                    shared.counters.connected();
                     conns.spawn(serve(sock, peer, Arc::clone(&shared), stop.clone()));
                 }
                 Err(e) => {
@@ -447,7 +461,11 @@ impl Conn {
                     }
                 }
                 Some((id, out)) = self.waits.next(), if !self.waits.is_empty() => {
+                    let t = Instant::now();
+                    let before = self.out.buf().len();
                     encode_outcome(self.out.buf(), id, out);
+                    let bytes = self.out.buf().len().saturating_sub(before) as u64;
+                    self.shared.counters.served(0, 0, bytes, t.elapsed());
                 }
                 _ = sleep_until_opt(frame_deadline), if frame_deadline.is_some() => {
                     if !self.authed {
@@ -565,6 +583,9 @@ fn process(
     frames: &mut usize,
 ) -> Result<(), ReadErr> {
     let mut pos = 0;
+    let started = Instant::now();
+    let out_before = out.buf().len();
+    let frames_before = *frames;
     let result = loop {
         let max = if *authed {
             wire::MAX_FRAME_LEN
@@ -592,6 +613,12 @@ fn process(
     if pos > 0 {
         *progressed = true;
         inb.consume(pos);
+        shared.counters.served(
+            frames.saturating_sub(frames_before) as u64,
+            pos as u64,
+            out.buf().len().saturating_sub(out_before) as u64,
+            started.elapsed(),
+        );
     }
     result.map_err(ReadErr::End)
 }
@@ -728,6 +755,12 @@ fn handle(
             e.u8(u8::from(kv.check(&keys)));
             e.finish();
         }
+        Request::Present { keys } => {
+            let flags: Vec<u8> = kv.present(&keys).into_iter().map(u8::from).collect();
+            let mut e = Encoder::begin(wbuf, status::VALUE, id);
+            e.bytes(&flags);
+            e.finish();
+        }
         Request::Delete { key } => {
             let mut e = Encoder::begin(wbuf, status::BOOL, id);
             e.u8(u8::from(kv.delete(key)));
@@ -810,6 +843,7 @@ mod tests {
             last_answer: Default::default(),
             epoch: std::time::Instant::now(),
             next_conn: Default::default(),
+            counters: Default::default(),
         };
         let busy = OTHERS_BUSY.as_micros() as u64;
         let t = 10 * busy;

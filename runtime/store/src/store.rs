@@ -81,6 +81,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Which of `keys` exist now, in order: one request for the lot where
+    /// the store has it (chorus's server, the in-memory store), so that a
+    /// rank can learn which of N ranks announced themselves without N round
+    /// trips. The default asks [`check`](Store::check) key by key (PyTorch's
+    /// TCPStore has no such request).
+    async fn present(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.check(&[k]).await?);
+        }
+        Ok(out)
+    }
+
     /// Gets several keys, waiting up to `timeout` for all of them.
     async fn multi_get(&self, keys: &[&str], timeout: Duration)
         -> Result<Vec<Vec<u8>>, StoreError>;

@@ -57,6 +57,7 @@ pub(crate) mod op {
     pub(crate) const NUM_KEYS: u8 = 9;
     pub(crate) const MULTI_GET: u8 = 10;
     pub(crate) const MULTI_SET: u8 = 11;
+    pub(crate) const PRESENT: u8 = 12;
 }
 
 /// Response statuses.
@@ -428,6 +429,11 @@ pub(crate) enum Request<'a> {
     Check {
         keys: Vec<&'a str>,
     },
+    /// Which of the keys exist: a `VALUE` reply of one byte (0 or 1) per
+    /// key.
+    Present {
+        keys: Vec<&'a str>,
+    },
     Delete {
         key: &'a str,
     },
@@ -478,6 +484,7 @@ impl<'a> Request<'a> {
                 timeout: d.timeout()?,
             },
             op::CHECK => Request::Check { keys: d.keys()? },
+            op::PRESENT => Request::Present { keys: d.keys()? },
             op::DELETE => Request::Delete { key: d.key()? },
             op::NUM_KEYS => Request::NumKeys { prefix: d.key()? },
             op::MULTI_GET => Request::MultiGet {

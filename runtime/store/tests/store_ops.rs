@@ -403,3 +403,24 @@ async fn cancelled_waits_leave_nothing_behind() {
         assert_eq!(s.get("never", SHORT).await.unwrap(), b"now", "{kind:?}");
     }
 }
+
+#[tokio::test]
+async fn present_says_which_keys_exist_in_order_as_check_would() {
+    for kind in KINDS {
+        let f = fixture(kind, 2).await;
+        let (a, b) = (&f.handles[0], &f.handles[1]);
+        let keys: Vec<String> = (0..300).map(|i| format!("alive/{i}")).collect();
+        let mut want = vec![false; keys.len()];
+        for i in (0..300).filter(|i| i % 7 == 3 || i % 11 == 0) {
+            a.set(&keys[i], b"1").await.unwrap();
+            want[i] = true;
+        }
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert_eq!(b.present(&refs).await.unwrap(), want, "{kind:?}");
+        // The same answer as check, key by key.
+        for (k, &w) in refs.iter().zip(&want) {
+            assert_eq!(b.check(&[k]).await.unwrap(), w, "{kind:?} {k}");
+        }
+        assert_eq!(b.present(&[]).await.unwrap(), Vec::<bool>::new());
+    }
+}

@@ -720,3 +720,33 @@ async fn a_peer_that_never_answers_hello_fails_connect_in_time() {
     assert!(start.elapsed() < Duration::from_secs(4));
     peer.join().unwrap();
 }
+
+// ------------------------------------------------------------ load counters
+
+#[tokio::test]
+async fn the_server_counts_requests_bytes_and_time_including_waiting_replies() {
+    let s = server(ServerOptions::default()).await;
+    let c = client(&s, None).await;
+    let c2 = client(&s, None).await;
+    let start = s.stats();
+    assert_eq!(start.connections, 2);
+    c.set("k", b"12345").await.unwrap();
+    assert_eq!(c.get("k", LONG).await.unwrap(), b"12345");
+    assert_eq!(c.add("n", 2).await.unwrap(), 2);
+    // A waiting get counts when it arrives, and its reply when it is sent.
+    let waiting = tokio::spawn(async move { c2.get("later", LONG).await });
+    tokio::time::sleep(SHORT).await;
+    let mid = s.stats().since(&start);
+    c.set("later", b"abcdefghij").await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), b"abcdefghij");
+    let d = s.stats().since(&start);
+    assert_eq!(d.connections, 0);
+    assert_eq!(mid.requests, 4, "{mid:?}");
+    assert_eq!(d.requests, 5, "{d:?}");
+    // Every request frame has a header and a key; every reply a header.
+    assert!(d.bytes_in >= 5 * 10 + 1 + 1 + 1 + 5 + 5, "{d:?}");
+    assert!(d.bytes_out >= 5 * 10 + 5 + 10, "{d:?}");
+    assert!(d.bytes_out > mid.bytes_out + 10, "{mid:?} {d:?}");
+    assert!(d.busy > Duration::ZERO && d.busy < LONG, "{d:?}");
+    s.shutdown().await;
+}

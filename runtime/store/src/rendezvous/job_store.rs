@@ -145,6 +145,10 @@ impl Store for JobStore {
         self.client.check(keys).await
     }
 
+    async fn present(&self, keys: &[&str]) -> Result<Vec<bool>, StoreError> {
+        self.client.present(keys).await
+    }
+
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         self.client.delete(key).await
     }

@@ -46,11 +46,11 @@ pub(super) async fn absent(
     world: usize,
     key: fn(usize) -> String,
 ) -> Result<Vec<usize>, StoreError> {
-    let mut missing = Vec::new();
-    for r in 0..world {
-        if !client.check(&[&key(r)]).await? {
-            missing.push(r);
-        }
-    }
-    Ok(missing)
+    // One request for the lot where the store can (`Store::present`).
+    let keys: Vec<String> = (0..world).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let present = client.present(&refs).await?;
+    Ok((0..world)
+        .filter(|&r| !present.get(r).copied().unwrap_or(false))
+        .collect())
 }
