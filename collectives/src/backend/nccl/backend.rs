@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use chorus_core::comm_cache::{CommCache, CommCacheError, CommKey};
 use chorus_core::flight_recorder::OpMeta;
+use chorus_core::profile::Phase;
 use chorus_core::{profile, Completer, FinishedProbe, Op, OpContext, OpFuture, WorkError};
 use chorus_gpu::nccl::{
     Communicator, DeviceBuffers, DeviceMem, EndEvent, InFlight, NcclCommError, Refused,
@@ -400,7 +401,7 @@ impl NcclBackend {
             }
         };
         if prof {
-            profile::stamp(0);
+            profile::stamp(Phase::CommLookup);
         }
         // The op's end event first: the registry entry asks it before the
         // watchdog times the op out (the work completes lazily).
@@ -414,7 +415,7 @@ impl NcclBackend {
             }
         };
         if prof {
-            profile::stamp(1);
+            profile::stamp(Phase::EndEvent);
         }
         let mut counters = seq.lock();
         let n = counters.next(op);
@@ -426,11 +427,11 @@ impl NcclBackend {
         }
         let probe: Arc<dyn FinishedProbe> = end.clone();
         if prof {
-            profile::stamp(2);
+            profile::stamp(Phase::Sequence);
         }
         let now = Instant::now();
         if prof {
-            profile::stamp(3);
+            profile::stamp(Phase::Clock);
         }
         let (work, completer) = match register::<C>(seq, timeout, ctx, op, meta, Some(probe), now) {
             Ok(pair) => pair,
@@ -439,7 +440,7 @@ impl NcclBackend {
         match enqueue(&comm, cop, bufs, end, now) {
             Ok(inflight) => {
                 if prof {
-                    profile::stamp(7);
+                    profile::stamp(Phase::SubmitInflight);
                 }
                 counters.bump(op, n);
                 drop(counters);
@@ -447,7 +448,7 @@ impl NcclBackend {
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer, self.opts.poll_spin);
                 if prof {
-                    profile::stamp(8);
+                    profile::stamp(Phase::Handle);
                     profile::finish();
                 }
                 Ok(work)
