@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus::reduce::{reference_reduce, Reducible};
 use chorus::store::{InMemoryStore, Store};
+use chorus::test_util::{reference_reduce, Reducible};
 use chorus::{Element, ProcessGroup, ReduceOp, TcpOptions};
 use half::{bf16, f16};
 use rand::rngs::StdRng;

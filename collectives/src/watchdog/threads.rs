@@ -91,7 +91,9 @@ fn install_sigusr1() {}
 
 /// Starts watching `group` (starting the watchdog on first use). Does
 /// nothing when the watchdog is switched off (`CHORUS_WATCHDOG=0` or
-/// [`WatchdogConfig::enabled`] false).
+/// [`WatchdogConfig::enabled`] false). Groups are watched when they are
+/// built; tests reach it through `chorus::test_util` (feature `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub fn watch(group: WatchedGroup) {
     let st = state();
     if !st.config.enabled {
@@ -175,7 +177,7 @@ pub(crate) fn on_group_error(cause: &WorkError) {
 /// beating, so the heartbeat monitor stays quiet). For benchmarks that
 /// compare the cost of the rounds within one process; never pause it in a
 /// job: timeouts and NCCL errors go unnoticed meanwhile.
-#[doc(hidden)]
+#[cfg(feature = "test-util")]
 pub fn set_paused(paused: bool) {
     state().paused.store(paused, Ordering::Relaxed);
 }

@@ -167,7 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::get(args.device)?;
     let kernels = Kernels::load(&dev)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let pg = chorus_benches::one_rank_device_group("bench", args.device)?;
+    let pg = chorus::test_util::one_rank_group("bench", args.device)?;
     let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
     // Warm-up.
     for _ in 0..2000 {

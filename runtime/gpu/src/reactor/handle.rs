@@ -32,6 +32,13 @@ pub struct ReactorStats {
     pub asleep: u64,
 }
 
+impl ReactorStats {
+    /// Entries registered and not yet completed.
+    pub fn pending(&self) -> u64 {
+        self.registered.saturating_sub(self.completed)
+    }
+}
+
 /// The reactor could not start its thread.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start the chorus completion reactor thread: {reason}")]
@@ -221,7 +228,6 @@ impl Reactor {
 
     /// Entries registered and not yet completed.
     pub fn pending(&self) -> u64 {
-        let s = self.stats();
-        s.registered.saturating_sub(s.completed)
+        self.stats().pending()
     }
 }

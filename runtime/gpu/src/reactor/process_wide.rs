@@ -1,9 +1,9 @@
-//! The process-wide reactor: [`global`], and [`configure`], which sets its
-//! settings before its first use.
+//! The process-wide reactor: [`global`]; [`configure`], which sets its
+//! settings before its first use; [`stats`], its counters.
 
 use std::sync::{Mutex, OnceLock};
 
-use super::handle::Reactor;
+use super::handle::{Reactor, ReactorStats};
 use crate::config::ReactorConfig;
 
 /// The process-wide reactor. Its settings are those given to
@@ -29,4 +29,9 @@ pub fn configure(config: ReactorConfig) -> bool {
     }
     *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
     true
+}
+
+/// The process-wide reactor's counters (all zero before its first use).
+pub fn stats() -> ReactorStats {
+    GLOBAL.get().map(Reactor::stats).unwrap_or_default()
 }
