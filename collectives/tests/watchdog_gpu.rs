@@ -17,6 +17,7 @@ use chorus::test_util::{one_rank_group, Kernels};
 use chorus::watchdog;
 use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus_core::sync::lock;
 use futures::executor::block_on;
 use rand::{Rng, SeedableRng};
 
@@ -27,9 +28,7 @@ struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        lock(&LOG).extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -38,7 +37,7 @@ impl Write for LogWriter {
 }
 
 fn log_text() -> String {
-    String::from_utf8_lossy(&LOG.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    String::from_utf8_lossy(&lock(&LOG)).into_owned()
 }
 
 fn device_group(name: &str) -> ProcessGroup {

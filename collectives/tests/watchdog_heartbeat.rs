@@ -17,6 +17,7 @@ use std::time::Duration;
 use chorus::test_util::{watch, AsyncErrorCheck, WatchedGroup};
 use chorus::watchdog::{self, ErrorPolicy, WatchdogConfig};
 use chorus_core::flight_recorder::{Dump, FlightRecorder, OpMeta};
+use chorus_core::sync::lock;
 use chorus_core::{OpContext, OpFuture, Registry, WorkError};
 
 /// Bound on every wait: reaching it is a failure, not a measurement.
@@ -35,14 +36,14 @@ struct Gate {
 impl Gate {
     fn block(&self) {
         self.entered.store(true, Ordering::SeqCst);
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = lock(&self.open);
         while !*open {
             open = self.cv.wait(open).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     fn open(&self) {
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *lock(&self.open) = true;
         self.cv.notify_all();
     }
 }

@@ -10,10 +10,11 @@ use chorus_store::Store;
 
 use super::failure::key;
 use super::publish::publish;
-use super::shared::{lock, Shared};
+use super::shared::Shared;
 use super::timing::FLUSH_WAIT;
 use super::watcher::watch;
 use crate::watchdog::ErrorPolicy;
+use chorus_core::sync::lock;
 
 /// Error propagation of one group on this rank: publishes the group's first
 /// error and watches for its peers' (see the module docs). Stops on

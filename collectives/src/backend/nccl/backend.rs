@@ -25,6 +25,7 @@ use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::liveness::{PeerWitness, Report};
 use crate::sequence::Sequencer;
+use chorus_core::sync::lock;
 
 /// The NCCL side of one group.
 pub(crate) struct NcclBackend {
@@ -86,7 +87,7 @@ impl NcclBackend {
     /// How long shrinking the predecessor's communicator took, if this
     /// group's collective communicator came from a shrink.
     pub(crate) fn shrunk(&self) -> Option<Duration> {
-        *self.shrunk.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.shrunk)
     }
 
     /// The backend in the checked mode: every launch's signatures are
@@ -170,7 +171,7 @@ impl NcclBackend {
     }
 
     fn note(&self, key: &CommKey, comm: &Arc<Communicator>) {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut live = lock(&self.live);
         if !live.iter().any(|(_, w)| w.as_ptr() == Arc::as_ptr(comm)) {
             live.push((key.clone(), Arc::downgrade(comm)));
         }
@@ -180,7 +181,7 @@ impl NcclBackend {
     /// The live collective communicator, if one was created (for subgroup
     /// splits).
     pub(crate) fn collective_comm(&self) -> Option<Arc<Communicator>> {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lock(&self.live);
         live.iter()
             .filter(|(k, _)| !k.is_p2p())
             .filter_map(|(_, w)| w.upgrade())
@@ -201,10 +202,7 @@ impl NcclBackend {
     /// fails the group with `PeerLost` naming it); it is reported as it
     /// is once that search found every peer alive.
     pub(super) fn first_async_error(&self) -> Option<String> {
-        let live: Vec<Arc<Communicator>> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let live: Vec<Arc<Communicator>> = lock(&self.live)
             .iter()
             .filter_map(|(_, w)| w.upgrade())
             .collect();
@@ -228,9 +226,7 @@ impl NcclBackend {
     /// The group's collective communicators handed out so far (aborted
     /// ones too).
     pub(super) fn collectives(&self) -> Vec<Arc<Communicator>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.live)
             .iter()
             .filter(|(k, _)| !k.is_p2p())
             .filter_map(|(_, w)| w.upgrade())
@@ -239,7 +235,7 @@ impl NcclBackend {
 
     /// Frees the revoked communicators kept for a shrink that will not come.
     pub(super) fn release_revoked(&self) {
-        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (_, w) in lock(&self.live).iter() {
             if let Some(c) = w.upgrade() {
                 c.abort_revoked();
             }
@@ -253,7 +249,7 @@ impl NcclBackend {
             c.abort(reason);
         }
         // Communicators handed out but not (yet) in the cache.
-        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (_, w) in lock(&self.live).iter() {
             if let Some(c) = w.upgrade() {
                 c.abort(reason);
             }

@@ -19,6 +19,7 @@ use super::inflight::InFlight;
 use super::types::{raw_dtype, raw_op};
 use crate::cuda::CudaError;
 use chorus_core::profile::Phase;
+use chorus_core::sync::lock;
 use chorus_core::DType;
 
 /// An op with its buffers reduced to addresses, counts and a type: what
@@ -169,7 +170,7 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
-        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.enqueue);
         let prof = chorus_core::profile::on();
         if prof {
             chorus_core::profile::stamp(Phase::SubmitLock);

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::pending::Pending;
-use super::shared::{lock_vec, Padded, Shared};
+use super::shared::{Padded, Shared};
 use super::thread::run;
 use super::waiter_queues::Waiters;
 use crate::bell::Bell;
 use crate::config::ReactorConfig;
+use chorus_core::sync::lock;
 
 /// Counters of a reactor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -199,7 +200,7 @@ impl Reactor {
             return Err((e, entry));
         }
         self.shared.registered.fetch_add(1, Ordering::Relaxed);
-        lock_vec(queue).push(entry);
+        lock(queue).push(entry);
         Ok(())
     }
 

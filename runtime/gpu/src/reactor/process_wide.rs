@@ -5,6 +5,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::handle::{Reactor, ReactorStats};
 use crate::config::ReactorConfig;
+use chorus_core::sync::lock;
 
 /// The process-wide reactor. Its settings are those given to
 /// [`configure`] before its first use, else the defaults overridden by the
@@ -12,7 +13,7 @@ use crate::config::ReactorConfig;
 /// first registration.
 pub fn global() -> &'static Reactor {
     GLOBAL.get_or_init(|| {
-        let pending = PENDING.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let pending = lock(&PENDING).take();
         Reactor::new(pending.unwrap_or_else(ReactorConfig::from_env))
     })
 }
@@ -27,7 +28,7 @@ pub fn configure(config: ReactorConfig) -> bool {
     if let Some(r) = GLOBAL.get() {
         return r.config() == config;
     }
-    *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    *lock(&PENDING) = Some(config);
     true
 }
 
