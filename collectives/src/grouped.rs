@@ -15,7 +15,7 @@ pub(crate) type Cell<W> = Arc<Mutex<Option<Result<W, WorkError>>>>;
 
 /// Delivers `v` into `cell`.
 pub(crate) fn put<W>(cell: &Cell<W>, v: Result<W, WorkError>) {
-    *lock(&cell) = Some(v);
+    *lock(cell) = Some(v);
 }
 
 /// The error of an op whose group was dropped before launch.
@@ -97,7 +97,7 @@ impl<W> Grouped<W> {
     /// yet, or the op did not run).
     fn fetch(&mut self) -> Result<&mut W, WorkError> {
         if let State::Cell { cell, ctx } = &self.state {
-            let taken = lock(&cell).take();
+            let taken = lock(cell).take();
             match taken {
                 Some(Ok(work)) => {
                     self.state = State::Work {

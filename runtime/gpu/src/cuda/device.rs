@@ -42,7 +42,7 @@ impl Device {
         let contexts = CONTEXTS.get_or_init(|| Mutex::new(vec![None; count]));
         // A panic while holding this lock cannot leave the vector half
         // written, so a poisoned lock is still usable.
-        let mut contexts = lock(&contexts);
+        let mut contexts = lock(contexts);
         if let Some(Some(ctx)) = contexts.get(ordinal) {
             return Ok(Device { ctx: ctx.clone() });
         }

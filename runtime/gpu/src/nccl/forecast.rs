@@ -123,7 +123,7 @@ impl Forecast {
     /// (see [`trusted`]).
     pub(crate) fn expected_end(&self) -> Option<Instant> {
         let lead = crate::reactor::global().config().prewake_lead;
-        let t = lock(&table());
+        let t = lock(table());
         let s = t.get(&self.key)?;
         if !trusted(s, lead) {
             return None;
@@ -136,7 +136,7 @@ impl Forecast {
     /// closely, no earlier than) `end`.
     pub(crate) fn observe(&self, end: Instant) {
         let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
-        let mut t = lock(&table());
+        let mut t = lock(table());
         Self::learn(&mut t, self.key, ns);
     }
 
@@ -145,7 +145,7 @@ impl Forecast {
     /// module docs).
     pub(crate) fn observe_by(&self, end: Instant) {
         let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
-        let mut t = lock(&table());
+        let mut t = lock(table());
         if t.get(&self.key).is_some_and(|s| ns < s.mean) {
             Self::learn(&mut t, self.key, ns);
         }

@@ -60,7 +60,7 @@ const REVOKE_LIMIT: Duration = Duration::from_secs(30);
 /// its own.
 pub(super) fn stop(nccl: &'static Nccl, comm: RawComm, how: Stop, slot: &RevokedSlot, device: i32) {
     let keep = |raw: RawComm, quiet: bool| {
-        *lock(&slot) = Some(Kept { raw, quiet });
+        *lock(slot) = Some(Kept { raw, quiet });
     };
     if let Stop::Keep(None) = how {
         tracing::info!(
