@@ -27,9 +27,9 @@
 //!   group from the survivors of a failure ([`ProcessGroup::reform`]).
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
 //!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
-//!   the settings of chorus's own background I/O threads; [`wait_report`]: how a rank that
-//!   waits for others (rendezvous, re-forming) reports it every few
-//!   seconds.
+//!   the settings of chorus's own background I/O threads; [`wait_report`]:
+//!   how a rank that waits for others (rendezvous, re-forming) reports it
+//!   every few seconds.
 //! * [`cuda`]: devices, streams and events; [`reactor`]: the completion
 //!   reactor's settings and counters.
 //! * `test_util` (feature `test-util`): helpers for tests and benchmarks
@@ -41,10 +41,9 @@
 //! Inside: `sequence` (a group's identity, registry and submission lock),
 //! `backend` (the backend interface, and the TCP and NCCL backends),
 //! `buffer` (the routing), `grouped`; `reduce` (the host arithmetic);
-//! `work` and `device_work` ([`Work`]
-//! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
-//! liveness through the store); `nccl_library` ([`nccl_library`],
-//! [`use_nccl_library`]).
+//! `work` and `device_work` ([`Work`] and [`DeviceWork`]); [`error`] (the
+//! error types); `liveness` (peer liveness through the store);
+//! `nccl_library` ([`nccl_library`], [`use_nccl_library`]).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
