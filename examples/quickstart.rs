@@ -10,7 +10,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
-use chorus::reduce::reference_reduce;
+use chorus::test_util::reference_reduce;
 use chorus::{ProcessGroup, ReduceOp};
 use chorus_examples::busbw::Collective;
 use chorus_examples::report::{gather, row, Row};

@@ -1,8 +1,7 @@
 //! Benchmark support code, shared by the bench programs in `src/bin/` and
-//! the criterion benches in `benches/`:
+//! the criterion benches in `benches/` (the one-rank GPU group the
+//! single-GPU benches measure is `chorus::test_util::one_rank_group`):
 //!
-//! * `device_group`: [`one_rank_device_group`], the one-rank GPU group the
-//!   single-GPU benches measure;
 //! * `submission`: [`submit_each`], the submission loop of the grouped and
 //!   one-by-one benches;
 //! * `works`: [`started_work`], [`started_batch`] and
@@ -12,13 +11,11 @@
 //! * [`store`]: the store workload of the store benches.
 #![forbid(unsafe_code)]
 
-mod device_group;
 mod profile;
 pub mod store;
 mod submission;
 mod works;
 
-pub use device_group::one_rank_device_group;
 pub use profile::print_profile;
 pub use submission::submit_each;
 pub use works::{started_batch, started_work, work_bookkeeping_round};

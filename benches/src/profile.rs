@@ -8,8 +8,8 @@ pub fn print_profile() {
         println!(
             "profile (CHORUS_NCCL_PROFILE=1), median over {n} ops (each stamp adds ~0.03 us):"
         );
-        for (name, us) in chorus_core::profile::PHASES.iter().zip(phases) {
-            println!("  {name:<58} {us:6.3} us");
+        for (phase, us) in chorus_core::profile::Phase::ALL.iter().zip(phases) {
+            println!("  {:<58} {us:6.3} us", phase.name());
         }
     }
 }

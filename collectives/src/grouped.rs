@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use chorus_core::sync::lock;
 use chorus_core::{Failed, OpContext, WorkError};
 
 /// Where a staged op's work lands at launch: the work, or why the op did
@@ -14,7 +15,7 @@ pub(crate) type Cell<W> = Arc<Mutex<Option<Result<W, WorkError>>>>;
 
 /// Delivers `v` into `cell`.
 pub(crate) fn put<W>(cell: &Cell<W>, v: Result<W, WorkError>) {
-    *cell.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+    *lock(cell) = Some(v);
 }
 
 /// The error of an op whose group was dropped before launch.
@@ -96,7 +97,7 @@ impl<W> Grouped<W> {
     /// yet, or the op did not run).
     fn fetch(&mut self) -> Result<&mut W, WorkError> {
         if let State::Cell { cell, ctx } = &self.state {
-            let taken = cell.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let taken = lock(cell).take();
             match taken {
                 Some(Ok(work)) => {
                     self.state = State::Work {

@@ -17,8 +17,7 @@
 //! * [`OpBuffer`]: the buffers an op takes, and how their type picks the
 //!   backend at compile time; [`DeviceMem`], the open trait for device
 //!   memory of other crates.
-//! * Element types and reductions: [`DType`], [`Element`], [`ReduceOp`];
-//!   [`reduce`]: the host arithmetic and the serial reference.
+//! * Element types and reductions: [`DType`], [`Element`], [`ReduceOp`].
 //! * [`Error`], [`Rejected`] (a refused op, with its buffers) and
 //!   [`Failed`] (a failed op, with its buffers once nothing touches them);
 //!   [`WorkError`], the error of an op, with its [`OpContext`].
@@ -28,21 +27,25 @@
 //!   group from the survivors of a failure ([`ProcessGroup::reform`]).
 //! * [`store`] and [`rendezvous`]: the job's key-value store and how ranks
 //!   meet (torchrun, SLURM, Open MPI environments, or a builder); [`rt`]:
-//!   chorus's own background I/O threads; [`wait_report`]: how a rank that
-//!   waits for others (rendezvous, re-forming) reports it every few
-//!   seconds.
+//!   the settings of chorus's own background I/O threads; [`wait_report`]:
+//!   how a rank that waits for others (rendezvous, re-forming) reports it
+//!   every few seconds.
 //! * [`cuda`]: devices, streams and events; [`reactor`]: the completion
-//!   reactor's settings.
+//!   reactor's settings and counters.
+//! * `test_util` (feature `test-util`): helpers for tests and benchmarks
+//!   (a one-rank GPU group, GPU kernels, the serial reduction reference,
+//!   watchdog hooks); no part of the API chorus keeps stable.
 //! * `config`: the one place where this layer reads `CHORUS_*` variables
 //!   (docs/CONFIG.md lists them all).
 //!
 //! Inside: `sequence` (a group's identity, registry and submission lock),
 //! `backend` (the backend interface, and the TCP and NCCL backends),
-//! `buffer` (the routing), `grouped`; `work` and `device_work` ([`Work`]
-//! and [`DeviceWork`]); [`error`] (the error types); `liveness` (peer
-//! liveness through the store); `nccl_library` ([`nccl_library`],
-//! [`use_nccl_library`]); `sim_rank` (feature `test-util`: a rank's control
-//! plane without its data plane, for simulating thousands of ranks).
+//! `buffer` (the routing), `grouped`; `reduce` (the host arithmetic);
+//! `work` and `device_work` ([`Work`] and [`DeviceWork`]); [`error`] (the
+//! error types); `liveness` (peer liveness through the store);
+//! `nccl_library` ([`nccl_library`], [`use_nccl_library`]); `sim_rank`
+//! (feature `test-util`: a rank's control plane without its data plane,
+//! for simulating thousands of ranks).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 // A refused op gives its buffers back inside the error (`Rejected<B>`), so
@@ -60,15 +63,17 @@ mod nccl_library;
 pub mod process_group;
 pub mod propagation;
 pub mod recovery;
-pub mod reduce;
+pub(crate) mod reduce;
 mod sequence;
 #[cfg(feature = "test-util")]
 mod sim_rank;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 pub mod watchdog;
 mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions, ReformComms};
-pub use backend::tcp::{TcpOptions, CALLER_SPIN};
+pub use backend::tcp::TcpOptions;
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;
 pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};
@@ -79,8 +84,7 @@ pub use chorus_gpu::nccl::{
     RawDeviceBuffer, Ticket,
 };
 pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
-pub use chorus_gpu::reactor;
-pub use chorus_store::{rendezvous, rt, wait_report};
+pub use chorus_store::{rendezvous, wait_report};
 pub use device_work::DeviceWork;
 pub use error::{Error, ReformError, Rejected};
 pub use grouped::Grouped;
@@ -101,23 +105,27 @@ pub mod store {
     };
 }
 
-/// Per-phase timing of the NCCL enqueue path, for benchmarks (feature
-/// `profile`).
-#[cfg(feature = "profile")]
-pub use chorus_core::profile;
+/// The completion reactor (the threads that complete GPU ops and wake
+/// their futures): its settings, which [`configure`](reactor::configure)
+/// sets before its first use (or the `CHORUS_REACTOR_*` variables), and
+/// its counters.
+pub mod reactor {
+    pub use chorus_gpu::reactor::{configure, stats, ReactorConfig, ReactorStats};
+}
 
-/// Helpers for tests and benchmarks (feature `test-util`): a spin kernel
-/// of exact length, an add-one kernel, stream holds, diagnostic counters,
-/// and [`SimRank`](test_util::SimRank), a rank's control plane without its
-/// data plane.
-#[cfg(feature = "test-util")]
-pub mod test_util {
-    pub use crate::sim_rank::{SimError, SimRank};
-    pub use chorus_gpu::cuda::kernels::Kernels;
-    pub use chorus_gpu::cuda::StreamHold;
-    pub use chorus_gpu::nccl::{
-        end_events_created, ended_without_query, in_progress_returns, prewake_counts,
-    };
+/// chorus's own background I/O threads, which run store connections and
+/// the TCP backend's workers: [`configure`](rt::configure) sets how many
+/// before they start (or `CHORUS_IO_THREADS`).
+pub mod rt {
+    pub use chorus_store::rt::configure;
+}
+
+/// Per-phase timing of the NCCL enqueue path, for benchmarks (feature
+/// `profile`): switch it on, run ops, read each [`Phase`](profile::Phase)'s
+/// median.
+#[cfg(feature = "profile")]
+pub mod profile {
+    pub use chorus_core::profile::{medians, reset, set_enabled, Phase};
 }
 
 // The Rust examples of the README and of the guides in docs/ are compiled

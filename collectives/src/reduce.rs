@@ -9,6 +9,7 @@ use chorus_core::{Element, HostBuffer, ReduceOp};
 
 /// Arithmetic a reduction needs, per element type (sealed through
 /// [`Element`]).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub trait Reducible: Element + Copy {
     /// Combines two elements with `op` (`Avg` sums).
     fn combine(op: ReduceOp, a: Self, b: Self) -> Self;
@@ -163,7 +164,8 @@ pub(crate) fn finish_avg(
 
 /// Serial reference: reduces `inputs` (one per rank, in rank order) with
 /// `op`, combining left to right. Used by tests and examples to check
-/// results; exposed so users can check theirs the same way.
+/// results (`chorus::test_util`, feature `test-util`).
+#[cfg(any(test, feature = "test-util"))]
 pub fn reference_reduce<T: Reducible>(op: ReduceOp, inputs: &[Vec<T>]) -> Vec<T> {
     let Some(first) = inputs.first() else {
         return Vec::new();

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chorus_core::flight_recorder::OpMeta;
+use chorus_core::sync::lock;
 use chorus_core::{DType, Op, OpContext, Registry, WorkError};
 
 /// A group's identity, registry and sequence counters.
@@ -192,7 +193,7 @@ impl Sequencer {
     /// Takes the submission lock: hold it from taking a sequence number
     /// until the op is with its backend.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Counters> {
-        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.counters)
     }
 
     /// Lets ops run on a group that refused them until `admit` returned it;

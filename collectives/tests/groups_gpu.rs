@@ -3,11 +3,9 @@
 //! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use chorus::reduce::{reference_reduce, Reducible};
-use chorus::store::{InMemoryStore, Store};
+use chorus::test_util::{one_rank_group, reference_reduce, Reducible};
 use chorus::DeviceElement;
 use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
@@ -20,18 +18,7 @@ fn device0() -> Device {
 }
 
 fn group(name: &str) -> ProcessGroup {
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .name(name)
-            .device(0)
-            .timeout(Duration::from_secs(60))
-            .build(),
-    )
-    .unwrap_or_else(|e| panic!("group {name}: {e}"))
+    one_rank_group(name, 0).unwrap_or_else(|e| panic!("group {name}: {e}"))
 }
 
 fn upload<T: DeviceElement + Copy>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {

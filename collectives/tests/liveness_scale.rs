@@ -95,7 +95,7 @@ struct Group {
 
 /// `N` ranks of a group named `name`, each on its own connection.
 fn form(name: &'static str) -> Group {
-    let h = chorus::rt::handle().expect("chorus's runtime");
+    let h = chorus_store::rt::handle().expect("chorus's runtime");
     h.block_on(async move {
         let server = TcpStoreServer::bind("127.0.0.1:0".parse().unwrap(), ServerOptions::default())
             .await

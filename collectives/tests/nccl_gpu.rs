@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::reduce::{reference_reduce, Reducible};
 use chorus::store::{InMemoryStore, Store};
 use chorus::test_util::Kernels;
+use chorus::test_util::{one_rank_group, reference_reduce, Reducible};
 use chorus::{DType, DeviceElement, DeviceMem};
 use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, RawDeviceBuffer, ReduceOp, WorkError, WorkStatus};
@@ -22,16 +22,19 @@ fn device0() -> Device {
     Device::get(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA GPU: {e}"))
 }
 
-fn group(store: &Arc<dyn Store>, name: &str, device: Option<usize>) -> ProcessGroup {
-    let mut b = ProcessGroup::builder()
+/// A one-rank group on device 0, its communicator created at once.
+fn group(name: &str) -> ProcessGroup {
+    one_rank_group(name, 0).unwrap_or_else(|e| panic!("group {name}: {e}"))
+}
+
+/// A one-rank group that creates its communicator at its first device op.
+fn lazy_group(store: &Arc<dyn Store>, name: &str) -> ProcessGroup {
+    let b = ProcessGroup::builder()
         .rank(0)
         .world_size(1)
         .store(store.clone())
         .name(name)
         .timeout(Duration::from_secs(60));
-    if let Some(d) = device {
-        b = b.device(d);
-    }
     block_on(b.build()).unwrap_or_else(|e| panic!("group {name}: {e}"))
 }
 
@@ -147,8 +150,7 @@ fn check<T: PartialEq + std::fmt::Debug>(
 fn gpu_every_op_and_dtype_one_rank() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "ops", Some(0));
+    let pg = group("ops");
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let n = 4099;
     let mut fails = Vec::new();
@@ -238,8 +240,7 @@ fn gpu_completion_semantics() {
     let k = Kernels::load(&dev).unwrap();
     let producer = dev.new_stream(StreamPriority::Normal).unwrap();
     let consumer = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "semantics", Some(0));
+    let pg = group("semantics");
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let data: Vec<f32> = (0..1 << 16).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let spin = Duration::from_millis(50);
@@ -333,8 +334,7 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
     let dev = device0();
     let k = Kernels::load(&dev).unwrap();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "drop", Some(0));
+    let pg = group("drop");
     // Warm up (pools, NCCL buffers) before the baseline.
     let w = block_on(
         pg.all_reduce(upload(&s, &[1f32; 1024]), ReduceOp::Sum)
@@ -345,13 +345,13 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
     dev.synchronize().unwrap();
     let (free0, _) = dev.memory_info().unwrap();
     let n = 16 << 20; // 64 MiB of f32
-    let reactor = chorus::reactor::global();
+    let pending = || chorus::reactor::stats().pending();
     for round in 0..8 {
         let buf = DeviceBuffer::new(s.alloc_zeros::<f32>(n).unwrap()).unwrap();
         k.spin(&s, Duration::from_millis(30)).unwrap();
         let work = pg.all_reduce(buf, ReduceOp::Sum).unwrap();
         let ev = work.end_event_handle();
-        let before = reactor.pending();
+        let before = pending();
         drop(work);
         assert!(
             !ev.event().query().unwrap(),
@@ -362,16 +362,16 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
         // reactor empties once the GPU finished (nobody lets go of later
         // ops here).
         assert!(
-            reactor.pending() > before,
+            pending() > before,
             "round {round}: a sweeper watches the op that holds the buffer"
         );
         // Wait for the GPU, then for the sweeper to retire the op.
         ev.event().synchronize().unwrap();
         let t0 = Instant::now();
-        while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+        while pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
             std::thread::yield_now();
         }
-        assert_eq!(reactor.pending(), 0, "released after the GPU finished");
+        assert_eq!(pending(), 0, "released after the GPU finished");
     }
     dev.synchronize().unwrap();
     s.synchronize().unwrap();
@@ -394,10 +394,10 @@ fn gpu_dropped_work_keeps_buffer_alive_and_memory_returns() {
     std::mem::forget(work);
     ev.event().synchronize().unwrap();
     let t0 = Instant::now();
-    while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+    while pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::yield_now();
     }
-    assert_eq!(reactor.pending(), 0);
+    assert_eq!(pending(), 0);
 }
 
 #[test]
@@ -406,8 +406,7 @@ fn gpu_stream_ordered_ops_are_retired_as_the_loop_goes_and_the_last_by_the_sweep
     let dev = device0();
     let k = Kernels::load(&dev).unwrap();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "retire", Some(0));
+    let pg = group("retire");
     let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
     let mut buf = upload(&s, &data);
     let n = 4000;
@@ -460,8 +459,8 @@ fn gpu_communicator_counting() {
     let s = device0().new_stream(StreamPriority::Normal).unwrap();
     let data: Vec<f32> = (0..256).map(|i| i as f32 * 0.5 - 3.0).collect();
     // Lazy: nothing at creation.
-    let a = group(&st, "count-a", None);
-    let b = group(&st, "count-b", None);
+    let a = lazy_group(&st, "count-a");
+    let b = lazy_group(&st, "count-b");
     assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (0, 0));
     for pg in [&a, &b] {
         for _ in 0..3 {
@@ -494,7 +493,7 @@ fn gpu_communicator_counting() {
     }
     assert_eq!((a.nccl_comms_created(), b.nccl_comms_created()), (2, 1));
     // Eager: the device given at creation creates the communicator in build.
-    let e = group(&st, "count-eager", Some(0));
+    let e = group("count-eager");
     assert_eq!(e.nccl_comms_created(), 1);
     drop(block_on(e.all_reduce(upload(&s, &data), ReduceOp::Sum).unwrap()).unwrap());
     assert_eq!(e.nccl_comms_created(), 1);
@@ -522,8 +521,7 @@ fn gpu_communicator_counting() {
 fn gpu_blocking_wait_timeout_aborts_the_communicator() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "timeout", Some(0));
+    let pg = group("timeout");
     // Upload first: a pageable copy would wait for the held stream.
     let buf = upload(&s, &[1f32, 2.0, 3.0]);
     s.synchronize().unwrap();
@@ -557,7 +555,7 @@ fn gpu_cuda_library_absent_paths_are_typed() {
     // On the GPU machine: a device op on a device that does not exist is a
     // typed error, not a panic.
     let st = store();
-    let pg = group(&st, "nodev", None);
+    let pg = lazy_group(&st, "nodev");
     let e = block_on(pg.init_device(4096)).unwrap_err();
     println!("{e}");
     assert!(e.to_string().contains("4096"), "{e}");
@@ -576,8 +574,7 @@ fn gpu_long_ops_on_every_executor_return_the_data_once_the_gpu_finished() {
     let dev = device0();
     let k = Kernels::load(&dev).unwrap();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "long-ops", Some(0));
+    let pg = group("long-ops");
     let ct = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -668,14 +665,13 @@ fn gpu_works_dropped_out_of_order_free_nothing_early() {
     let k = Kernels::load(&dev).unwrap();
     let fast = dev.new_stream(StreamPriority::Normal).unwrap();
     let slow = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "drop-order", Some(0));
+    let pg = group("drop-order");
     let warm = block_on(
         pg.all_reduce(upload(&fast, &[1f32; 64]), ReduceOp::Sum)
             .unwrap(),
     );
     drop(warm.unwrap());
-    let reactor = chorus::reactor::global();
+    let pending = || chorus::reactor::stats().pending();
     let early = Arc::new(AtomicBool::new(false));
     for round in 0..4 {
         let earlier = pg
@@ -710,7 +706,7 @@ fn gpu_works_dropped_out_of_order_free_nothing_early() {
             dropped.load(Ordering::SeqCst),
             "round {round}: released once finished"
         );
-        while reactor.pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
+        while pending() != 0 && t0.elapsed() < Duration::from_secs(10) {
             std::thread::yield_now();
         }
     }
@@ -727,8 +723,7 @@ fn gpu_ops_awaited_behind_the_gpu_are_known_ended_from_the_stream() {
     let dev = device0();
     let k = Kernels::load(&dev).unwrap();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st = store();
-    let pg = group(&st, "stream-progress", Some(0));
+    let pg = group("stream-progress");
     let data: Vec<Vec<f32>> = (0..16)
         .map(|i| (0..1024).map(|j| (i * 1024 + j) as f32).collect())
         .collect();

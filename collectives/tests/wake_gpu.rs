@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::store::{InMemoryStore, Store};
-use chorus::test_util::Kernels;
+use chorus::test_util::{one_rank_group, Kernels};
 use chorus::{DType, DeviceBuffer, DeviceMem, ProcessGroup, ReduceOp, WorkError};
 use chorus::{Device, Stream, StreamPriority};
 use futures::executor::block_on;
@@ -26,18 +25,7 @@ fn device0() -> Device {
 }
 
 fn group(name: &str) -> ProcessGroup {
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .name(name)
-            .device(0)
-            .timeout(Duration::from_secs(60))
-            .build(),
-    )
-    .unwrap_or_else(|e| panic!("group {name}: {e}"))
+    one_rank_group(name, 0).unwrap_or_else(|e| panic!("group {name}: {e}"))
 }
 
 fn upload(s: &Stream, v: &[f32]) -> DeviceBuffer<f32> {
@@ -64,13 +52,12 @@ fn threads_named(name: &str) -> usize {
 /// Waits (10 s at most) until the reactor and its driver waiters hold no
 /// op.
 fn until_settled() {
-    let r = chorus::reactor::global();
     let t0 = Instant::now();
-    while r.pending() != 0 {
+    while chorus::reactor::stats().pending() != 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "ops left pending: {:?}",
-            r.stats()
+            chorus::reactor::stats()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -102,7 +89,7 @@ fn gpu_ops_of_1_10_and_30_ms_in_random_order_return_their_data_once_finished_on_
         .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(45);
     let n = 4096;
-    let waits0 = chorus::reactor::global().stats().waits;
+    let waits0 = chorus::reactor::stats().waits;
     for how in ["block_on", "tokio-ct", "tokio-mt-task", "wait_timeout"] {
         let mut lens = [1u64, 10, 30, 1, 10, 30, 1, 10, 30];
         lens.shuffle(&mut rng);
@@ -149,7 +136,7 @@ fn gpu_ops_of_1_10_and_30_ms_in_random_order_return_their_data_once_finished_on_
         }
     }
     until_settled();
-    let waits = chorus::reactor::global().stats().waits - waits0;
+    let waits = chorus::reactor::stats().waits - waits0;
     println!("driver waiter sleeps: {waits}");
     assert!(waits > 0, "no wait slept in the driver");
 }
@@ -240,11 +227,11 @@ fn gpu_an_abort_while_a_waiter_sleeps_in_the_driver_wakes_every_waiter() {
     }
     // Every waiter waits; the earliest op's driver waiter sleeps on it.
     let t0 = Instant::now();
-    while chorus::reactor::global().stats().asleep == 0 {
+    while chorus::reactor::stats().asleep == 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "no driver waiter slept: {:?}",
-            chorus::reactor::global().stats()
+            chorus::reactor::stats()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -365,7 +352,7 @@ fn gpu_waiters_dropped_mid_wait_leak_no_thread_and_free_nothing_early() {
     let named = threads_named("chorus-gpu-wait");
     println!(
         "driver waiters after 20 dropped waits: {named} threads ({named0} before); {:?}",
-        chorus::reactor::global().stats()
+        chorus::reactor::stats()
     );
     assert!(named <= named0.max(4), "{named} waiter threads");
     last.unwrap().event().synchronize().unwrap();
@@ -432,7 +419,7 @@ fn child_cuda_error_wakes_every_waiter() {
         });
     }
     let t0 = Instant::now();
-    while chorus::reactor::global().stats().asleep == 0 {
+    while chorus::reactor::stats().asleep == 0 {
         assert!(t0.elapsed() < Duration::from_secs(10), "no waiter slept");
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chorus::watchdog::{self, ErrorPolicy, WatchdogConfig, WatchedGroup};
+use chorus::test_util::{watch, WatchedGroup};
+use chorus::watchdog::{self, ErrorPolicy, WatchdogConfig};
 use chorus_core::{OpContext, OpFuture, Registry, WorkError};
 
 /// Far longer than the test: no check round comes while it runs.
@@ -63,7 +64,7 @@ fn each_deadline_is_met_by_a_round_of_its_own_between_distant_checks() {
     let reg = Arc::new(Registry::new());
     let checks = Arc::new(AtomicUsize::new(0));
     let counted = checks.clone();
-    watchdog::watch(WatchedGroup {
+    watch(WatchedGroup {
         name: "deadlines".into(),
         rank: 0,
         size: 1,

@@ -9,15 +9,15 @@
 #![forbid(unsafe_code)]
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use chorus::reduce::reference_reduce;
-use chorus::store::{InMemoryStore, Store};
-use chorus::test_util::Kernels;
+use chorus::test_util::reference_reduce;
+use chorus::test_util::{one_rank_group, Kernels};
 use chorus::watchdog;
 use chorus::{Device, Stream, StreamPriority};
 use chorus::{DeviceBuffer, ProcessGroup, ReduceOp, WorkError};
+use chorus_core::sync::lock;
 use futures::executor::block_on;
 use rand::{Rng, SeedableRng};
 
@@ -28,9 +28,7 @@ struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        lock(&LOG).extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -39,21 +37,11 @@ impl Write for LogWriter {
 }
 
 fn log_text() -> String {
-    String::from_utf8_lossy(&LOG.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    String::from_utf8_lossy(&lock(&LOG)).into_owned()
 }
 
-fn device_group(store: &Arc<dyn Store>, name: &str) -> ProcessGroup {
-    block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store.clone())
-            .name(name)
-            .timeout(Duration::from_secs(60))
-            .device(0)
-            .build(),
-    )
-    .unwrap_or_else(|e| panic!("group {name}: {e}"))
+fn device_group(name: &str) -> ProcessGroup {
+    one_rank_group(name, 0).unwrap_or_else(|e| panic!("group {name}: {e}"))
 }
 
 fn upload(s: &Stream, v: &[f32]) -> DeviceBuffer<f32> {
@@ -75,8 +63,7 @@ fn gpu_watchdog_times_out_a_spinning_stream_then_a_new_group_works() {
     );
     let kernels = Kernels::load(&dev).unwrap();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = device_group(&st, "wd-a");
+    let pg = device_group("wd-a");
     let timeout = Duration::from_millis(300);
     let spin = Duration::from_secs(2);
     let short = pg.with_timeout(timeout);
@@ -128,7 +115,7 @@ fn gpu_watchdog_times_out_a_spinning_stream_then_a_new_group_works() {
     // the old stream is still spinning.
     let t1 = Instant::now();
     let s2 = dev.new_stream(StreamPriority::Normal).unwrap();
-    let pg2 = device_group(&st, "wd-b");
+    let pg2 = device_group("wd-b");
     let built = t1.elapsed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let data: Vec<f32> = (0..4099).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -168,8 +155,7 @@ fn unpolled_setup(name: &str) -> (Stream, ProcessGroup, ProcessGroup, Duration) 
         "run with the watchdog on (CHORUS_WATCHDOG unset)"
     );
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
-    let st: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = device_group(&st, name);
+    let pg = device_group(name);
     let timeout = Duration::from_millis(200);
     let short = pg.with_timeout(timeout);
     (s, pg, short, timeout)

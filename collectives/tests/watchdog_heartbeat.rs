@@ -14,8 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use chorus::watchdog::{self, ErrorPolicy, WatchdogConfig, WatchedGroup};
+use chorus::test_util::{watch, AsyncErrorCheck, WatchedGroup};
+use chorus::watchdog::{self, ErrorPolicy, WatchdogConfig};
 use chorus_core::flight_recorder::{Dump, FlightRecorder, OpMeta};
+use chorus_core::sync::lock;
 use chorus_core::{OpContext, OpFuture, Registry, WorkError};
 
 /// Bound on every wait: reaching it is a failure, not a measurement.
@@ -34,14 +36,14 @@ struct Gate {
 impl Gate {
     fn block(&self) {
         self.entered.store(true, Ordering::SeqCst);
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = lock(&self.open);
         while !*open {
             open = self.cv.wait(open).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     fn open(&self) {
-        *self.open.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *lock(&self.open) = true;
         self.cv.notify_all();
     }
 }
@@ -95,7 +97,7 @@ fn group(name: &str) -> (Arc<Registry>, OpFuture<u32>, chorus_core::Completer<u3
     (reg, w, c)
 }
 
-fn stuck_check(gate: &Arc<Gate>) -> watchdog::AsyncErrorCheck {
+fn stuck_check(gate: &Arc<Gate>) -> AsyncErrorCheck {
     let gate = gate.clone();
     Arc::new(move || {
         gate.block();
@@ -144,7 +146,7 @@ fn a_watchdog_stuck_in_a_check_is_noticed_by_the_heartbeat_monitor() {
     let ran = hook_ran.clone();
     world.set_abort_hook(move |_| ran.store(true, Ordering::SeqCst));
     let (side, w_side, _c_side) = group("side");
-    watchdog::watch(WatchedGroup {
+    watch(WatchedGroup {
         name: "world".into(),
         rank: 0,
         size: 2,
@@ -152,7 +154,7 @@ fn a_watchdog_stuck_in_a_check_is_noticed_by_the_heartbeat_monitor() {
         policy: ErrorPolicy::AbortGroup,
         check: Some(stuck_check(&gate)),
     });
-    watchdog::watch(WatchedGroup {
+    watch(WatchedGroup {
         name: "side".into(),
         rank: 0,
         size: 2,
@@ -213,7 +215,7 @@ fn child_abort_process_on_heartbeat_timeout() {
     configure(&dir);
     let gate = Arc::new(Gate::default());
     let (world, w, _c) = group("world");
-    watchdog::watch(WatchedGroup {
+    watch(WatchedGroup {
         name: "world".into(),
         rank: 0,
         size: 2,

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use chorus_core::comm_cache::{CommCache, CommFactory, CommKey};
+use chorus_core::sync::lock;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 
@@ -275,7 +276,7 @@ impl CheckThenInsert {
     }
 
     fn cached(&self, key: &CommKey) -> Option<Arc<FakeComm>> {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let map = lock(&self.map);
         map.iter().find(|(k, _)| k == key).map(|(_, c)| c.clone())
     }
 }
@@ -290,7 +291,7 @@ impl SingleFlight for CheckThenInsert {
         let n = self.created.fetch_add(1, Ordering::SeqCst);
         let init = self.factory.create(&key, format!("comm/{n}"));
         let comm = Arc::new(loom::future::block_on(init).map_err(|e| e.to_string())?);
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.map);
         if let Some((_, c)) = map.iter().find(|(k, _)| *k == key) {
             return Ok(c.clone());
         }

@@ -769,16 +769,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         device.name()?,
         clock.spread_ns() as f64 / 1e3
     );
-    let store: Arc<dyn chorus::store::Store> = Arc::new(chorus::store::InMemoryStore::new());
-    let pg = futures::executor::block_on(
-        chorus::ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store)
-            .device(0)
-            .name("wake_probe")
-            .build(),
-    )?;
+    let pg = chorus::test_util::one_rank_group("wake_probe", 0)?;
     let buf = chorus::DeviceBuffer::on_stream(stream.clone_htod(&[1.0f32; 256])?, stream.clone())?;
     let rig = Arc::new(Rig {
         pg,

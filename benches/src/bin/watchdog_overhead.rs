@@ -15,14 +15,12 @@
 //! Prints one JSON line on stdout. Needs a CUDA GPU and NCCL.
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus::watchdog;
-use chorus::{DeviceBuffer, Failed, ProcessGroup, ReduceOp, WorkError};
+use chorus::{DeviceBuffer, Failed, ReduceOp, WorkError};
 use chorus_gpu::cuda::kernels::Kernels;
 use chorus_gpu::cuda::{Device, StreamPriority};
-use chorus_store::{InMemoryStore, Store};
 use clap::Parser;
 use futures::executor::block_on;
 
@@ -91,25 +89,11 @@ fn t975(df: f64) -> f64 {
     z + (z3 + z) / (4.0 * df) + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df)
 }
 
-fn group(store: &Arc<dyn Store>, name: &str, device: usize) -> Result<ProcessGroup, chorus::Error> {
-    block_on(
-        ProcessGroup::builder()
-            .rank(0)
-            .world_size(1)
-            .store(store.clone())
-            .name(name)
-            .timeout(Duration::from_secs(60))
-            .device(device)
-            .build(),
-    )
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let dev = Device::get(args.device)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let pg = group(&store, "overhead", args.device)?;
+    let pg = chorus::test_util::one_rank_group("overhead", args.device)?;
     let on = watchdog::enabled();
     let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
     for _ in 0..2000 {
@@ -120,7 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut run, mut paused) = (Vec::new(), Vec::new());
         for i in 0..args.interleave {
             let pause = (i % 2 == 0) == (i / 2 % 2 == 0);
-            watchdog::set_paused(pause);
+            chorus::test_util::set_paused(pause);
             let r0 = watchdog::stats().rounds;
             let t0 = Instant::now();
             for _ in 0..args.ops {
@@ -134,7 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 run.push((rate, rounds))
             }
         }
-        watchdog::set_paused(false);
+        chorus::test_util::set_paused(false);
         let mut r: Vec<f64> = run.iter().map(|x| x.0).collect();
         let mut p = paused.clone();
         let (mr, mp) = (median(&mut r), median(&mut p));
@@ -183,7 +167,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let kernels = Kernels::load(&dev)?;
         let timeout = Duration::from_millis(args.detect_timeout_ms);
         for i in 0..args.detect_trials {
-            let g = group(&store, &format!("detect-{i}"), args.device)?.with_timeout(timeout);
+            let g = chorus::test_util::one_rank_group(&format!("detect-{i}"), args.device)?
+                .with_timeout(timeout);
             let b = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
             producer.synchronize()?;
             kernels.spin(&producer, timeout * 3)?;

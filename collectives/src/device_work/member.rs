@@ -12,7 +12,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -22,10 +22,7 @@ use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Launched, NoBuffers, Ticket};
 
 use super::own::{DeviceCompleter, OwnWork};
 use crate::grouped;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use chorus_core::sync::lock;
 
 /// The state a group's works share: made when the group's first op is
 /// staged (with the end event its launch will record), launched with the

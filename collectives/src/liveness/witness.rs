@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::marks::{LEFT, LOST};
+use chorus_core::sync::lock;
 
 /// Periods of beats after which a search judges when every other peer's
 /// counter has moved meanwhile (a live peer beats once per period).
@@ -65,7 +66,7 @@ impl PeerWitness {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// The backend found a peer-side failure that names no peer (`cause`)

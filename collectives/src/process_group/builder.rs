@@ -21,6 +21,7 @@ use crate::liveness::{Liveness, PeerWitness};
 use crate::propagation::ErrorPropagation;
 use crate::sequence::Sequencer;
 use crate::watchdog::{self, ErrorPolicy, WatchedGroup};
+use chorus_core::sync::lock;
 
 /// Builds the default (world) group from an explicit rank, size and store.
 #[derive(Debug)]
@@ -412,11 +413,7 @@ impl ProcessGroup {
     /// Keeps the job's rendezvous with the world group until
     /// [`shutdown`](Self::shutdown).
     fn keep_rendezvous(&self, rdzv: chorus_store::rendezvous::Rendezvous) {
-        *self
-            .inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(rdzv);
+        *lock(&self.inner.rendezvous) = Some(rdzv);
     }
 
     /// Joins the job described by the environment and returns the world

@@ -16,6 +16,7 @@ use crate::device_work::DeviceWork;
 use crate::error::{Error, Rejected};
 use crate::watchdog;
 use crate::work::Work;
+use chorus_core::sync::lock;
 
 /// A group of ranks that run collectives together.
 ///
@@ -268,12 +269,7 @@ impl ProcessGroup {
                 rank: self.rank(),
                 msg,
             })?;
-        let rdzv = self
-            .inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let rdzv = lock(&self.inner.rendezvous).take();
         match rdzv {
             Some(r) => Ok(r.shutdown().await?),
             None => Ok(()),

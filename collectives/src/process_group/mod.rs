@@ -18,5 +18,4 @@ pub use crate::config::DEFAULT_REJOIN_TIMEOUT;
 pub use crate::liveness::DEFAULT_PEER_LIVENESS;
 pub use builder::GroupBuilder;
 pub use handle::ProcessGroup;
-pub use staging::Staging;
-pub use state::{GroupState, DEFAULT_TIMEOUT};
+pub use state::DEFAULT_TIMEOUT;

@@ -6,6 +6,7 @@ use super::builder::{connect, Setup};
 use super::handle::ProcessGroup;
 use crate::backend::nccl;
 use crate::error::Error;
+use chorus_core::sync::lock;
 
 impl ProcessGroup {
     /// Creates a subgroup of the given world ranks (in that order).
@@ -87,10 +88,7 @@ impl ProcessGroup {
             origin: g.origin,
         })
         .await?;
-        g.children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(std::sync::Arc::downgrade(&group.inner));
+        lock(&g.children).push(std::sync::Arc::downgrade(&group.inner));
         if let Some((dev, comm)) = split {
             group.inner.nccl.preset(dev, comm);
             group.init_device(dev as usize).await?;

@@ -10,15 +10,16 @@ use chorus_store::Store;
 
 use super::failure::key;
 use super::publish::publish;
-use super::shared::{lock, Shared};
+use super::shared::Shared;
 use super::timing::FLUSH_WAIT;
 use super::watcher::watch;
 use crate::watchdog::ErrorPolicy;
+use chorus_core::sync::lock;
 
 /// Error propagation of one group on this rank: publishes the group's first
 /// error and watches for its peers' (see the module docs). Stops on
 /// [`stop`](Self::stop) and when dropped.
-pub struct ErrorPropagation {
+pub(crate) struct ErrorPropagation {
     shared: Arc<Shared>,
 }
 
@@ -43,7 +44,7 @@ impl ErrorPropagation {
     ///
     /// If chorus's runtime cannot start, logs a warning and propagates
     /// nothing.
-    pub fn start(
+    pub(crate) fn start(
         store: Arc<dyn Store>,
         epoch: u64,
         registry: &Arc<Registry>,
@@ -80,15 +81,11 @@ impl ErrorPropagation {
         ErrorPropagation { shared }
     }
 
-    /// The store key watched and published to (in the group's namespace).
-    pub fn key(&self) -> &str {
-        &self.shared.key
-    }
-
     /// Whether the watcher still waits for a peer's failure (false once a
     /// failure arrived, the store failed, the group is gone or it was
     /// stopped).
-    pub fn watching(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn watching(&self) -> bool {
         lock(&self.shared.watcher)
             .as_ref()
             .is_some_and(|t| !t.is_finished())
@@ -97,7 +94,7 @@ impl ErrorPropagation {
     /// Stops watching and publishing (at group shutdown: failures of ops
     /// after the goodbye are nobody else's concern). Idempotent; does not
     /// wait.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.shared.stopped.store(true, Ordering::Release);
         if let Some(t) = lock(&self.shared.watcher).as_ref() {
             t.abort();
@@ -106,7 +103,7 @@ impl ErrorPropagation {
 
     /// Waits, at most `timeout`, for a publish in flight to finish; true if
     /// none is left in flight.
-    pub fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let rx = lock(&self.shared.publishing).take();
         match rx {
             None => true,

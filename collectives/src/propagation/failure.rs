@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// The store key (inside the group's namespace) under which a group's
 /// failure is published.
-pub fn key(epoch: u64) -> String {
+pub(crate) fn key(epoch: u64) -> String {
     format!("error/{epoch}")
 }
 
@@ -27,7 +27,7 @@ pub struct RemoteFailure {
 
 impl RemoteFailure {
     /// The failure `err` of rank `origin_rank`.
-    pub fn new(origin_rank: usize, err: &WorkError) -> RemoteFailure {
+    pub(crate) fn new(origin_rank: usize, err: &WorkError) -> RemoteFailure {
         let ctx = err.context();
         RemoteFailure {
             origin_rank,

@@ -13,23 +13,23 @@
 //!   naming the origin rank, the op's sequence number and name, the error
 //!   kind and its message ([`RemoteFailure`]). The first rank to publish
 //!   wins (`compare_set`); later ones leave the key alone. Publishing runs
-//!   on chorus's runtime ([`chorus_store::rt`]) under [`PUBLISH_TIMEOUT`], so a
+//!   on chorus's runtime ([`chorus_store::rt`]) under `PUBLISH_TIMEOUT` (5 s), so a
 //!   store that is gone costs a warning, never a hang. It starts before any
 //!   work of the group is failed ([`Registry::set_error_hook`]), and
-//!   dropping the group waits up to [`FLUSH_WAIT`] for it, so a rank that
+//!   dropping the group waits up to `FLUSH_WAIT` (2 s) for it, so a rank that
 //!   exits as soon as it sees its error still tells its peers. The
-//!   publisher then waits up to [`ACK_WAIT`] for every peer to acknowledge
+//!   publisher then waits up to `ACK_WAIT` (500 ms) for every peer to acknowledge
 //!   (a counter under the key), so the store — often hosted by the failing
 //!   rank — stays up until the failure was delivered.
 //! * **watches** that key with one background `get` on chorus's runtime
-//!   (woken by the `set`, never polling; re-armed every [`WATCH_WAIT`]). When
+//!   (woken by the `set`, never polling; re-armed every `WATCH_WAIT` (60 s)). When
 //!   a peer's failure appears, the group's pending works fail at once with
 //!   [`WorkError::Remote`] naming the origin rank and its cause, and the
 //!   group's [`ErrorPolicy`] is applied as for a local error (abort the
 //!   group, fail the works only, or abort the process), with a
 //!   flight-recorder dump. A rank's own failure is not re-applied. The
 //!   watcher stops when the store fails (e.g. its host exited at the end of
-//!   the job), when the group is gone, and on [`ErrorPropagation::stop`].
+//!   the job), when the group is gone, and on group shutdown.
 //!
 //! Nothing runs on an op's hot path: the publisher is a hook called once,
 //! with the group's first error ([`Registry::set_error_hook`]), and the
@@ -60,9 +60,11 @@ mod shared;
 mod timing;
 mod watcher;
 
-pub use error_propagation::ErrorPropagation;
-pub use failure::{key, RemoteFailure};
-pub use timing::{ACK_WAIT, FLUSH_WAIT, PUBLISH_TIMEOUT, WATCH_WAIT};
+pub(crate) use error_propagation::ErrorPropagation;
+pub use failure::RemoteFailure;
+
+#[cfg(test)]
+use failure::key;
 
 #[cfg(test)]
 mod tests;

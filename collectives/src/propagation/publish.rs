@@ -8,8 +8,9 @@ use std::time::Duration;
 use chorus_core::WorkError;
 
 use super::failure::{ack_key, RemoteFailure};
-use super::shared::{lock, Shared};
+use super::shared::Shared;
 use super::timing::{ACK_WAIT, PUBLISH_TIMEOUT};
+use chorus_core::sync::lock;
 
 /// The error hook: publishes the group's first error, in the background.
 pub(super) fn publish(shared: &Arc<Shared>, err: &WorkError) {

@@ -21,7 +21,3 @@ pub(super) struct Shared {
     pub(super) publishing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     pub(super) watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}

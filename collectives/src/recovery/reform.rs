@@ -17,6 +17,7 @@ use crate::process_group::builder::{connect, Setup};
 use crate::process_group::state::GROUP_PREFIX;
 use crate::process_group::ProcessGroup;
 use crate::WorkError;
+use chorus_core::sync::lock;
 
 /// The shortest grace period after the window before a rank closes the
 /// roster itself when the leader has not (it died or stalls).
@@ -115,7 +116,7 @@ impl ProcessGroup {
             _ => Vec::new(),
         };
         self.abort(&format!("the group is being re-formed as epoch {epoch}"));
-        let children = std::mem::take(&mut *g.children.lock().unwrap_or_else(|p| p.into_inner()));
+        let children = std::mem::take(&mut *lock(&g.children));
         for child in children.iter().filter_map(std::sync::Weak::upgrade) {
             let sub = ProcessGroup {
                 inner: child,
@@ -244,15 +245,8 @@ impl ProcessGroup {
         }
         // The job's rendezvous (and the store it may host) lives on with
         // the new group.
-        let rdv = g
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        *new.inner
-            .rendezvous
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = rdv;
+        let rdv = lock(&g.rendezvous).take();
+        *lock(&new.inner.rendezvous) = rdv;
         Ok(new)
     }
 }

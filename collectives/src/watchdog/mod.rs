@@ -22,7 +22,7 @@
 //! The watchdog counts its rounds (the heartbeat, [`stats`]`().rounds`). The
 //! monitor wakes every quarter of [`WatchdogConfig::heartbeat_timeout`]; when
 //! the count has not moved for that long (the watchdog is stuck, typically
-//! inside a backend's [`AsyncErrorCheck`] such as `ncclCommGetAsyncError` in
+//! inside a backend's asynchronous error check such as `ncclCommGetAsyncError` in
 //! a hung driver), it acts once per stall: it dumps every group's flight
 //! recorder (reason `"heartbeat timeout"`), logs at error level with the
 //! dump's path, and fails every watched group's pending works with
@@ -48,7 +48,7 @@
 //! ([`WatchdogConfig::from_env`]: `CHORUS_WATCHDOG_INTERVAL_MS`,
 //! `CHORUS_HEARTBEAT_TIMEOUT_S`, `CHORUS_TRACE_DIR`, `CHORUS_DUMP_ON_SIGUSR1`,
 //! `CHORUS_WATCHDOG`; docs/CONFIG.md). With the watchdog switched off
-//! ([`WatchdogConfig::enabled`]), [`watch`] registers nothing and no thread
+//! ([`WatchdogConfig::enabled`]), a group built registers nothing and no thread
 //! is started, so ops time out only through blocking waits such as
 //! `wait_timeout`: meant for measuring the watchdog's overhead, not for
 //! production.
@@ -66,11 +66,11 @@ mod alarm;
 mod config;
 mod policy;
 mod state;
-mod threads;
-mod watched;
+pub(crate) mod threads;
+pub(crate) mod watched;
 
 pub use config::{ErrorPolicy, WatchdogConfig};
 pub use state::{configure, stats, WatchdogStats};
-pub(crate) use threads::{apply_detected, apply_remote, on_group_error};
-pub use threads::{dump_all, enabled, set_paused, watch};
-pub use watched::{AsyncErrorCheck, WatchedGroup};
+pub(crate) use threads::{apply_detected, apply_remote, on_group_error, watch};
+pub use threads::{dump_all, enabled};
+pub(crate) use watched::WatchedGroup;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::alarm::Alarm;
 use super::config::WatchdogConfig;
 use super::watched::WatchedGroup;
+use chorus_core::sync::lock;
 
 /// The watchdog of this process: its settings, the groups it watches, its
 /// counters and its next wake-up.
@@ -35,7 +36,7 @@ pub fn configure(config: WatchdogConfig) -> bool {
     if STATE.get().is_some() {
         return false;
     }
-    *PENDING_CONFIG.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    *lock(&PENDING_CONFIG) = Some(config);
     true
 }
 

@@ -17,14 +17,13 @@ use super::config::{ErrorPolicy, WatchdogConfig};
 use super::policy::apply;
 use super::state::{State, PENDING_CONFIG, STATE};
 use super::watched::{AsyncErrorCheck, WatchedGroup};
+use chorus_core::sync::lock;
 
 /// The watchdog of this process, made (and its threads started, unless it
 /// is switched off) on first use.
 fn state() -> &'static Arc<State> {
     STATE.get_or_init(|| {
-        let config = PENDING_CONFIG
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let config = lock(&PENDING_CONFIG)
             .take()
             .unwrap_or_else(WatchdogConfig::from_env);
         let st = Arc::new(State {
@@ -91,7 +90,9 @@ fn install_sigusr1() {}
 
 /// Starts watching `group` (starting the watchdog on first use). Does
 /// nothing when the watchdog is switched off (`CHORUS_WATCHDOG=0` or
-/// [`WatchdogConfig::enabled`] false).
+/// [`WatchdogConfig::enabled`] false). Groups are watched when they are
+/// built; tests reach it through `chorus::test_util` (feature `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub fn watch(group: WatchedGroup) {
     let st = state();
     if !st.config.enabled {
@@ -107,10 +108,7 @@ pub fn watch(group: WatchedGroup) {
         let st = st.clone();
         reg.set_deadline_hook(move |d| st.alarm.ring_by(d));
     }
-    st.groups
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(group);
+    lock(&st.groups).push(group);
 }
 
 /// Whether the watchdog runs (false when switched off by `CHORUS_WATCHDOG=0`
@@ -129,10 +127,10 @@ pub fn dump_all(reason: &str) -> std::io::Result<PathBuf> {
     // One dump at a time: the watchdog, an erroring group and SIGUSR1 may
     // all ask at once, and they write the same file.
     static DUMPING: Mutex<()> = Mutex::new(());
-    let _one = DUMPING.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = lock(&DUMPING);
     let st = state();
     let mut groups = BTreeMap::new();
-    for g in st.groups.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+    for g in lock(&st.groups).iter() {
         if let Some(reg) = g.registry.upgrade() {
             if let Some(rec) = reg.recorder() {
                 groups.insert(
@@ -175,7 +173,7 @@ pub(crate) fn on_group_error(cause: &WorkError) {
 /// beating, so the heartbeat monitor stays quiet). For benchmarks that
 /// compare the cost of the rounds within one process; never pause it in a
 /// job: timeouts and NCCL errors go unnoticed meanwhile.
-#[doc(hidden)]
+#[cfg(feature = "test-util")]
 pub fn set_paused(paused: bool) {
     state().paused.store(paused, Ordering::Relaxed);
 }
@@ -254,7 +252,7 @@ fn round(st: &State, now: Instant, checks: bool) -> Option<Instant> {
     // may run backend abort hooks) happen without the group list locked.
     let mut live = Vec::new();
     {
-        let mut groups = st.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = lock(&st.groups);
         groups.retain(|g| g.registry.strong_count() > 0);
         for g in groups.iter() {
             if let Some(reg) = g.registry.upgrade() {

@@ -8,9 +8,11 @@ use super::config::ErrorPolicy;
 
 /// A backend's asynchronous error check (NCCL: `ncclCommGetAsyncError` on
 /// each communicator). Returns the error text if the backend has failed.
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub type AsyncErrorCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// A group the watchdog watches.
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct WatchedGroup {
     /// Group name.
     pub name: Arc<str>,

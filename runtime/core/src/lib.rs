@@ -4,7 +4,7 @@
 //! CUDA, no tokio. The layers above (`chorus-gpu`, `chorus-store`,
 //! `chorus`) drive it and install hooks where it must reach out (a
 //! registry's abort hook closes connections and writes the flight-recorder
-//! dump). Its shared state is built on [`sync`](crate) primitives that the
+//! dump). Its shared state is built on [`sync`] primitives that the
 //! loom suite swaps for loom's, so the suite checks the code that runs.
 //!
 //! A map of the crate:
@@ -37,8 +37,10 @@
 //! * [`message_debug`]: `Debug` of the error types of every layer shows
 //!   their message (`{:#?}` their structure), so `?` in `main` prints it;
 //!   [`debug_shows_message!`] implements it for an enum.
-//! * `profile`: per-phase timing of the enqueue path (feature `profile`).
-//! * `sync`: std primitives, swapped for loom's under `cfg(loom)`.
+//! * `profile`: per-phase timing of the enqueue path (feature `profile`):
+//!   [`profile::Phase`], the phases a stamp ends.
+//! * [`sync`]: std primitives, swapped for loom's under `cfg(loom)`;
+//!   [`sync::lock`], the one way every crate of chorus locks a mutex.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -55,7 +57,7 @@ pub mod op;
 pub mod pipe;
 pub mod profile;
 pub mod relay;
-pub(crate) mod sync;
+pub mod sync;
 pub mod work;
 
 pub use element::{Element, HostBuffer, HostBuffers};

@@ -8,18 +8,66 @@
 //! flag. The enqueue path stamps the end of each phase of an op;
 //! [`medians`] gives each phase's median over the ops profiled.
 
-/// The phases, in the order the enqueue path goes through them.
-pub const PHASES: [&str; 9] = [
-    "communicator lookup",
-    "end event from the pool",
-    "sequence number, op context",
-    "clock reading",
-    "work: registry entry, flight record, shared state",
-    "submit: checks, lock",
-    "submit: input-ready record + wait, NCCL call, end record",
-    "submit: in-flight op",
-    "work handle",
-];
+/// A phase of the NCCL enqueue path; a stamp marks its end. The phases
+/// come in this order, each starting where the one before it ended (the
+/// first where [`start`] was called).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Finding the group's communicator.
+    CommLookup,
+    /// Taking the op's end event from the communicator's pool.
+    EndEvent,
+    /// The op's sequence number and context (and the checked mode's
+    /// signature check).
+    Sequence,
+    /// Reading the clock.
+    Clock,
+    /// The work: its registry entry, flight record and shared state.
+    Work,
+    /// Submitting: checks, the communicator's enqueue lock.
+    SubmitLock,
+    /// Submitting: the input-ready record and wait, the NCCL call, the end
+    /// record.
+    SubmitLaunch,
+    /// Submitting: the in-flight op.
+    SubmitInflight,
+    /// The work handle returned to the caller.
+    Handle,
+}
+
+/// The number of phases.
+const N: usize = Phase::ALL.len();
+
+impl Phase {
+    /// Every phase, in the order the enqueue path goes through them (the
+    /// order of [`medians`]).
+    pub const ALL: [Phase; 9] = [
+        Phase::CommLookup,
+        Phase::EndEvent,
+        Phase::Sequence,
+        Phase::Clock,
+        Phase::Work,
+        Phase::SubmitLock,
+        Phase::SubmitLaunch,
+        Phase::SubmitInflight,
+        Phase::Handle,
+    ];
+
+    /// What the phase does, for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::CommLookup => "communicator lookup",
+            Phase::EndEvent => "end event from the pool",
+            Phase::Sequence => "sequence number, op context",
+            Phase::Clock => "clock reading",
+            Phase::Work => "work: registry entry, flight record, shared state",
+            Phase::SubmitLock => "submit: checks, lock",
+            Phase::SubmitLaunch => "submit: input-ready record + wait, NCCL call, end record",
+            Phase::SubmitInflight => "submit: in-flight op",
+            Phase::Handle => "work handle",
+        }
+    }
+}
 
 #[cfg(feature = "profile")]
 mod imp {
@@ -28,9 +76,7 @@ mod imp {
     use std::sync::Mutex;
     use std::time::Instant;
 
-    use super::PHASES;
-
-    const N: usize = PHASES.len();
+    use super::{Phase, N};
 
     /// At most this many ops are kept.
     const MAX_SAMPLES: usize = 1 << 21;
@@ -57,14 +103,12 @@ mod imp {
         STAMPS.with(|c| c.set(s));
     }
 
-    pub(super) fn stamp(phase: usize) {
-        if phase < N {
-            STAMPS.with(|c| {
-                let mut s = c.get();
-                s[phase + 1] = Some(Instant::now());
-                c.set(s);
-            });
-        }
+    pub(super) fn stamp(phase: Phase) {
+        STAMPS.with(|c| {
+            let mut s = c.get();
+            s[phase as usize + 1] = Some(Instant::now());
+            c.set(s);
+        });
     }
 
     pub(super) fn finish() {
@@ -102,9 +146,7 @@ mod imp {
 
 #[cfg(not(feature = "profile"))]
 mod imp {
-    use super::PHASES;
-
-    const N: usize = PHASES.len();
+    use super::{Phase, N};
 
     pub(super) fn set_enabled(_on: bool) {}
     #[inline(always)]
@@ -114,7 +156,7 @@ mod imp {
     #[inline(always)]
     pub(super) fn start() {}
     #[inline(always)]
-    pub(super) fn stamp(_phase: usize) {}
+    pub(super) fn stamp(_phase: Phase) {}
     #[inline(always)]
     pub(super) fn finish() {}
     pub(super) fn reset() {}
@@ -142,9 +184,9 @@ pub fn start() {
     imp::start()
 }
 
-/// Phase `phase` (0-based, see [`PHASES`]) of this thread's op ended.
+/// `phase` of this thread's op ended.
 #[inline]
-pub fn stamp(phase: usize) {
+pub fn stamp(phase: Phase) {
     imp::stamp(phase)
 }
 
@@ -160,8 +202,9 @@ pub fn reset() {
     imp::reset()
 }
 
-/// Each phase's median in microseconds, and the number of ops profiled
-/// (zeros and 0 without the `profile` feature).
-pub fn medians() -> ([f64; PHASES.len()], usize) {
+/// Each phase's median in microseconds, in the order of [`Phase::ALL`],
+/// and the number of ops profiled (zeros and 0 without the `profile`
+/// feature).
+pub fn medians() -> ([f64; Phase::ALL.len()], usize) {
     imp::medians()
 }

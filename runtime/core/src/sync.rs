@@ -1,4 +1,5 @@
-//! Synchronization primitives, swapped for loom's under `cfg(loom)`.
+//! Synchronization primitives, swapped for loom's under `cfg(loom)`, and
+//! [`lock`], the one way chorus locks a mutex.
 //!
 //! Every piece of chorus-core whose interleavings the loom suite checks
 //! (the work slot, the registry, the communicator cache, the store counter)
@@ -35,10 +36,22 @@ pub(crate) use imp::*;
 /// time moves it. Text (`Arc<str>`) that never changes needs no shim.
 pub(crate) type DynArc<T> = std::sync::Arc<T>;
 
-/// Locks a mutex, recovering the data if another thread panicked while
-/// holding it: every state machine guarded here stays consistent between
-/// statements, so a poisoned lock carries no torn state.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, recovering the data if another thread panicked while
+/// holding it. chorus's state machines stay consistent between statements,
+/// so a poisoned lock carries no torn state, and a panic on one thread
+/// must not turn every later lock into a second one. Every crate of chorus
+/// locks its mutexes through this function.
+///
+/// The mutex is `std`'s (loom's in chorus-core's loom builds, `cfg(loom)`).
+///
+/// # Examples
+///
+/// ```
+/// let m = std::sync::Mutex::new(1);
+/// *chorus_core::sync::lock(&m) += 1;
+/// assert_eq!(*chorus_core::sync::lock(&m), 2);
+/// ```
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(poisoned) => poisoned.into_inner(),

@@ -11,6 +11,7 @@
 //! the registering thread instead of a wake-up. Elsewhere than Linux the
 //! bell parks the thread, and `ring_by` wakes it at once.
 
+use chorus_core::sync::lock;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -51,7 +52,7 @@ impl Bell {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Sleeps until `until` (`None`: until rung), an earlier instant a
@@ -173,7 +174,7 @@ impl Waker {
     }
 
     fn arm(&self, until: Option<Instant>) {
-        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        *lock(&self.until) = until;
     }
 
     /// Without a timer another thread can re-arm, an earlier end wakes the
@@ -187,7 +188,7 @@ impl Waker {
     }
 
     fn wait(&self) {
-        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let until = *lock(&self.until);
         match until {
             Some(u) => std::thread::park_timeout(u.saturating_duration_since(Instant::now())),
             None => std::thread::park(),

@@ -13,9 +13,9 @@ use tokio::sync::Notify;
 
 use crate::client_conn::{conn_err, drive, unexpected, Call, Shared, Wire, MIN_TIMER_LEAD};
 use crate::error::StoreError;
-use crate::lock::lock;
 use crate::store::{Store, DEFAULT_TIMEOUT};
 use crate::wire::{self, op, Encoder, FrameStatus, Reply};
+use chorus_core::sync::lock;
 
 /// Options of [`TcpStore::connect`].
 #[derive(Clone, Debug)]

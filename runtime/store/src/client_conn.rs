@@ -27,8 +27,8 @@ use tokio::sync::Notify;
 
 use crate::error::StoreError;
 use crate::io::{InBuf, OutBuf};
-use crate::lock::lock;
 use crate::wire::{self, FrameStatus, Reply};
+use chorus_core::sync::lock;
 
 /// How long a request's future keeps reading the socket itself, yielding
 /// to its executor between reads, before it parks and leaves the reply to

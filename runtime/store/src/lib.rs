@@ -48,8 +48,7 @@
 //! # Files
 //!
 //! `config` (the `CHORUS_*` variables of this layer), `error`
-//! ([`StoreError`]), `wire` (the wire format), `io` (socket buffers), `lock`
-//! (locking the tables), `store` ([`Store`]), `memory` ([`InMemoryStore`],
+//! ([`StoreError`]), `wire` (the wire format), `io` (socket buffers), `store` ([`Store`]), `memory` ([`InMemoryStore`],
 //! and the table the server serves), `prefix` ([`PrefixStore`]), `server`
 //! ([`TcpStoreServer`]), `server_stats` ([`ServerStats`]), `client_conn` (a client's connection), `client`
 //! ([`TcpStore`]), `torch` ([`TorchStore`]), [`rendezvous`], [`rt`],
@@ -62,7 +61,6 @@ mod client_conn;
 mod config;
 mod error;
 mod io;
-mod lock;
 mod memory;
 mod prefix;
 pub mod rendezvous;

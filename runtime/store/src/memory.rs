@@ -14,7 +14,7 @@ use crate::store::Store;
 use crate::wire;
 use std::sync::{Arc, Mutex};
 
-use crate::lock::lock;
+use chorus_core::sync::lock;
 
 /// A waiter registered on one or more missing keys; a set of any of them
 /// wakes it, and it looks again.

@@ -22,7 +22,7 @@ pub(crate) async fn control(addr: &str, torch: bool) -> Result<Arc<dyn Store>, S
 
 /// Runs child `me`: form, stop (or watch), detect, re-form.
 pub(crate) fn run(args: &Args, me: usize) -> Result<(), String> {
-    let h = chorus::rt::handle()?;
+    let h = chorus_store::rt::handle()?;
     h.block_on(phases(args.clone(), me))
 }
 

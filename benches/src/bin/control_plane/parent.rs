@@ -28,7 +28,7 @@ fn period(timeout: Duration) -> Duration {
 }
 
 pub(crate) fn run(args: &Args) -> Result<(), String> {
-    let h = chorus::rt::handle()?;
+    let h = chorus_store::rt::handle()?;
     h.block_on(measure(args.clone()))
 }
 

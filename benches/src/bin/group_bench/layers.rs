@@ -229,7 +229,7 @@ pub(crate) fn run(args: &Args, layers: &[String]) -> Result<(), Box<dyn std::err
     }
     drop(c);
 
-    let pg = chorus_benches::one_rank_device_group("group_layers", 0)?;
+    let pg = chorus::test_util::one_rank_group("group_layers", 0)?;
     let mut slots: Vec<Option<DeviceBuffer<f32>>> = bufs.drain(..).map(Some).collect();
     layer(
         layers,

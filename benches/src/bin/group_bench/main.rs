@@ -332,7 +332,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let order = Order::of(&args);
     let dev = Device::get(0)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let pg = chorus_benches::one_rank_device_group("groupbench", 0)?;
+    let pg = chorus::test_util::one_rank_group("groupbench", 0)?;
     let maxw = args.widths.iter().copied().max().unwrap_or(1);
     let mut bufs: Vec<Option<DeviceBuffer<f32>>> = (0..maxw)
         .map(|_| -> Result<_, Box<dyn std::error::Error>> {

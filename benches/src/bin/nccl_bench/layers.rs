@@ -153,7 +153,7 @@ pub(crate) fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         || {},
     );
 
-    let pg = chorus_benches::one_rank_device_group("layers", args.device)?;
+    let pg = chorus::test_util::one_rank_group("layers", args.device)?;
     let mut buf = Some(held.take().ok_or("buffer")?);
     for _ in 0..2000 {
         let b = buf.take().ok_or("buffer")?;

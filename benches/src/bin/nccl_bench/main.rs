@@ -29,6 +29,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use chorus::{DeviceBuffer, ReduceOp};
+use chorus_core::sync::lock;
 use chorus_gpu::cuda::kernels::Kernels;
 use chorus_gpu::cuda::{Device, StreamPriority};
 use chorus_gpu::nccl::EndEvent;
@@ -102,7 +103,7 @@ impl Wake for Timed {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut w = self.woke.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = lock(&self.woke);
         if w.is_none() {
             *w = Some(Instant::now());
         }
@@ -124,7 +125,7 @@ fn block_on_timed<F: Future>(f: F) -> (F::Output, Option<Instant>, Instant) {
     loop {
         if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
             let done = Instant::now();
-            let woke = *timed.woke.lock().unwrap_or_else(|p| p.into_inner());
+            let woke = *lock(&timed.woke);
             return (out, woke, done);
         }
         std::thread::park();
@@ -167,7 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::get(args.device)?;
     let kernels = Kernels::load(&dev)?;
     let producer = dev.new_stream(StreamPriority::Normal)?;
-    let pg = chorus_benches::one_rank_device_group("bench", args.device)?;
+    let pg = chorus::test_util::one_rank_group("bench", args.device)?;
     let mut buf = DeviceBuffer::new(producer.clone_htod(&vec![1f32; args.count])?)?;
     // Warm-up.
     for _ in 0..2000 {

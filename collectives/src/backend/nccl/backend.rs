@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use chorus_core::comm_cache::{CommCache, CommCacheError, CommKey};
 use chorus_core::flight_recorder::OpMeta;
+use chorus_core::profile::Phase;
 use chorus_core::{profile, Completer, FinishedProbe, Op, OpContext, OpFuture, WorkError};
 use chorus_gpu::nccl::{
     Communicator, DeviceBuffers, DeviceMem, EndEvent, InFlight, NcclCommError, Refused,
@@ -24,6 +25,7 @@ use crate::device_work::DeviceWork;
 use crate::error::Rejected;
 use crate::liveness::{PeerWitness, Report};
 use crate::sequence::Sequencer;
+use chorus_core::sync::lock;
 
 /// The NCCL side of one group.
 pub(crate) struct NcclBackend {
@@ -85,7 +87,7 @@ impl NcclBackend {
     /// How long shrinking the predecessor's communicator took, if this
     /// group's collective communicator came from a shrink.
     pub(crate) fn shrunk(&self) -> Option<Duration> {
-        *self.shrunk.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.shrunk)
     }
 
     /// The backend in the checked mode: every launch's signatures are
@@ -169,7 +171,7 @@ impl NcclBackend {
     }
 
     fn note(&self, key: &CommKey, comm: &Arc<Communicator>) {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut live = lock(&self.live);
         if !live.iter().any(|(_, w)| w.as_ptr() == Arc::as_ptr(comm)) {
             live.push((key.clone(), Arc::downgrade(comm)));
         }
@@ -179,7 +181,7 @@ impl NcclBackend {
     /// The live collective communicator, if one was created (for subgroup
     /// splits).
     pub(crate) fn collective_comm(&self) -> Option<Arc<Communicator>> {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lock(&self.live);
         live.iter()
             .filter(|(k, _)| !k.is_p2p())
             .filter_map(|(_, w)| w.upgrade())
@@ -200,10 +202,7 @@ impl NcclBackend {
     /// fails the group with `PeerLost` naming it); it is reported as it
     /// is once that search found every peer alive.
     pub(super) fn first_async_error(&self) -> Option<String> {
-        let live: Vec<Arc<Communicator>> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let live: Vec<Arc<Communicator>> = lock(&self.live)
             .iter()
             .filter_map(|(_, w)| w.upgrade())
             .collect();
@@ -227,9 +226,7 @@ impl NcclBackend {
     /// The group's collective communicators handed out so far (aborted
     /// ones too).
     pub(super) fn collectives(&self) -> Vec<Arc<Communicator>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        lock(&self.live)
             .iter()
             .filter(|(k, _)| !k.is_p2p())
             .filter_map(|(_, w)| w.upgrade())
@@ -238,7 +235,7 @@ impl NcclBackend {
 
     /// Frees the revoked communicators kept for a shrink that will not come.
     pub(super) fn release_revoked(&self) {
-        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (_, w) in lock(&self.live).iter() {
             if let Some(c) = w.upgrade() {
                 c.abort_revoked();
             }
@@ -252,7 +249,7 @@ impl NcclBackend {
             c.abort(reason);
         }
         // Communicators handed out but not (yet) in the cache.
-        for (_, w) in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (_, w) in lock(&self.live).iter() {
             if let Some(c) = w.upgrade() {
                 c.abort(reason);
             }
@@ -400,7 +397,7 @@ impl NcclBackend {
             }
         };
         if prof {
-            profile::stamp(0);
+            profile::stamp(Phase::CommLookup);
         }
         // The op's end event first: the registry entry asks it before the
         // watchdog times the op out (the work completes lazily).
@@ -414,7 +411,7 @@ impl NcclBackend {
             }
         };
         if prof {
-            profile::stamp(1);
+            profile::stamp(Phase::EndEvent);
         }
         let mut counters = seq.lock();
         let n = counters.next(op);
@@ -426,11 +423,11 @@ impl NcclBackend {
         }
         let probe: Arc<dyn FinishedProbe> = end.clone();
         if prof {
-            profile::stamp(2);
+            profile::stamp(Phase::Sequence);
         }
         let now = Instant::now();
         if prof {
-            profile::stamp(3);
+            profile::stamp(Phase::Clock);
         }
         let (work, completer) = match register::<C>(seq, timeout, ctx, op, meta, Some(probe), now) {
             Ok(pair) => pair,
@@ -439,7 +436,7 @@ impl NcclBackend {
         match enqueue(&comm, cop, bufs, end, now) {
             Ok(inflight) => {
                 if prof {
-                    profile::stamp(7);
+                    profile::stamp(Phase::SubmitInflight);
                 }
                 counters.bump(op, n);
                 drop(counters);
@@ -447,7 +444,7 @@ impl NcclBackend {
                 // holds the op until it is polled, dropped or taken back.
                 let work = DeviceWork::held(work, inflight, completer, self.opts.poll_spin);
                 if prof {
-                    profile::stamp(8);
+                    profile::stamp(Phase::Handle);
                     profile::finish();
                 }
                 Ok(work)

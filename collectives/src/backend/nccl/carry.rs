@@ -20,6 +20,7 @@ use chorus_store::Store;
 use super::backend::NcclBackend;
 use super::init::{off_thread, poll_backoff, NcclInitError};
 use super::options::ReformComms;
+use chorus_core::sync::lock;
 
 /// What [`carry_over`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +94,7 @@ pub(crate) async fn carry_over(
         .await
         .map_err(|e| NcclInitError::Nccl(NcclCommError::InvalidArgument(e.to_string())))?;
     let took = t0.elapsed();
-    *new.shrunk.lock().unwrap_or_else(|p| p.into_inner()) = Some(took);
+    *lock(&new.shrunk) = Some(took);
     Ok(Carried::Shrunk { device, took })
 }
 

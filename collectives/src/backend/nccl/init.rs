@@ -16,6 +16,7 @@ use chorus_gpu::nccl::{self as gnccl, CommOptions, Communicator, NcclCommError, 
 use chorus_store::Store;
 
 use super::options::{NcclOptions, ReformComms};
+use chorus_core::sync::lock;
 
 /// Why a communicator could not be created.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -101,19 +102,13 @@ impl NcclFactory {
     /// Notes that `key`'s communicator is for device `dev` (pair keys do
     /// not name it).
     pub(super) fn note_device(&self, key: &CommKey, dev: u32) {
-        self.devices
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone(), dev);
+        lock(&self.devices).insert(key.clone(), dev);
     }
 
     /// Hands the first creation of `key` the ready communicator `comm`
     /// (split from a parent) instead of creating one.
     pub(super) fn preset(&self, key: CommKey, comm: Communicator) {
-        self.preset
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, comm);
+        lock(&self.preset).insert(key, comm);
     }
 }
 
@@ -124,12 +119,7 @@ impl CommFactory for NcclFactory {
 
     fn create(&self, key: &CommKey, store_key: String) -> InitFuture {
         tracing::info!(target: "chorus::nccl", group = %self.group, rank = self.rank, key = %key, store_key = %store_key, "creating NCCL communicator");
-        if let Some(c) = self
-            .preset
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key)
-        {
+        if let Some(c) = lock(&self.preset).remove(key) {
             return Box::pin(async move { Ok(c) });
         }
         let (nranks, me) = match key {
@@ -139,12 +129,7 @@ impl CommFactory for NcclFactory {
         };
         let dev = match key {
             CommKey::Devices(d) if d.len() == 1 => Some(d[0]),
-            _ => self
-                .devices
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(key)
-                .copied(),
+            _ => lock(&self.devices).get(key).copied(),
         };
         let store = self.store.clone();
         let opts = CommOptions {

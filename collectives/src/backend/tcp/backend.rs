@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use chorus_core::flight_recorder::OpMeta;
@@ -24,6 +24,7 @@ use crate::error::{Error, Rejected};
 use crate::grouped::{self, Grouped};
 use crate::sequence::{Counters, Sequencer};
 use crate::work::{Assist, Work};
+use chorus_core::sync::lock;
 
 /// The TCP backend of one group. See the [module docs](super).
 pub(crate) struct TcpBackend {
@@ -180,7 +181,7 @@ impl TcpBackend {
             coll.push(Some(crx));
             p2p.push(Some(prx));
         }
-        *inner.readers.lock().unwrap_or_else(PoisonError::into_inner) = readers.clone();
+        *lock(&inner.readers) = readers.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);

@@ -238,4 +238,4 @@ mod worker;
 mod tests;
 
 pub(crate) use backend::{TcpBackend, TcpStaged};
-pub use options::{TcpOptions, CALLER_SPIN};
+pub use options::TcpOptions;

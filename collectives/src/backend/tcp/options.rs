@@ -51,7 +51,7 @@ pub struct TcpOptions {
     /// The caller yields its core between looks (`sched_yield`), so a peer
     /// that shares the core runs (where this host's ranks outnumber its
     /// cores, among others).
-    /// `None` (the default) picks [`CALLER_SPIN`]; zero turns it off (the
+    /// `None` (the default) picks 100 µs; zero turns it off (the
     /// op's first frames still leave from the submitting thread).
     /// `CHORUS_TCP_SPIN_US` sets it, see `TcpOptions::from_env`.
     pub caller_spin: Option<Duration>,
@@ -62,7 +62,7 @@ pub struct TcpOptions {
 /// has to wake up on a small VM, so that a peer that is a moment late is
 /// still met without a wake-up, and a peer much later costs at most this
 /// much of the caller's core.
-pub const CALLER_SPIN: Duration = Duration::from_micros(100);
+pub(crate) const CALLER_SPIN: Duration = Duration::from_micros(100);
 
 impl TcpOptions {
     /// The caller spin: [`caller_spin`](Self::caller_spin) if set, else

@@ -1,6 +1,7 @@
 //! Recycled receive buffers of the TCP backend.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use chorus_core::sync::lock;
+use std::sync::{Arc, Mutex};
 
 /// Recycled receive buffers, so that steady-state ops allocate nothing per
 /// chunk. Buffers are `u64`-backed, so their bytes are aligned for every
@@ -22,12 +23,7 @@ impl Pool {
 
     /// A buffer of `len` bytes (contents unspecified).
     pub(super) fn get(self: &Arc<Self>, len: usize) -> PoolBuf {
-        let mut words = self
-            .bufs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default();
+        let mut words = lock(&self.bufs).pop().unwrap_or_default();
         let need = len.div_ceil(8);
         if words.len() < need {
             words.resize(need, 0);
@@ -40,7 +36,7 @@ impl Pool {
     }
 
     fn put(&self, words: Vec<u64>) {
-        let mut bufs = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut bufs = lock(&self.bufs);
         if bufs.len() < self.keep {
             bufs.push(words);
         }

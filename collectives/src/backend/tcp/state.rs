@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chorus_core::relay::Relay;
@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use super::options::TcpOptions;
 use super::pool::Pool;
 use super::wire::{at_seq, mismatch_detail, op_name, Sig, OWN_SEQ};
+use chorus_core::sync::lock;
 
 /// How a peer's connection ended.
 #[derive(Clone, Debug)]
@@ -154,7 +155,7 @@ impl Progress {
     /// other.
     pub(super) fn finished(&self, sig: Sig, name: &'static str) {
         {
-            let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut r = lock(&self.recent);
             if r.len() == RECENT {
                 r.pop_front();
             }
@@ -188,10 +189,7 @@ impl Progress {
         peer: usize,
         theirs: &Sig,
     ) -> WorkError {
-        let ours = self
-            .recent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        let ours = lock(&self.recent)
             .iter()
             .rev()
             .find(|(s, _)| s.seq == theirs.seq)
@@ -246,17 +244,14 @@ impl Inner {
         if !self.has_failed.load(Ordering::Acquire) {
             return None;
         }
-        self.failed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.failed).clone()
     }
 
     /// Marks the backend failed with `cause` (the first cause wins) and stops
     /// the worker's current op.
     pub(super) fn fail(&self, cause: &WorkError) {
         {
-            let mut f = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut f = lock(&self.failed);
             if f.is_none() {
                 tracing::debug!(group = %self.group, rank = self.rank, error = %cause, "TCP backend failed");
                 *f = Some(cause.clone());
@@ -268,7 +263,7 @@ impl Inner {
 
     /// True while some peer's connection is open (no goodbye, not lost).
     pub(super) fn any_peer_open(&self) -> bool {
-        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let peers = lock(&self.peers);
         peers
             .iter()
             .enumerate()
@@ -278,7 +273,7 @@ impl Inner {
     /// Called by a reader task when its connection ends.
     pub(super) fn peer_ended(&self, peer: usize, end: PeerState) {
         {
-            let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut peers = lock(&self.peers);
             if let Some(p) = peers.get_mut(peer) {
                 if p.is_open() {
                     *p = end.clone();
@@ -291,10 +286,7 @@ impl Inner {
         // more from this peer finds its queue closed and fails at once with
         // `PeerLost`; ops that need nothing more from it may finish.
         if matches!(end, PeerState::Lost(_) | PeerState::Silent(_)) {
-            self.lost
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get_or_insert((peer, end));
+            lock(&self.lost).get_or_insert((peer, end));
         }
     }
 
@@ -305,7 +297,7 @@ impl Inner {
     /// does (it may still finish the ops before it, as its peers did).
     pub(super) fn peer_failed(&self, peer: usize, seq: u64, cause: WorkError) {
         {
-            let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut peers = lock(&self.peers);
             if let Some(p) = peers.get_mut(peer) {
                 if p.is_open() {
                     *p = PeerState::Failed(cause.clone());
@@ -320,10 +312,7 @@ impl Inner {
             self.fail(&cause);
             return;
         }
-        p.ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert((seq, cause.clone()));
+        lock(&p.ahead).get_or_insert((seq, cause.clone()));
         fence(Ordering::SeqCst);
         // The worker may have moved on meanwhile (it checks `ahead` after
         // each op it finishes).
@@ -336,11 +325,7 @@ impl Inner {
     /// this rank has now reached, if any (see [`peer_failed`](Self::peer_failed)).
     pub(super) fn reached_peer_failure(&self, seq: u64) -> Option<WorkError> {
         fence(Ordering::SeqCst);
-        let ahead = self
-            .progress
-            .ahead
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let ahead = lock(&self.progress.ahead);
         match &*ahead {
             Some((at, cause)) if seq.saturating_add(1) >= *at => Some(cause.clone()),
             _ => None,
@@ -353,11 +338,7 @@ impl Inner {
         if let Some(f) = self.failure() {
             return f;
         }
-        let lost = self
-            .lost
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let lost = lock(&self.lost).clone();
         let e = match lost {
             Some((peer, end)) => end.error(&self.base_ctx(), peer),
             None => WorkError::Aborted {
@@ -370,9 +351,7 @@ impl Inner {
     }
 
     pub(super) fn peer_state(&self, peer: usize) -> PeerState {
-        self.peers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.peers)
             .get(peer)
             .cloned()
             .unwrap_or(PeerState::Open)
@@ -400,8 +379,7 @@ impl Inner {
     }
 
     pub(super) fn stop_readers(&self) {
-        let readers =
-            std::mem::take(&mut *self.readers.lock().unwrap_or_else(PoisonError::into_inner));
+        let readers = std::mem::take(&mut *lock(&self.readers));
         for r in readers {
             r.cancel();
         }

@@ -1,7 +1,7 @@
 //! Test data: element types filled with small random integers, the data
 //! of any rank for any case, poison, and the serial reference.
 
-use chorus::reduce::{reference_reduce, Reducible};
+use chorus::test_util::{reference_reduce, Reducible};
 use chorus::{Element, ReduceOp};
 use half::{bf16, f16};
 use rand::rngs::StdRng;

@@ -271,7 +271,7 @@ impl<T: Send + 'static> OpFuture<T> {
             })
         })?;
         if crate::profile::on() {
-            crate::profile::stamp(4);
+            crate::profile::stamp(crate::profile::Phase::Work);
         }
         Ok((
             OpFuture {

@@ -7,6 +7,7 @@ use cudarc::driver::{result, CudaContext};
 
 use super::driver::driver;
 use super::error::{driver_error, guarded, CudaError};
+use chorus_core::sync::lock;
 
 /// A CUDA device and its primary context. Cheap to clone; every
 /// [`Device::get`] of one ordinal returns the same context.
@@ -41,7 +42,7 @@ impl Device {
         let contexts = CONTEXTS.get_or_init(|| Mutex::new(vec![None; count]));
         // A panic while holding this lock cannot leave the vector half
         // written, so a poisoned lock is still usable.
-        let mut contexts = contexts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut contexts = lock(contexts);
         if let Some(Some(ctx)) = contexts.get(ordinal) {
             return Ok(Device { ctx: ctx.clone() });
         }

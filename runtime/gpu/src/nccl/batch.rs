@@ -25,6 +25,7 @@ use super::items::Items;
 use super::retire::RetireQueue;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending};
+use chorus_core::sync::lock;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -185,7 +186,7 @@ impl Batch {
             }
         };
         let forecast = RawOp::forecast(comm.stream.as_raw() as u64, &self.ops);
-        let mut guard = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&comm.enqueue);
         let res = match comm.live_outside_capture() {
             Ok(raw) => comm.enqueue_group(&guard, raw, &self.ops, &self.producers, &end, None),
             Err(e) => Err((e, false)),
@@ -282,7 +283,7 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
-        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.enqueue);
         let res = match self.live_outside_capture() {
             Ok(raw) => self.enqueue_group(&guard, raw, &ops, &producers, &end, None),
             Err(e) => Err((e, false)),

@@ -16,6 +16,7 @@ use super::event_pool::{EndEvent, EventPool};
 use super::retire::RetireQueue;
 use super::revoke::{stop, RawComm, RevokedSlot, Stop};
 use crate::cuda::{CudaError, Device, Event, Stream, StreamPriority};
+use chorus_core::sync::lock;
 
 /// Settings of new communicators.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -147,7 +148,7 @@ impl Communicator {
         // parent is non-blocking): leaked if we give up before it is done.
         let mut cell: Box<ncclComm_t> = Box::new(std::ptr::null_mut());
         {
-            let _g = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = lock(&self.enqueue);
             let comm = self.live()?;
             self.device.bind_to_thread()?;
             let mut cfg = ncclConfig_t::initializer();
@@ -206,12 +207,7 @@ impl Communicator {
 
     pub(super) fn live(&self) -> Result<ncclComm_t, NcclCommError> {
         if self.is_aborted() {
-            let why = self
-                .abort_reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or_default();
+            let why = lock(&self.abort_reason).clone().unwrap_or_default();
             return Err(NcclCommError::Aborted(why));
         }
         Ok(self.comm.load(Ordering::Acquire))
@@ -265,7 +261,7 @@ impl Communicator {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
         }
-        *self.abort_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.to_string());
+        *lock(&self.abort_reason) = Some(reason.to_string());
         let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if !comm.is_null() {
             let how = match (self.keep_for_shrink, self.nccl.ncclCommShrink) {
@@ -294,7 +290,7 @@ impl Communicator {
                 .name("chorus-nccl-abort".into())
                 .spawn(run)
             {
-                Ok(_) => *self.abort_done.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx),
+                Ok(_) => *lock(&self.abort_done) = Some(rx),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the NCCL abort thread; the communicator is leaked")
                 }
@@ -314,10 +310,7 @@ impl Communicator {
 
     /// A free end event from the pool (see `EventPool`).
     pub(super) fn end_event(&self) -> Result<Arc<EndEvent>, CudaError> {
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(|| self.device.new_event())
+        lock(&self.pool).take(|| self.device.new_event())
     }
 
     /// Polls `ncclCommGetAsyncError` until no call is in progress.
@@ -371,12 +364,7 @@ impl Drop for Communicator {
                 );
             }
         }
-        if let Some(kept) = self
-            .revoked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(kept) = lock(&self.revoked).take() {
             // Kept for a shrink that never came.
             // SAFETY: the handle is exclusively ours (taken from the slot).
             unsafe { (self.nccl.ncclCommAbort)(kept.raw.0) };

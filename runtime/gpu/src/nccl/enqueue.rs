@@ -18,6 +18,8 @@ use super::forecast::{Forecast, Key};
 use super::inflight::InFlight;
 use super::types::{raw_dtype, raw_op};
 use crate::cuda::CudaError;
+use chorus_core::profile::Phase;
+use chorus_core::sync::lock;
 use chorus_core::DType;
 
 /// An op with its buffers reduced to addresses, counts and a type: what
@@ -168,15 +170,15 @@ impl Communicator {
             Ok(e) => e,
             Err(e) => return Err((e.into(), bufs)),
         };
-        let mut guard = self.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.enqueue);
         let prof = chorus_core::profile::on();
         if prof {
-            chorus_core::profile::stamp(5);
+            chorus_core::profile::stamp(Phase::SubmitLock);
         }
         match self.enqueue_locked(&guard, op, &bufs, &end) {
             Ok(()) => {
                 if prof {
-                    chorus_core::profile::stamp(6);
+                    chorus_core::profile::stamp(Phase::SubmitLaunch);
                 }
                 let pos = self.recorded(&mut guard, &end);
                 drop(guard);

@@ -33,6 +33,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use chorus_core::sync::lock;
 use chorus_core::Op;
 
 /// What makes ops comparable: where they run, what they do, how much.
@@ -122,7 +123,7 @@ impl Forecast {
     /// (see [`trusted`]).
     pub(crate) fn expected_end(&self) -> Option<Instant> {
         let lead = crate::reactor::global().config().prewake_lead;
-        let t = table().lock().unwrap_or_else(|p| p.into_inner());
+        let t = lock(table());
         let s = t.get(&self.key)?;
         if !trusted(s, lead) {
             return None;
@@ -135,7 +136,7 @@ impl Forecast {
     /// closely, no earlier than) `end`.
     pub(crate) fn observe(&self, end: Instant) {
         let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
-        let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = lock(table());
         Self::learn(&mut t, self.key, ns);
     }
 
@@ -144,7 +145,7 @@ impl Forecast {
     /// module docs).
     pub(crate) fn observe_by(&self, end: Instant) {
         let ns = end.saturating_duration_since(self.submitted).as_nanos() as f64;
-        let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = lock(table());
         if t.get(&self.key).is_some_and(|s| ns < s.mean) {
             Self::learn(&mut t, self.key, ns);
         }

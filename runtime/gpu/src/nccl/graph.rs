@@ -24,6 +24,7 @@ use super::communicator::Communicator;
 use super::error::NcclCommError;
 use super::items::Items;
 use crate::cuda::{driver_error, CudaError, Device, Event, Stream};
+use chorus_core::sync::lock;
 
 /// A CUDA graph capture on one stream (`cuStreamBeginCapture` in
 /// thread-local mode: other threads, such as chorus's completion reactor,
@@ -131,7 +132,7 @@ impl GraphCapture {
         self.items.push((id, items));
         let end = comm.end_event()?;
         self.hold(&comm)?;
-        let st = comm.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let st = lock(&comm.enqueue);
         let raw = comm.live()?;
         // The communicator's stream joins the capture by waiting on the
         // capturing stream.

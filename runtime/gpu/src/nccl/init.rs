@@ -12,6 +12,7 @@ use nccl_sys::Nccl;
 use super::communicator::{CommOptions, Communicator};
 use super::error::{lib, nccl_err, NcclCommError};
 use crate::cuda::Device;
+use chorus_core::sync::lock;
 
 /// A fresh NCCL unique id (what rank 0 of a communicator publishes).
 ///
@@ -140,7 +141,7 @@ impl PendingComm {
         let split = nccl.ncclCommSplit.ok_or_else(|| {
             NcclCommError::Unavailable(format!("{} lacks ncclCommSplit", nccl.path()))
         })?;
-        let _g = parent.enqueue.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = lock(&parent.enqueue);
         let comm = parent.live()?;
         parent.device.bind_to_thread()?;
         let mut out = Box::new(std::ptr::null_mut());

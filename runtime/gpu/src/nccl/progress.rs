@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::event_pool::EndEvent;
+use chorus_core::sync::lock;
 
 /// What [`StreamProgress`] asks about the newest op: whether its end event
 /// completed (its device is current on the calling thread).
@@ -94,15 +95,11 @@ impl<E: Ended + Clone> StreamProgress<E> {
     /// stream (called in stream order, under the communicator's enqueue
     /// lock; never for an op captured into a graph).
     pub(super) fn recorded(&self, pos: u64, end: &E) {
-        let old = self
-            .newest
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Newest {
-                pos,
-                end: end.clone(),
-                asked_at: None,
-            });
+        let old = lock(&self.newest).replace(Newest {
+            pos,
+            end: end.clone(),
+            asked_at: None,
+        });
         // Dropped outside the lock.
         drop(old);
     }
@@ -114,7 +111,7 @@ impl<E: Ended + Clone> StreamProgress<E> {
     pub(super) fn catch_up(&self, pos: u64) {
         let through = self.through.load(Ordering::Acquire);
         let (newest, end) = {
-            let g = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+            let g = lock(&self.newest);
             match g.as_ref() {
                 Some(n)
                     if n.pos > pos
@@ -130,7 +127,7 @@ impl<E: Ended + Clone> StreamProgress<E> {
             self.saw_ended(newest);
             return;
         }
-        let mut g = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.newest);
         if let Some(n) = g.as_mut().filter(|n| n.pos == newest) {
             n.asked_at = Some(through);
         }

@@ -34,6 +34,7 @@ use super::event_pool::EndEvent;
 use super::progress::StreamProgress;
 use crate::cuda::{CudaError, Device};
 use crate::reactor::{self, Pending};
+use chorus_core::sync::lock;
 
 /// What a finished op's callback receives: the buffers (unless they were
 /// taken early by a stream-ordered wait), or the CUDA error that ended it
@@ -204,7 +205,7 @@ impl RetireQueue {
     pub(super) fn push(self: &Arc<Self>, op: Box<dyn Retiring>) {
         let mut out = Outcomes::new();
         let start_sweeper = {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = lock(&self.state);
             st.insert(op);
             st.pushes += 1;
             self.pushes.store(st.pushes, Ordering::Relaxed);
@@ -238,11 +239,7 @@ impl RetireQueue {
     /// Ops queued, for tests.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ops
-            .len()
+        lock(&self.state).ops.len()
     }
 }
 
@@ -263,7 +260,7 @@ impl Pending for Sweeper {
         }
         let mut out = Outcomes::new();
         let empty = {
-            let mut st = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = lock(&self.queue.state);
             // The newest op finished: so did every older one.
             if matches!(st.ops.back().and_then(|op| op.outcome(true)), Some(Ok(()))) {
                 out.extend(st.ops.drain(..).map(|op| (op, Ok(()))));

@@ -17,6 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chorus_core::sync::lock;
 use nccl_sys::sys::{ncclComm_t, ncclResult_t, NCCL_REVOKE_DEFAULT};
 use nccl_sys::Nccl;
 
@@ -59,7 +60,7 @@ const REVOKE_LIMIT: Duration = Duration::from_secs(30);
 /// its own.
 pub(super) fn stop(nccl: &'static Nccl, comm: RawComm, how: Stop, slot: &RevokedSlot, device: i32) {
     let keep = |raw: RawComm, quiet: bool| {
-        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Kept { raw, quiet });
+        *lock(slot) = Some(Kept { raw, quiet });
     };
     if let Stop::Keep(None) = how {
         tracing::info!(

@@ -9,6 +9,7 @@ use nccl_sys::sys::{ncclComm_t, ncclConfig_t, NCCL_SHRINK_ABORT, NCCL_SHRINK_DEF
 use super::communicator::{CommOptions, Communicator};
 use super::error::{nccl_err, NcclCommError};
 use super::revoke::Kept;
+use chorus_core::sync::lock;
 
 impl Communicator {
     /// Whether this communicator can be shrunk: `Some(true)` once the
@@ -25,7 +26,7 @@ impl Communicator {
         if self.nccl.ncclCommShrink.is_none() || !self.is_aborted() {
             return Some(false);
         }
-        let mut done = self.abort_done.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = lock(&self.abort_done);
         if let Some(rx) = done.as_ref() {
             match rx.try_recv() {
                 Err(std::sync::mpsc::TryRecvError::Empty) => return None,
@@ -33,13 +34,7 @@ impl Communicator {
             }
         }
         drop(done);
-        Some(
-            self.revoked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .is_some_and(|kept| kept.quiet),
-        )
+        Some(lock(&self.revoked).as_ref().is_some_and(|kept| kept.quiet))
     }
 
     /// The communicator of this one's ranks without `exclude` (ranks of
@@ -86,24 +81,23 @@ impl Communicator {
         }
         // The handle stays in its slot during the call, so that
         // `abort_revoked` can reach it from another thread.
-        let (parent, flags): (ncclComm_t, _) =
-            match &*self.revoked.lock().unwrap_or_else(|p| p.into_inner()) {
-                Some(Kept { raw, quiet }) => (
-                    raw.0,
-                    if *quiet {
-                        NCCL_SHRINK_DEFAULT
-                    } else {
-                        NCCL_SHRINK_ABORT
-                    },
-                ),
-                None => {
-                    return Err(NcclCommError::Unavailable(
-                        "the communicator was not kept at its abort (or its revoke failed): \
+        let (parent, flags): (ncclComm_t, _) = match &*lock(&self.revoked) {
+            Some(Kept { raw, quiet }) => (
+                raw.0,
+                if *quiet {
+                    NCCL_SHRINK_DEFAULT
+                } else {
+                    NCCL_SHRINK_ABORT
+                },
+            ),
+            None => {
+                return Err(NcclCommError::Unavailable(
+                    "the communicator was not kept at its abort (or its revoke failed): \
                          create a fresh one"
-                            .into(),
-                    ))
-                }
-            };
+                        .into(),
+                ))
+            }
+        };
         self.device.bind_to_thread()?;
         let mut cfg = ncclConfig_t::initializer();
         cfg.blocking = 1;
@@ -148,11 +142,7 @@ impl Communicator {
     /// no shrink will come. Returns at once (the abort runs on a thread of
     /// its own).
     pub fn abort_revoked(&self) {
-        let kept = self
-            .revoked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let kept = lock(&self.revoked).take();
         if let Some(kept) = kept {
             let nccl = self.nccl;
             let run = move || {

@@ -17,6 +17,7 @@ use super::forecast::Forecast;
 use super::retire::Finished;
 use crate::cuda::{CudaError, Device, Event, Stream};
 use crate::reactor::{self, Pending, Sleeper};
+use chorus_core::sync::lock;
 
 /// Hands `entry` to the completion reactor; without a reactor thread, waits
 /// for it here.
@@ -163,10 +164,6 @@ impl<C: DeviceBuffers, F: FnOnce(Finished<C>) + Send + 'static> Pending for Entr
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// How a driver waiter sleeps until an op's end (see `reactor`).
 struct EndSleeper<C> {
     device: Device,
@@ -261,7 +258,7 @@ impl<C: DeviceBuffers> Watched<C> {
     ///
     /// The CUDA error of the event query (the reactor reports it too).
     pub fn take_finished(&self) -> Result<Option<C>, CudaError> {
-        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.cell.bufs);
         if g.is_none() {
             return Ok(None);
         }
@@ -296,12 +293,7 @@ impl<C: DeviceBuffers> Watched<C> {
             // Not if it watched the op before (a blocking wait awake by its
             // own timer): it was running, and takes the pre-wake only after
             // its watch.
-            let due = self
-                .cell
-                .prewake_due
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let due = lock(&self.cell.prewake_due).take();
             if let (Some(due), false) = (due, self.cell.watch_pending.load(Ordering::Relaxed)) {
                 self.note_own_wake(due);
             }
@@ -349,7 +341,7 @@ impl<C: DeviceBuffers> Watched<C> {
     ///
     /// The CUDA error of binding the device's context.
     pub fn bind_device(&self) -> Result<(), CudaError> {
-        let g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let g = lock(&self.cell.bufs);
         match g.as_ref().and_then(|b| b.get(0)) {
             Some(first) => first.stream().device().bind_to_thread(),
             None => Ok(()),
@@ -372,7 +364,7 @@ impl<C: DeviceBuffers> Watched<C> {
     ///
     /// The CUDA error of a stream wait; the buffers stay with the op.
     pub fn take_stream_ordered(&self, stream: Option<&Stream>) -> Result<Option<C>, CudaError> {
-        let mut g = self.cell.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.cell.bufs);
         let Some(bufs) = g.as_ref() else {
             return Ok(None);
         };

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::pending::Pending;
-use super::shared::{lock_vec, Padded, Shared};
+use super::shared::{Padded, Shared};
 use super::thread::run;
 use super::waiter_queues::Waiters;
 use crate::bell::Bell;
 use crate::config::ReactorConfig;
+use chorus_core::sync::lock;
 
 /// Counters of a reactor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,6 +31,13 @@ pub struct ReactorStats {
     /// Driver waiters in a sleep on an op's end now (or about to look
     /// whether it ended).
     pub asleep: u64,
+}
+
+impl ReactorStats {
+    /// Entries registered and not yet completed.
+    pub fn pending(&self) -> u64 {
+        self.registered.saturating_sub(self.completed)
+    }
 }
 
 /// The reactor could not start its thread.
@@ -192,7 +200,7 @@ impl Reactor {
             return Err((e, entry));
         }
         self.shared.registered.fetch_add(1, Ordering::Relaxed);
-        lock_vec(queue).push(entry);
+        lock(queue).push(entry);
         Ok(())
     }
 
@@ -221,7 +229,6 @@ impl Reactor {
 
     /// Entries registered and not yet completed.
     pub fn pending(&self) -> u64 {
-        let s = self.stats();
-        s.registered.saturating_sub(s.completed)
+        self.stats().pending()
     }
 }

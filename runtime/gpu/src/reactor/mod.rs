@@ -77,7 +77,8 @@
 //! * `pending`: [`Pending`], one watched op, and [`Sleeper`].
 //! * `handle`: [`Reactor`], registering entries, its counters and its
 //!   error.
-//! * `process_wide`: the process-wide reactor ([`global`], [`configure`]).
+//! * `process_wide`: the process-wide reactor ([`global`], [`configure`],
+//!   [`stats`]).
 //! * `shared`: the state registering threads, the reactor thread and the
 //!   driver waiters share.
 //! * `thread`: the reactor thread's loop.
@@ -95,7 +96,7 @@ mod waiters;
 pub use crate::config::ReactorConfig;
 pub use handle::{Reactor, ReactorError, ReactorStats};
 pub use pending::{Pending, Sleeper};
-pub use process_wide::{configure, global};
+pub use process_wide::{configure, global, stats};
 
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,11 @@
-//! The process-wide reactor: [`global`], and [`configure`], which sets its
-//! settings before its first use.
+//! The process-wide reactor: [`global`]; [`configure`], which sets its
+//! settings before its first use; [`stats`], its counters.
 
 use std::sync::{Mutex, OnceLock};
 
-use super::handle::Reactor;
+use super::handle::{Reactor, ReactorStats};
 use crate::config::ReactorConfig;
+use chorus_core::sync::lock;
 
 /// The process-wide reactor. Its settings are those given to
 /// [`configure`] before its first use, else the defaults overridden by the
@@ -12,7 +13,7 @@ use crate::config::ReactorConfig;
 /// first registration.
 pub fn global() -> &'static Reactor {
     GLOBAL.get_or_init(|| {
-        let pending = PENDING.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let pending = lock(&PENDING).take();
         Reactor::new(pending.unwrap_or_else(ReactorConfig::from_env))
     })
 }
@@ -27,6 +28,11 @@ pub fn configure(config: ReactorConfig) -> bool {
     if let Some(r) = GLOBAL.get() {
         return r.config() == config;
     }
-    *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    *lock(&PENDING) = Some(config);
     true
+}
+
+/// The process-wide reactor's counters (all zero before its first use).
+pub fn stats() -> ReactorStats {
+    GLOBAL.get().map(Reactor::stats).unwrap_or_default()
 }

@@ -3,12 +3,13 @@
 //! counters, each hot one on a cache line of its own.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use super::pending::Pending;
 use super::waiter_queues::Waiters;
 use crate::bell::Bell;
 use crate::config::ReactorConfig;
+use chorus_core::sync::lock;
 
 /// Keeps a value on its own cache line (no false sharing between the
 /// registering threads and the reactor thread).
@@ -51,15 +52,10 @@ pub(super) struct Shared {
 impl Shared {
     /// Gives entries to the reactor thread to poll (whatever they are).
     pub(super) fn hand_back(&self, entries: Vec<Box<dyn Pending>>) {
-        lock_vec(&self.incoming).extend(entries);
+        lock(&self.incoming).extend(entries);
         self.wake.store(true, Ordering::SeqCst);
         if let Some(b) = self.bell.get() {
             b.ring();
         }
     }
-}
-
-/// Locks a queue of entries, recovering it from a poisoned lock.
-pub(super) fn lock_vec<T>(m: &Mutex<Vec<T>>) -> MutexGuard<'_, Vec<T>> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

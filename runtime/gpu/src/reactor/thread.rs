@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::pending::Pending;
-use super::shared::{lock_vec, Shared};
+use super::shared::Shared;
 use crate::config::ReactorConfig;
 use crate::exit_gate;
+use chorus_core::sync::lock;
 
 struct Done;
 impl Pending for Done {
@@ -118,7 +119,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         // Read before writing: a swap on every round would steal the cache
         // line from registering threads.
         if shared.wake.load(Ordering::Relaxed) && shared.wake.swap(false, Ordering::SeqCst) {
-            let mut inc = lock_vec(&shared.incoming);
+            let mut inc = lock(&shared.incoming);
             local.append(&mut inc);
             drop(inc);
             last_progress = Instant::now();
@@ -126,7 +127,7 @@ pub(super) fn run(shared: Arc<Shared>) {
         }
         let now = Instant::now();
         if now >= next_slow {
-            slow.append(&mut lock_vec(&shared.detached));
+            slow.append(&mut lock(&shared.detached));
             if !slow.is_empty() && gated_round(&mut slow, &mut blocked, &shared).is_none() {
                 stop_for_exit();
             }
@@ -156,7 +157,7 @@ pub(super) fn run(shared: Arc<Shared>) {
             }
             shared.sleeping.store(true, Ordering::SeqCst);
             shared.parked.store(true, Ordering::SeqCst);
-            let detached = !lock_vec(&shared.detached).is_empty();
+            let detached = !lock(&shared.detached).is_empty();
             if !detached && !shared.wake.load(Ordering::SeqCst) {
                 shared.parks.fetch_add(1, Ordering::Relaxed);
                 bell.sleep(None);

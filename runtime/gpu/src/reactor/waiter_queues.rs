@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 
 use super::pending::Pending;
+use chorus_core::sync::lock;
 
 /// The waiters of a reactor.
 #[derive(Default)]
@@ -60,10 +61,6 @@ impl Mailbox {
     pub(super) fn take(&self) -> Option<u64> {
         lock(&self.queue).take()
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Waiters {

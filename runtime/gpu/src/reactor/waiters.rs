@@ -33,8 +33,9 @@ use std::time::Instant;
 use super::pending::Pending;
 use super::shared::Shared;
 use super::thread::{poll_one, stop_for_exit};
-use super::waiter_queues::{lock, Mailbox, Waiters};
+use super::waiter_queues::{Mailbox, Waiters};
 use crate::exit_gate;
+use chorus_core::sync::lock;
 
 /// Waiters at most per queue (each sleeps on a position before the next's).
 pub(crate) const PER_QUEUE: usize = 4;

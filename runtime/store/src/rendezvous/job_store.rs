@@ -11,6 +11,7 @@ use super::leave::Leave;
 use crate::error::StoreError;
 use crate::server::TcpStoreServer;
 use crate::store::Store;
+use chorus_core::sync::lock;
 
 /// How long a dropped store of a rank other than 0 waits for its goodbye to
 /// reach rank 0.
@@ -72,11 +73,7 @@ impl JobStore {
         if self.left.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let server = self
-            .server
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        let server = lock(&self.server).take();
         Some(Leave {
             client: self.client.clone(),
             rank: self.rank,

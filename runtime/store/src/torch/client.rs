@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::conn::{conn_err, Conn, Waited};
 use super::wire::{self, Query};
 use crate::error::StoreError;
-use crate::lock::lock;
 use crate::store::{Store, DEFAULT_TIMEOUT};
+use chorus_core::sync::lock;
 
 /// What PyTorch's own client puts before every key (its `TCPStore` turns
 /// `"k"` into `"/k"` on the server); chorus does the same, so both see one

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use chorus::reduce::reference_reduce;
+use chorus::test_util::reference_reduce;
 use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
 use nix::sys::signal::{raise, Signal};
 use tests_integration::testkit::{data, poison, reference};

@@ -2,7 +2,7 @@
 //! lengths, a large f32 all_reduce, then subgroups made by `new_group`,
 //! each checked against the serial reference.
 
-use chorus::reduce::Reducible;
+use chorus::test_util::Reducible;
 use chorus::{DeviceElement, ProcessGroup, ReduceOp, Stream};
 use half::{bf16, f16};
 use tests_integration::testkit::{data, poison, reference, TestElem, OPS};
