@@ -22,35 +22,16 @@ impl Checker {
         }
     }
 
+    /// `got` against `want`, element for element, bit for bit.
     pub(super) fn check<T: PartialEq + std::fmt::Debug>(
         &mut self,
         what: String,
         got: &[T],
         want: &[T],
     ) {
-        self.checks += 1;
-        if got.len() != want.len() {
-            self.fails.push(format!(
-                "{what}: {} elements, expected {}",
-                got.len(),
-                want.len()
-            ));
-            return;
-        }
-        let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != want[i]).collect();
-        if let Some(&i) = bad.first() {
-            self.fails.push(format!(
-                "{what}: {} of {} elements differ; first at {i}: got {:?}, expected {:?}",
-                bad.len(),
-                got.len(),
-                got[i],
-                want[i]
-            ));
-        }
+        self.compare(what, got, want, |a, b| a != b, "");
     }
-}
 
-impl Checker {
     /// A reduction's result against the serial reference, bit for bit but
     /// where [`reduce_tolerance`] allows a few roundings (a floating-point
     /// mean over a group whose size is not a power of two).
@@ -63,15 +44,38 @@ impl Checker {
         size: usize,
     ) {
         let tol = reduce_tolerance::<T>(op, size);
-        if tol == 0.0 || got.len() != want.len() {
+        if tol == 0.0 {
             return self.check(what, got, want);
         }
+        let far = |a: &T, b: &T| (a.to_f64() - b.to_f64()).abs() > tol;
+        self.compare(what, got, want, far, &format!(" by more than {tol:e}"));
+    }
+
+    /// Counts one check of `got` against `want`, failed where lengths
+    /// differ or `differ` holds for any element.
+    fn compare<T: std::fmt::Debug>(
+        &mut self,
+        what: String,
+        got: &[T],
+        want: &[T],
+        differ: impl Fn(&T, &T) -> bool,
+        by: &str,
+    ) {
         self.checks += 1;
-        let far = |i: usize| (got[i].to_f64() - want[i].to_f64()).abs() > tol;
-        let bad: Vec<usize> = (0..got.len()).filter(|&i| far(i)).collect();
+        if got.len() != want.len() {
+            self.fails.push(format!(
+                "{what}: {} elements, expected {}",
+                got.len(),
+                want.len()
+            ));
+            return;
+        }
+        let bad: Vec<usize> = (0..got.len())
+            .filter(|&i| differ(&got[i], &want[i]))
+            .collect();
         if let Some(&i) = bad.first() {
             self.fails.push(format!(
-                "{what}: {} of {} elements differ by more than {tol:e}; first at {i}: got {:?}, expected {:?}",
+                "{what}: {} of {} elements differ{by}; first at {i}: got {:?}, expected {:?}",
                 bad.len(),
                 got.len(),
                 got[i],
