@@ -8,25 +8,19 @@ use std::time::Duration;
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::ProcessGroup;
+use tests_integration::testkit::build_all;
 
 const T: Duration = Duration::from_secs(10);
 
 async fn groups(size: usize, store: &Arc<dyn Store>) -> Vec<ProcessGroup> {
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let b = ProcessGroup::builder()
-                .rank(rank)
-                .world_size(size)
-                .store(store.clone())
-                .timeout(T);
-            tokio::spawn(b.build())
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task").expect("group setup"));
-    }
-    out
+    build_all(size, |rank| {
+        ProcessGroup::builder()
+            .rank(rank)
+            .world_size(size)
+            .store(store.clone())
+            .timeout(T)
+    })
+    .await
 }
 
 /// A subgroup of world ranks 3 and 1 (in that order): their group ranks

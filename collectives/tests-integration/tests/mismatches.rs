@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{DType, ProcessGroup, ReduceOp, WorkError};
+use tests_integration::testkit::build_all;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -121,23 +122,16 @@ fn submit(
 
 async fn groups(n: usize, checked: bool) -> Vec<ProcessGroup> {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let handles: Vec<_> = (0..n)
-        .map(|rank| {
-            let b = ProcessGroup::builder()
-                .rank(rank)
-                .world_size(n)
-                .store(store.clone())
-                .timeout(T)
-                .peer_liveness(Duration::ZERO)
-                .check_ops(checked);
-            tokio::spawn(b.build())
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task").expect("group setup"));
-    }
-    out
+    build_all(n, |rank| {
+        ProcessGroup::builder()
+            .rank(rank)
+            .world_size(n)
+            .store(store.clone())
+            .timeout(T)
+            .peer_liveness(Duration::ZERO)
+            .check_ops(checked)
+    })
+    .await
 }
 
 /// The mismatch behind `e`, if it is one (a later op's refusal names the

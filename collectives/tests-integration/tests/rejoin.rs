@@ -11,27 +11,20 @@ use std::time::{Duration, Instant};
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{ProcessGroup, ReduceOp, ReformError, WorkError};
-use tests_integration::testkit::{data, reference};
+use tests_integration::testkit::{build_all, data, reference};
 
 const T: Duration = Duration::from_secs(10);
 const WINDOW: Duration = Duration::from_millis(2_000);
 
 async fn groups(size: usize, store: &Arc<dyn Store>) -> Vec<ProcessGroup> {
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let b = ProcessGroup::builder()
-                .rank(rank)
-                .world_size(size)
-                .store(store.clone())
-                .timeout(T);
-            tokio::spawn(b.build())
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task").expect("group setup"));
-    }
-    out
+    build_all(size, |rank| {
+        ProcessGroup::builder()
+            .rank(rank)
+            .world_size(size)
+            .store(store.clone())
+            .timeout(T)
+    })
+    .await
 }
 
 fn joiner(rank: usize, size: usize, store: &Arc<dyn Store>, wait: Duration) -> JoinTask {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{ProcessGroup, ReformError};
+use tests_integration::testkit::build_all;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -56,22 +57,15 @@ fn reports(text: &str) -> Vec<String> {
 }
 
 async fn groups(name: &str, size: usize, store: &Arc<dyn Store>) -> Vec<ProcessGroup> {
-    let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let b = ProcessGroup::builder()
-                .name(name)
-                .rank(rank)
-                .world_size(size)
-                .store(store.clone())
-                .timeout(T);
-            tokio::spawn(b.build())
-        })
-        .collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task").expect("group setup"));
-    }
-    out
+    build_all(size, |rank| {
+        ProcessGroup::builder()
+            .name(name)
+            .rank(rank)
+            .world_size(size)
+            .store(store.clone())
+            .timeout(T)
+    })
+    .await
 }
 
 /// Rank 1 of 2 dies; rank 0 re-forms alone, after its window: while it

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::store::{InMemoryStore, Store};
-use chorus::{ProcessGroup, TcpOptions};
+use chorus::{GroupBuilder, ProcessGroup, TcpOptions};
 
 /// Builds `size` ranks of one group as tasks of this process, over loopback,
 /// sharing one in-memory store.
@@ -19,21 +19,26 @@ pub async fn local_groups_with(
     tcp: TcpOptions,
 ) -> Vec<ProcessGroup> {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    build_all(size, |rank| {
+        ProcessGroup::builder()
+            .rank(rank)
+            .world_size(size)
+            .store(store.clone())
+            .timeout(timeout)
+            .tcp_options(tcp.clone())
+    })
+    .await
+}
+
+/// Builds the `size` ranks' groups that `builder(rank)` describes, each
+/// in a task of its own, and returns them by rank.
+///
+/// # Panics
+///
+/// If a rank's setup fails: test helper only.
+pub async fn build_all(size: usize, builder: impl Fn(usize) -> GroupBuilder) -> Vec<ProcessGroup> {
     let handles: Vec<_> = (0..size)
-        .map(|rank| {
-            let store = store.clone();
-            let tcp = tcp.clone();
-            tokio::spawn(async move {
-                ProcessGroup::builder()
-                    .rank(rank)
-                    .world_size(size)
-                    .store(store)
-                    .timeout(timeout)
-                    .tcp_options(tcp)
-                    .build()
-                    .await
-            })
-        })
+        .map(|rank| tokio::spawn(builder(rank).build()))
         .collect();
     let mut groups = Vec::new();
     for h in handles {

@@ -2,8 +2,8 @@
 //!
 //! * `elems`: [`TestElem`], random test data any rank can compute for any
 //!   rank ([`data`]), [`poison`] and the serial [`reference()`];
-//! * `local`: [`local_groups`], ranks as tasks of one process, and
-//!   [`on_all`];
+//! * `local`: [`local_groups`], ranks as tasks of one process,
+//!   [`build_all`] and [`on_all`];
 //! * `checks`: [`check_all_ops`] and [`check_all_dtypes`], every op
 //!   checked against the reference;
 //! * `programs`: [`workspace_bin`], [`example_bin`] and
@@ -16,5 +16,5 @@ mod programs;
 
 pub use checks::{check_all_dtypes, check_all_ops, OPS, SIZES};
 pub use elems::{data, poison, reduce_tolerance, reference, TestElem};
-pub use local::{local_groups, local_groups_with, on_all};
+pub use local::{build_all, local_groups, local_groups_with, on_all};
 pub use programs::{example_bin, run_self_launching, workspace_bin};
