@@ -17,7 +17,10 @@
 #   tp_mlp                         the candle adapter's tensor-parallel MLP against 1 rank (if packed)
 #   kill-fresh, kill-shrink        SIGKILL one rank mid all_reduce: PeerLost naming it within the
 #                                  liveness timeout + 1 s, re-form on fresh / shrunk communicators
-#   kill-pip-fresh, kill-pip-shrink   the same with the pip package's NCCL (if found)
+#   kill-pip-fresh, kill-pip-shrink   the same with the pip package's NCCL (if found): a killed
+#                                  peer leaves NCCL's remote error, so shrink falls back to fresh
+#   stop-pip-fresh, stop-pip-shrink   SIGSTOP with the pip package's NCCL: the revoked communicator
+#                                  is clean and shrunk
 #   stop                           SIGSTOP one rank: PeerSilent, re-form
 #   rejoin                         one rank killed and restarted (--max-restarts 1): rejoins,
 #                                  parameters bit-identical and equal to the serial reference
@@ -75,7 +78,7 @@ scenario() { # scenario, N
 
 trainer() { # N
   local n=$1 name=trainer-$1
-  job "$name" 180 --nproc-per-node "$n" -- "$TR" --width 256 --layers 4 --batch 16 --steps 40 \
+  job "$name" 180 --nproc-per-node "$n" -- "$TR" --width 256 --layers 4 --batch 16 --steps 80 \
       --check-steps 3 --print-every 10 --profile-steps 0
   local ok=0; [ "$RC" = 0 ] && grep -q '"ok":true' "$LOGS/$name.log" && ok=1
   verdict "$name" $ok "$n ranks, rc=$RC, ${SECS}s; $(grep -hoE 'max relative difference [^:]*: [A-Z]+|bit-identical on all [0-9]+ rank\(s\) after each of [0-9]+ steps' "$LOGS/$name.log" | tr '\n' ';')"
@@ -128,11 +131,15 @@ fault() { # name, N, scenario, kind wanted, extra env...
   grep -hoE "REFORM rank=[0-9]+ new_rank=[0-9]+ size=[0-9]+ epoch=[0-9]+|reform_ms=[0-9.]+ comm=[a-z]+ shrink_ms=[-0-9.]+ first_op_ms=[0-9.]+" "$LOGS/$name.log" | paste - - | indent
 }
 
-NCCL_PIP=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib", "libnccl.so.2"))' 2>/dev/null || true)
+# The NCCL of PyPI's nvidia-nccl-cu12/-cu13 (PyTorch's), found on Python's
+# path (a namespace package: no __file__ to ask).
+NCCL_PIP=$(python3 -c 'import glob, os, sys
+hits = [h for p in sys.path if p for h in sorted(glob.glob(os.path.join(p, "nvidia", "nccl", "lib", "libnccl.so*")))]
+print(hits[0] if hits else "")' 2>/dev/null || true)
 [ -e "${NCCL_PIP:-/nonexistent}" ] || NCCL_PIP=
-pip_fault() { # name, N, reform
+pip_fault() { # name, N, reform, scenario, kind wanted
   if [ -z "$NCCL_PIP" ]; then say "SKIP $1: no pip package nvidia-nccl"; return; fi
-  fault "$1" "$2" kill PeerLost CHORUS_NCCL_REFORM="$3" CHORUS_NCCL_LIBRARY="$NCCL_PIP"
+  fault "$1" "$2" "$4" "$5" CHORUS_NCCL_REFORM="$3" CHORUS_NCCL_LIBRARY="$NCCL_PIP"
 }
 
 rejoin() { # N
@@ -159,7 +166,7 @@ memcheck() { # N
   if [ -z "$san" ]; then say "SKIP $name: no compute-sanitizer on this machine"; return; fi
   local t0; t0=$(date +%s%N)
   CHORUS_PEER_LIVENESS_MS=5000 FAULT_ELEMS=262144 timeout -k 5 200 "$RUN" --share-gpu --keep-going --kill-timeout 2 \
-    --nproc-per-node "$n" -- "$san" --tool memcheck --print-limit 20 "$GR" kill > "$LOGS/$name.log" 2>&1; RC=$?
+    --nproc-per-node "$n" -- "$san" --tool memcheck --report-api-errors no --print-limit 20 "$GR" kill > "$LOGS/$name.log" 2>&1; RC=$?
   local clean; clean=$(grep -c "ERROR SUMMARY: 0 errors" "$LOGS/$name.log")
   local ok=0; [ "$clean" -ge $((n-1)) ] && [ "$(grep -cE 'ERROR SUMMARY: [1-9]' "$LOGS/$name.log")" = 0 ] && ok=1
   verdict "$name" $ok "compute-sanitizer memcheck on kill ($n ranks): $clean clean summaries, rc=$RC, $(secs_since "$t0")s"
@@ -176,8 +183,10 @@ step() { # NAME:N
     tp_mlp) tp_mlp "$n" ;;
     kill-fresh) fault "kill-fresh-$n" "$n" kill PeerLost CHORUS_NCCL_REFORM=fresh ;;
     kill-shrink) fault "kill-shrink-$n" "$n" kill PeerLost CHORUS_NCCL_REFORM=shrink ;;
-    kill-pip-fresh) pip_fault "kill-pip-fresh-$n" "$n" fresh ;;
-    kill-pip-shrink) pip_fault "kill-pip-shrink-$n" "$n" shrink ;;
+    kill-pip-fresh) pip_fault "kill-pip-fresh-$n" "$n" fresh kill PeerLost ;;
+    kill-pip-shrink) pip_fault "kill-pip-shrink-$n" "$n" shrink kill PeerLost ;;
+    stop-pip-fresh) pip_fault "stop-pip-fresh-$n" "$n" fresh stop PeerSilent ;;
+    stop-pip-shrink) pip_fault "stop-pip-shrink-$n" "$n" shrink stop PeerSilent ;;
     stop) fault "stop-$n" "$n" stop PeerSilent ;;
     rejoin) rejoin "$n" ;;
     trainer-ft) trainer_ft "$n" ;;
@@ -193,7 +202,7 @@ if [ -z "${STEPS:-}" ]; then
     STEPS="${STEPS:-} matrix:$n groups:$n seed:$n levels:$n trainer:$n"
   done
   echo " $RANKS " | grep -q " 2 " && STEPS="$STEPS torchrun:2 tp_mlp:2 checked:2"
-  [ "$MAX" -ge 3 ] && STEPS="$STEPS kill-fresh:$MAX kill-shrink:$MAX kill-pip-fresh:$MAX kill-pip-shrink:$MAX stop:$MAX rejoin:$MAX trainer-ft:$MAX memcheck:2"
+  [ "$MAX" -ge 3 ] && STEPS="$STEPS kill-fresh:$MAX kill-shrink:$MAX kill-pip-fresh:$MAX kill-pip-shrink:$MAX stop:$MAX stop-pip-shrink:$MAX rejoin:$MAX trainer-ft:$MAX memcheck:2"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$SUM"
 say "N ranks on one GPU: correctness only (chorus-run --share-gpu; timings mean nothing); steps:$STEPS"

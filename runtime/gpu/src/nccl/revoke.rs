@@ -3,7 +3,9 @@
 //!
 //! * `ncclCommRevoke` where the loaded NCCL has it (2.28.7): its in-flight
 //!   operations stop at once and it stays, quiet, refusing ops, for a
-//!   shrink with `NCCL_SHRINK_DEFAULT`;
+//!   shrink with `NCCL_SHRINK_DEFAULT` — if its asynchronous state is
+//!   success: one that failed (a peer's socket closed: `ncclRemoteError`)
+//!   is aborted, since NCCL's shrink of it returns that error;
 //! * else the handle is kept as it is, its work still waiting on the lost
 //!   peer, for a shrink with `NCCL_SHRINK_ABORT`, which stops that work
 //!   first (or for the abort at its drop).
@@ -82,15 +84,26 @@ pub(super) fn stop(nccl: &'static Nccl, comm: RawComm, how: Stop, slot: &Revoked
             Err(format!("ncclCommRevoke returned {rc}"))
         };
         match state {
+            Ok(st) if st.is_success() => {
+                tracing::info!(
+                    device,
+                    elapsed = ?t0.elapsed(),
+                    "NCCL communicator revoked: its work stopped, kept as a parent for a shrink"
+                );
+                keep(comm, true);
+                return;
+            }
+            // NCCL creates a child communicator only from a parent whose
+            // asynchronous state is success: a shrink of this one would
+            // return its error (a lost peer's `ncclRemoteError`, say).
             Ok(st) => {
                 tracing::info!(
                     device,
                     elapsed = ?t0.elapsed(),
                     state = %st,
-                    "NCCL communicator revoked: its work stopped, kept as a parent for a shrink"
+                    "NCCL communicator revoked with an asynchronous error, which a shrink \
+                     would return; aborting it (the re-formed group creates its own)"
                 );
-                keep(comm, true);
-                return;
             }
             Err(why) => {
                 tracing::warn!(
@@ -107,8 +120,8 @@ pub(super) fn stop(nccl: &'static Nccl, comm: RawComm, how: Stop, slot: &Revoked
 }
 
 /// Polls a revoked communicator until it is no longer in progress (bounded
-/// by [`REVOKE_LIMIT`]); its state then (success, or the error that made
-/// it fail, which a shrink with `NCCL_SHRINK_ABORT` accepts).
+/// by [`REVOKE_LIMIT`]); its state then: success, or the error that made
+/// it fail.
 fn quiet(nccl: &Nccl, comm: &RawComm) -> Result<ncclResult_t, String> {
     let t0 = Instant::now();
     let mut pause = Duration::from_micros(20);

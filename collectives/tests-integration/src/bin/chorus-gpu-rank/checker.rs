@@ -43,7 +43,18 @@ impl Checker {
         op: ReduceOp,
         size: usize,
     ) {
-        let tol = reduce_tolerance::<T>(op, size);
+        self.check_within(what, got, want, reduce_tolerance::<T>(op, size));
+    }
+
+    /// `got` against `want`, each element within `tol` (bit for bit where
+    /// `tol` is 0).
+    pub(super) fn check_within<T: TestElem>(
+        &mut self,
+        what: String,
+        got: &[T],
+        want: &[T],
+        tol: f64,
+    ) {
         if tol == 0.0 {
             return self.check(what, got, want);
         }

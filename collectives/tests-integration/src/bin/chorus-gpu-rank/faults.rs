@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use chorus::test_util::reference_reduce;
 use chorus::{ProcessGroup, ReduceOp, Stream, WorkError};
 use nix::sys::signal::{raise, Signal};
-use tests_integration::testkit::{data, poison, reference};
+use tests_integration::testkit::{data, poison, reduce_tolerance, reference};
 
 use super::checker::Checker;
 use super::support::{down, env_num, rej, up, werr, Res};
@@ -366,10 +366,25 @@ pub(super) async fn rejoin(pg: ProcessGroup, s: &Stream) -> Res<(Checker, Option
             let inputs: Vec<Vec<f32>> = members.iter().map(|&w| grads(k, w)).collect();
             update(&mut want, &reference_reduce(ReduceOp::Avg, &inputs));
         }
-        ck.check(
+        // Each step's mean may differ from the reference by a few roundings
+        // (a group whose size is not a power of two), halved by the update;
+        // the parameters' own roundings differ with it.
+        let tol: f64 = history
+            .iter()
+            .map(|m| {
+                let mean = reduce_tolerance::<f32>(ReduceOp::Avg, m.len());
+                if mean == 0.0 {
+                    0.0
+                } else {
+                    0.5 * mean + 128.0 * f64::from(f32::EPSILON)
+                }
+            })
+            .sum();
+        ck.check_within(
             "parameters against the serial reference of every step".into(),
             &params,
             &want,
+            tol,
         );
         let sizes: Vec<usize> = history.iter().map(Vec::len).collect();
         println!(
