@@ -162,7 +162,7 @@ if has nccl; then
   if torch_cuda; then
     step torch_nccl.py "$RESULTS/nccl/torch_nccl.log" 300 "$PYTHON" "$D/compare/torch_nccl.py" --json "$RESULTS/nccl/torch_nccl.json"
     step torch_coalesce.py "$RESULTS/nccl/torch_coalesce.log" 300 "$PYTHON" "$D/compare/torch_coalesce.py" --json "$RESULTS/nccl/torch_coalesce.json"
-    tail -8 "$RESULTS/nccl/torch_nccl.log" "$RESULTS/nccl/torch_coalesce.log"
+    tail -n 8 "$RESULTS/nccl/torch_nccl.log" "$RESULTS/nccl/torch_coalesce.log"
   else
     skip "torch_nccl.py, torch_coalesce.py" "no PyTorch with CUDA ($PYTHON)"
   fi
@@ -217,7 +217,7 @@ if has candle; then
     step "candle adapter: GPU test" "$RESULTS/candle/gpu.log" 600 env LD_LIBRARY_PATH="$lib" "$BIN/gpu-candle" --include-ignored --test-threads=1
     step "tp_mlp, 1 rank" "$RESULTS/candle/tp_mlp.log" 300 env LD_LIBRARY_PATH="$lib" "$BIN/tp_mlp"
     step "tp_mlp, 1 rank, large" "$RESULTS/candle/tp_mlp-large.log" 300 env LD_LIBRARY_PATH="$lib" "$BIN/tp_mlp" --hidden 4096 --ffn 16384 --batch 256
-    tail -3 "$RESULTS/candle/tp_mlp.log" "$RESULTS/candle/tp_mlp-large.log"
+    tail -n 3 "$RESULTS/candle/tp_mlp.log" "$RESULTS/candle/tp_mlp-large.log"
   else
     skip candle "not packed (bash benches/gpu/pack.sh DIR candle)"
   fi
