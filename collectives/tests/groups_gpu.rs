@@ -1,4 +1,4 @@
-//! Grouped NCCL ops and CUDA graph capture on a GPU, on a 1-rank
+//! Batched NCCL ops and CUDA graph capture on a GPU, on a 1-rank
 //! communicator. Ignored by default; run on the GPU machine with
 //! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
 #![forbid(unsafe_code)]
@@ -53,7 +53,7 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
         let h: Vec<f32> = random(&mut rng, 12);
         let hb: Vec<bf16> = h.iter().map(|x| bf16::from_f32(*x)).collect();
         let (wa, wb, wc, wd, we, wh) = {
-            let mut g = pg.group();
+            let mut g = pg.batch();
             let wa = g.all_reduce(upload(&s, &a), ReduceOp::Sum).unwrap();
             let wb = g.all_reduce(upload(&s, &b), ReduceOp::Max).unwrap();
             let wc = g.broadcast(upload(&s, &c), 0).unwrap();
@@ -97,7 +97,7 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let pg = group("badgroup");
     let x = vec![3f32; 100];
-    let res: Result<(), WorkError> = pg.grouped(|g| {
+    let res: Result<(), WorkError> = pg.batched(|g| {
         let _ok = g.all_reduce(upload(&s, &x), ReduceOp::Sum)?;
         // Output of the wrong size: refused with both buffers.
         match g.all_gather(upload(&s, &x), upload(&s, &[0f32; 7])) {
@@ -112,7 +112,7 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     assert!(matches!(err, WorkError::InvalidArgument { .. }), "{err}");
     println!("bad argument: {err}");
     // Host buffers in a device group are refused too.
-    let mut g = pg.group();
+    let mut g = pg.batch();
     let _d = g.all_reduce(upload(&s, &x), ReduceOp::Sum).unwrap();
     let rej = g.all_reduce(vec![1f32; 3], ReduceOp::Sum).unwrap_err();
     assert!(
@@ -125,7 +125,7 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     assert!(pg.error().is_none());
     // The next group works.
     let w = pg
-        .grouped(|g| {
+        .batched(|g| {
             g.all_reduce(upload(&s, &x), ReduceOp::Avg)
                 .map_err(WorkError::from)
         })
@@ -175,7 +175,7 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         }
     };
     let (ars, ag) = cap
-        .group(|g| {
+        .batch(|g| {
             let mut ars = Vec::new();
             for b in ar_bufs {
                 ars.push(g.all_reduce(b, ReduceOp::Sum)?);
@@ -290,7 +290,7 @@ fn gpu_coalesced_all_reduce_is_one_op_with_its_buffers_in_order() {
 }
 
 /// The works of a group's f32 ops.
-type GroupWorks = Vec<chorus::Grouped<chorus::DeviceWork<DeviceBuffer<f32>>>>;
+type GroupWorks = Vec<chorus::Batched<chorus::DeviceWork<DeviceBuffer<f32>>>>;
 
 /// A group of `n` f32 all_reduce(Sum)s staged behind a spin kernel of
 /// `len` on their producer stream `s` (so the group still runs when it is
@@ -309,7 +309,7 @@ fn spun_group(
     let bufs: Vec<DeviceBuffer<f32>> = data.iter().map(|d| upload(s, d)).collect();
     kernels.spin(s, len).unwrap();
     let works = pg
-        .grouped(|g| {
+        .batched(|g| {
             bufs.into_iter()
                 .map(|b| g.all_reduce(b, ReduceOp::Sum).map_err(|r| r.error))
                 .collect::<Result<Vec<_>, WorkError>>()

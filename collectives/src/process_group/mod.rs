@@ -3,14 +3,15 @@
 //!
 //! Files: `state` (what a group's handles share), `handle` (the handle and
 //! its ops), `builder` (making the world group, and what every group's
-//! creation shares), `subgroup` (`new_group`), `staging` and `group`
-//! (grouped ops), `capture` (CUDA graph capture).
+//! creation shares), `subgroup` (`new_group`), `batch` ([`Batch`](batch::Batch):
+//! ops staged, then launched as one) and `batch_ops` (a batch's ops by
+//! backend), `capture` (CUDA graph capture).
 
+pub mod batch;
+pub(crate) mod batch_ops;
 pub(crate) mod builder;
 pub mod capture;
-pub mod group;
 mod handle;
-pub(crate) mod staging;
 pub(crate) mod state;
 mod subgroup;
 

@@ -1,4 +1,4 @@
-//! Grouped ops on the TCP backend: mixed ops and dtypes against
+//! Batched ops on the TCP backend: mixed ops and dtypes against
 //! the serial reference, fused all_reduces, a bad argument that leaves the
 //! group usable, dropped groups, and a grouping mismatch across ranks.
 #![forbid(unsafe_code)]
@@ -22,7 +22,7 @@ async fn mixed_ops_and_dtypes_in_one_group_match_the_reference() {
             // A group is `!Send`: stage and launch it in a block that ends
             // before the first await.
             let (a, b, c, d, e, f, h, p2p, i) = {
-                let mut g = pg.group();
+                let mut g = pg.batch();
                 // Two f32 sums in a row (fused on TCP), then an i64 max.
                 let a = g
                     .all_reduce(data::<f32>(1, r, 1000, ReduceOp::Sum), ReduceOp::Sum)
@@ -107,7 +107,7 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
     on_all(&groups, |pg| async move {
         let r = pg.rank();
         let mut staged = None;
-        let res = pg.grouped(|g| {
+        let res = pg.batched(|g| {
             staged = Some(g.all_reduce(data::<f32>(1, r, 10, ReduceOp::Sum), ReduceOp::Sum)?);
 
             // Root 7 is not a rank of a group of 2: refused with the buffer.
@@ -132,7 +132,7 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
 
         // The next group runs, with the sequence numbers in step.
         let (a, b) = pg
-            .grouped(|g| {
+            .batched(|g| {
                 Ok::<_, chorus::Error>((
                     g.all_reduce(data::<f32>(3, r, 10, ReduceOp::Sum), ReduceOp::Sum)?,
                     g.all_gather(vec![r as u8; 2], vec![0u8; 4])?,
@@ -149,7 +149,7 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
 async fn works_of_an_unlaunched_group_say_so() {
     let groups = local_groups(1, T).await;
     let pg: ProcessGroup = groups[0].clone();
-    let mut g = pg.group();
+    let mut g = pg.batch();
     let a = g.all_reduce(vec![1.0f32; 3], ReduceOp::Sum).unwrap();
     let b = g.all_reduce(vec![2.0f32; 3], ReduceOp::Sum).unwrap();
     // Taken before launch: an error, and the op still runs with its group.
@@ -158,7 +158,7 @@ async fn works_of_an_unlaunched_group_say_so() {
     g.launch().unwrap();
     assert_eq!(b.into_work().unwrap().await.unwrap(), vec![2.0f32; 3]);
     // An empty group launches nothing.
-    pg.group().launch().unwrap();
+    pg.batch().launch().unwrap();
     assert_eq!(pg.all_reduce(vec![5u8], ReduceOp::Sum).unwrap().seq(), 3);
 }
 
@@ -170,7 +170,7 @@ async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
         // on the mismatch by then (GroupErrored naming it).
         let first_error = |a: Option<WorkError>, b: Option<WorkError>| a.or(b);
         if pg.rank() == 0 {
-            let staged = pg.grouped(|g| {
+            let staged = pg.batched(|g| {
                 Ok::<_, WorkError>((
                     g.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?,
                     g.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?,

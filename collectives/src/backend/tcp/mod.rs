@@ -25,7 +25,7 @@
 //!   reader hands the worker the connection's read side after the header,
 //!   and the worker checks the header and reads the payload straight into
 //!   the op's buffer (see `conn`).
-//! * A **group** ([`Backend::submit_group`], see `group`) reaches the worker
+//! * A **batch** ([`Backend::launch`], see `group`) reaches the worker
 //!   as one batch: its sends first, and runs of all_reduces with one dtype
 //!   and reduction fused into one all_reduce.
 //! * Everything runs on chorus's own runtime ([`chorus_store::rt`]), never

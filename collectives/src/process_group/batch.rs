@@ -1,30 +1,32 @@
-//! Grouped ops: several collectives and point-to-point ops issued as one.
+//! Batches: several collectives and point-to-point ops staged, then
+//! launched as one.
 //!
-//! [`ProcessGroup::group`] opens a [`Group`]; its op methods check and
-//! stage ops without running them; [`Group::launch`] issues them together:
+//! [`ProcessGroup::batch`] opens a [`Batch`]; its op methods check and
+//! stage ops without running them; [`Batch::launch`] issues them together:
 //!
 //! * **NCCL** (device buffers): one `ncclGroupStart` … `ncclGroupEnd` on the
-//!   group's collective communicator, so NCCL fuses the ops into one plan
-//!   and launch; one input-ready wait per producer stream, one end event for
-//!   the whole group. Point-to-point ops in a group run on the collective
-//!   communicator (with group ranks), not on the pair communicators that a
-//!   lone `send`/`recv` uses, as NCCL requires for a send and a recv to
-//!   pair up inside one group.
-//! * **TCP** (host buffers): the ops reach the worker as one batch; runs of
+//!   process group's collective communicator, so NCCL fuses the ops into one
+//!   plan and launch; one input-ready wait per producer stream, one end
+//!   event for the whole batch. Point-to-point ops in a batch run on the
+//!   collective communicator (with group ranks), not on the pair
+//!   communicators that a lone `send`/`recv` uses, as NCCL requires for a
+//!   send and a recv to pair up inside one NCCL group.
+//! * **TCP** (host buffers): the ops reach the worker together; runs of
 //!   all_reduces with the same dtype and reduction are fused into one
 //!   all_reduce of their concatenation (one message exchange), the other ops
 //!   run in order.
 //!
-//! Every op of a group returns its own [`Grouped`] work, and every one of
-//! them resolves when the whole group has completed (on NCCL they share the
-//! end event). Each backend stages and launches its own kind of group
-//! through the backend interface (`backend::Backend::launch`). Ops take their sequence numbers at launch, in staging order,
-//! so a group is atomic with respect to ops submitted by other threads.
+//! Every op of a batch returns its own [`Batched`] work, and every one of
+//! them resolves when the whole batch has completed (on NCCL they share the
+//! end event). Each backend stages and launches its own batches through the
+//! backend interface (`backend::Backend::launch`). Ops take their sequence
+//! numbers at launch, in staging order, so a batch is atomic with respect
+//! to ops submitted by other threads.
 //!
-//! The NCCL group is opened and closed inside [`Group::launch`], on the
+//! The NCCL group is opened and closed inside [`Batch::launch`], on the
 //! calling thread: it can never be left open, whatever the caller does in
-//! between, and [`Group`] is `!Send` (a group belongs to the thread that
-//! staged it). A group dropped before launch (an error with `?`, a panic)
+//! between, and [`Batch`] is `!Send` (a batch belongs to the thread that
+//! staged it). A batch dropped before launch (an error with `?`, a panic)
 //! runs nothing; its works fail with [`WorkError::InvalidArgument`] saying
 //! so, and its buffers are dropped (no GPU work ever saw them).
 
@@ -33,10 +35,10 @@ use std::marker::PhantomData;
 use chorus_core::{Op, ReduceOp, WorkError};
 
 use super::handle::ProcessGroup;
-use super::staging::Staging;
+use super::batch_ops::BatchOps;
 use crate::buffer::OpBuffer;
 use crate::error::Rejected;
-use crate::grouped::Grouped;
+use crate::batched::Batched;
 
 /// Ops staged to run as one (see the [module docs](self)).
 ///
@@ -45,7 +47,7 @@ use crate::grouped::Grouped;
 /// ```
 /// # async fn demo(pg: &chorus::ProcessGroup) -> Result<(), chorus::Error> {
 /// use chorus::ReduceOp;
-/// let mut g = pg.group();
+/// let mut g = pg.batch();
 /// let a = g.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?;
 /// let b = g.all_reduce(vec![2i64; 3], ReduceOp::Max)?;
 /// g.launch()?;
@@ -56,36 +58,36 @@ use crate::grouped::Grouped;
 /// # Ok(())
 /// # }
 /// ```
-#[must_use = "a group runs nothing until it is launched"]
-pub struct Group<'pg> {
+#[must_use = "a batch runs nothing until it is launched"]
+pub struct Batch<'pg> {
     pg: &'pg ProcessGroup,
-    staging: Staging,
-    /// A group belongs to the thread that stages it.
+    ops: BatchOps,
+    /// A batch belongs to the thread that stages it.
     _not_send: PhantomData<*const ()>,
 }
 
-impl std::fmt::Debug for Group<'_> {
+impl std::fmt::Debug for Batch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group")
+        f.debug_struct("Batch")
             .field("group", &self.pg.name())
-            .field("backend", &self.staging.backend())
-            .field("ops", &self.staging.len())
+            .field("backend", &self.ops.backend())
+            .field("ops", &self.ops.len())
             .finish()
     }
 }
 
 impl ProcessGroup {
-    /// Opens a group: stage ops on it, then [`launch`](Group::launch) them
-    /// as one (see [`Group`]).
-    pub fn group(&self) -> Group<'_> {
-        Group {
+    /// Opens a batch: stage ops on it, then [`launch`](Batch::launch) them
+    /// as one (see [`Batch`]).
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
             pg: self,
-            staging: Staging::default(),
+            ops: BatchOps::default(),
             _not_send: PhantomData,
         }
     }
 
-    /// Runs `stage` on a new group and launches the group if it returns
+    /// Runs `stage` on a new batch and launches the batch if it returns
     /// `Ok`; on `Err` (or a panic) nothing runs.
     ///
     /// # Errors
@@ -97,7 +99,7 @@ impl ProcessGroup {
     /// ```
     /// # async fn demo(pg: &chorus::ProcessGroup) -> Result<(), chorus::Error> {
     /// use chorus::ReduceOp;
-    /// let (a, b) = pg.grouped(|g| {
+    /// let (a, b) = pg.batched(|g| {
     ///     Ok::<_, chorus::Error>((
     ///         g.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?,
     ///         g.broadcast(vec![0u8; 16], 0)?,
@@ -108,34 +110,34 @@ impl ProcessGroup {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn grouped<T, E>(&self, stage: impl FnOnce(&mut Group<'_>) -> Result<T, E>) -> Result<T, E>
+    pub fn batched<T, E>(&self, stage: impl FnOnce(&mut Batch<'_>) -> Result<T, E>) -> Result<T, E>
     where
         E: From<WorkError>,
     {
-        let mut g = self.group();
+        let mut g = self.batch();
         let out = stage(&mut g)?;
         g.launch()?;
         Ok(out)
     }
 }
 
-/// The group's ops. Each checks its arguments at once (a refusal gives the
-/// buffers back and leaves the group as it was) and stages the op.
+/// The batch's ops. Each checks its arguments at once (a refusal gives the
+/// buffers back and leaves the batch as it was) and stages the op.
 ///
 /// # Errors
 ///
 /// [`Rejected`] with the buffers for invalid arguments, for a buffer of the
-/// other backend than the group's first op (a group runs on one backend),
-/// for device buffers on another device than the group's first, and when
+/// other backend than the batch's first op (a batch runs on one backend),
+/// for device buffers on another device than the batch's first, and when
 /// the NCCL communicator cannot be had.
-impl Group<'_> {
+impl Batch<'_> {
     /// Stages an all_reduce (see [`ProcessGroup::all_reduce`]).
     pub fn all_reduce<B: OpBuffer>(
         &mut self,
         buf: B,
         op: ReduceOp,
-    ) -> Result<Grouped<B::Work>, Rejected<B>> {
-        B::stage1(&self.pg.inner, &mut self.staging, Op::AllReduce(op), buf)
+    ) -> Result<Batched<B::Work>, Rejected<B>> {
+        B::stage1(&self.pg.inner, &mut self.ops, Op::AllReduce(op), buf)
     }
 
     /// Stages a broadcast (see [`ProcessGroup::broadcast`]).
@@ -143,10 +145,10 @@ impl Group<'_> {
         &mut self,
         buf: B,
         root: usize,
-    ) -> Result<Grouped<B::Work>, Rejected<B>> {
+    ) -> Result<Batched<B::Work>, Rejected<B>> {
         B::stage1(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::Broadcast { root },
             buf,
         )
@@ -158,10 +160,10 @@ impl Group<'_> {
         buf: B,
         root: usize,
         op: ReduceOp,
-    ) -> Result<Grouped<B::Work>, Rejected<B>> {
+    ) -> Result<Batched<B::Work>, Rejected<B>> {
         B::stage1(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::Reduce { root, op },
             buf,
         )
@@ -172,10 +174,10 @@ impl Group<'_> {
         &mut self,
         input: B,
         output: B,
-    ) -> Result<Grouped<B::PairWork>, Rejected<(B, B)>> {
+    ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
         B::stage2(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::AllGather,
             input,
             output,
@@ -188,10 +190,10 @@ impl Group<'_> {
         input: B,
         output: B,
         op: ReduceOp,
-    ) -> Result<Grouped<B::PairWork>, Rejected<(B, B)>> {
+    ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
         B::stage2(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::ReduceScatter(op),
             input,
             output,
@@ -203,27 +205,27 @@ impl Group<'_> {
         &mut self,
         input: B,
         output: B,
-    ) -> Result<Grouped<B::PairWork>, Rejected<(B, B)>> {
+    ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
         B::stage2(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::AllToAll,
             input,
             output,
         )
     }
 
-    /// Stages a send to `dst` (see [`ProcessGroup::send`]). Inside a group,
+    /// Stages a send to `dst` (see [`ProcessGroup::send`]). Inside a batch,
     /// a send and the matching recv may be staged in either order on each
     /// rank.
     pub fn send<B: OpBuffer>(
         &mut self,
         buf: B,
         dst: usize,
-    ) -> Result<Grouped<B::Work>, Rejected<B>> {
+    ) -> Result<Batched<B::Work>, Rejected<B>> {
         B::stage1(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::Send { peer: dst },
             buf,
         )
@@ -234,17 +236,17 @@ impl Group<'_> {
         &mut self,
         buf: B,
         src: usize,
-    ) -> Result<Grouped<B::Work>, Rejected<B>> {
+    ) -> Result<Batched<B::Work>, Rejected<B>> {
         B::stage1(
             &self.pg.inner,
-            &mut self.staging,
+            &mut self.ops,
             Op::Recv { peer: src },
             buf,
         )
     }
 }
 
-impl<'pg> Group<'pg> {
+impl<'pg> Batch<'pg> {
     /// The process group the ops run on.
     pub fn process_group(&self) -> &'pg ProcessGroup {
         self.pg
@@ -252,7 +254,7 @@ impl<'pg> Group<'pg> {
 
     /// Number of ops staged.
     pub fn len(&self) -> usize {
-        self.staging.len()
+        self.ops.len()
     }
 
     /// True if no op was staged.
@@ -260,16 +262,16 @@ impl<'pg> Group<'pg> {
         self.len() == 0
     }
 
-    /// Issues every staged op as one (see [`Group`]); returns at once. Each
-    /// op's [`Grouped`] work then resolves when the whole group completes.
-    /// An empty group launches nothing.
+    /// Issues every staged op as one (see [`Batch`]); returns at once. Each
+    /// op's [`Batched`] work then resolves when the whole batch completes.
+    /// An empty batch launches nothing.
     ///
     /// # Errors
     ///
-    /// The group already failed, or the launch failed (the NCCL or CUDA
-    /// error): every op of the group then fails with the same error.
+    /// The process group already failed, or the launch failed (the NCCL or
+    /// CUDA error): every op of the batch then fails with the same error.
     pub fn launch(mut self) -> Result<(), WorkError> {
-        let staging = std::mem::take(&mut self.staging);
-        staging.launch(&self.pg.inner, self.pg.timeout)
+        let ops = std::mem::take(&mut self.ops);
+        ops.launch(&self.pg.inner, self.pg.timeout)
     }
 }
