@@ -34,7 +34,7 @@ use std::marker::PhantomData;
 
 use chorus_core::{Op, ReduceOp, WorkError};
 
-use super::handle::ProcessGroup;
+use super::process_group::ProcessGroup;
 use super::batch_ops::BatchOps;
 use crate::buffer::OpBuffer;
 use crate::error::Rejected;

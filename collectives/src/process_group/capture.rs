@@ -42,7 +42,7 @@ use chorus_core::{Op, ReduceOp, WorkError};
 use chorus_gpu::cuda::Stream;
 use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Graph, GraphCapture, Ticket};
 
-use super::handle::ProcessGroup;
+use super::process_group::ProcessGroup;
 use crate::backend::nccl::{comm_error, device_check, lookup_error};
 use crate::error::Rejected;
 

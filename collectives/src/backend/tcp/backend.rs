@@ -18,7 +18,7 @@ use super::pipe_io::{PipeRead, PipeWrite, Sink, Source};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState, Progress};
-use super::{conn, drive, group, setup, wire, worker};
+use super::{batch, conn, drive, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::batched::{self, Batched};
 use crate::error::{Error, Rejected};
@@ -523,7 +523,7 @@ impl Backend for TcpBackend {
             }
             return Err(err);
         }
-        for r in group::fuse(reqs) {
+        for r in batch::fuse(reqs) {
             self.enqueue(r);
         }
         Ok(())
