@@ -34,11 +34,11 @@ use std::marker::PhantomData;
 
 use chorus_core::{Op, ReduceOp, WorkError};
 
-use super::process_group::ProcessGroup;
 use super::batch_ops::BatchOps;
+use super::process_group::ProcessGroup;
+use crate::batched::Batched;
 use crate::buffer::OpBuffer;
 use crate::error::Rejected;
-use crate::batched::Batched;
 
 /// Ops staged to run as one (see the [module docs](self)).
 ///
@@ -137,7 +137,7 @@ impl Batch<'_> {
         buf: B,
         op: ReduceOp,
     ) -> Result<Batched<B::Work>, Rejected<B>> {
-        B::stage1(&self.pg.inner, &mut self.ops, Op::AllReduce(op), buf)
+        self.stage1(Op::AllReduce(op), buf)
     }
 
     /// Stages a broadcast (see [`ProcessGroup::broadcast`]).
@@ -146,12 +146,7 @@ impl Batch<'_> {
         buf: B,
         root: usize,
     ) -> Result<Batched<B::Work>, Rejected<B>> {
-        B::stage1(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::Broadcast { root },
-            buf,
-        )
+        self.stage1(Op::Broadcast { root }, buf)
     }
 
     /// Stages a reduce (see [`ProcessGroup::reduce`]).
@@ -161,12 +156,7 @@ impl Batch<'_> {
         root: usize,
         op: ReduceOp,
     ) -> Result<Batched<B::Work>, Rejected<B>> {
-        B::stage1(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::Reduce { root, op },
-            buf,
-        )
+        self.stage1(Op::Reduce { root, op }, buf)
     }
 
     /// Stages an all_gather (see [`ProcessGroup::all_gather`]).
@@ -175,13 +165,7 @@ impl Batch<'_> {
         input: B,
         output: B,
     ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
-        B::stage2(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::AllGather,
-            input,
-            output,
-        )
+        self.stage2(Op::AllGather, input, output)
     }
 
     /// Stages a reduce_scatter (see [`ProcessGroup::reduce_scatter`]).
@@ -191,13 +175,7 @@ impl Batch<'_> {
         output: B,
         op: ReduceOp,
     ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
-        B::stage2(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::ReduceScatter(op),
-            input,
-            output,
-        )
+        self.stage2(Op::ReduceScatter(op), input, output)
     }
 
     /// Stages an all_to_all (see [`ProcessGroup::all_to_all`]).
@@ -206,13 +184,7 @@ impl Batch<'_> {
         input: B,
         output: B,
     ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
-        B::stage2(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::AllToAll,
-            input,
-            output,
-        )
+        self.stage2(Op::AllToAll, input, output)
     }
 
     /// Stages a send to `dst` (see [`ProcessGroup::send`]). Inside a batch,
@@ -223,12 +195,7 @@ impl Batch<'_> {
         buf: B,
         dst: usize,
     ) -> Result<Batched<B::Work>, Rejected<B>> {
-        B::stage1(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::Send { peer: dst },
-            buf,
-        )
+        self.stage1(Op::Send { peer: dst }, buf)
     }
 
     /// Stages a recv from `src` (see [`ProcessGroup::recv`]).
@@ -237,16 +204,26 @@ impl Batch<'_> {
         buf: B,
         src: usize,
     ) -> Result<Batched<B::Work>, Rejected<B>> {
-        B::stage1(
-            &self.pg.inner,
-            &mut self.ops,
-            Op::Recv { peer: src },
-            buf,
-        )
+        self.stage1(Op::Recv { peer: src }, buf)
     }
 }
 
 impl<'pg> Batch<'pg> {
+    /// Stages a one-buffer op through its buffer's backend.
+    fn stage1<B: OpBuffer>(&mut self, op: Op, buf: B) -> Result<Batched<B::Work>, Rejected<B>> {
+        B::stage1(&self.pg.inner, &mut self.ops, op, buf)
+    }
+
+    /// Stages a two-buffer op through its buffers' backend.
+    fn stage2<B: OpBuffer>(
+        &mut self,
+        op: Op,
+        input: B,
+        output: B,
+    ) -> Result<Batched<B::PairWork>, Rejected<(B, B)>> {
+        B::stage2(&self.pg.inner, &mut self.ops, op, input, output)
+    }
+
     /// The process group the ops run on.
     pub fn process_group(&self) -> &'pg ProcessGroup {
         self.pg
