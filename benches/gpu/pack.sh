@@ -38,9 +38,9 @@ json=$(mktemp); trap 'rm -f "$json"' EXIT
 WANT=()
 tests=(); benches=(); examples=(); ranks=()
 if has tests || has sanitize; then
-  tests+=(-p chorus --test nccl_gpu --test groups_gpu --test watchdog_gpu --test wake_gpu --test foreign_buffer_gpu
+  tests+=(-p chorus --test nccl_gpu --test batches_gpu --test watchdog_gpu --test wake_gpu --test foreign_buffer_gpu
           -p nccl-sys --test gpu -p chorus-gpu --test cuda -p chorus-examples --test gpu_trainer_gpu)
-  WANT+=(nccl_gpu groups_gpu watchdog_gpu wake_gpu foreign_buffer_gpu gpu cuda gpu_trainer_gpu)
+  WANT+=(nccl_gpu batches_gpu watchdog_gpu wake_gpu foreign_buffer_gpu gpu cuda gpu_trainer_gpu)
 fi
 if has multirank; then
   ranks+=(--bin chorus-gpu-rank); examples+=(--example gpu_trainer)

@@ -12,7 +12,7 @@
 # (default `all`: every mode below but candle, which runs when packed):
 #
 #   tests      the 1-rank GPU tests: gpu (nccl-sys), cuda (chorus-gpu), nccl_gpu,
-#              groups_gpu, watchdog_gpu, wake_gpu, foreign_buffer_gpu (chorus),
+#              batches_gpu, watchdog_gpu, wake_gpu, foreign_buffer_gpu (chorus),
 #              gpu_trainer_gpu (examples)
 #   sanitize   compute-sanitizer memcheck on nccl_gpu's dropped-work and retire tests
 #   multirank  N ranks on one GPU, correctness only (run-multirank.sh; RANKS, default
@@ -98,7 +98,7 @@ PIN=(); taskset -c 2-5 true 2>/dev/null && PIN=(taskset -c 2-5)
   echo "$(getconf _NPROCESSORS_ONLN) CPUs"; } | tee -a "$SUM"
 
 if has tests; then
-  for t in gpu cuda nccl_gpu groups_gpu watchdog_gpu wake_gpu foreign_buffer_gpu gpu_trainer_gpu; do
+  for t in gpu cuda nccl_gpu batches_gpu watchdog_gpu wake_gpu foreign_buffer_gpu gpu_trainer_gpu; do
     [ -x "$BIN/$t" ] || { skip "test $t" "not packed"; continue; }
     step "test $t" "$RESULTS/tests/$t.log" 600 env CHORUS_GPU_MACHINE=1 "$BIN/$t" --include-ignored --test-threads=1
     grep -hE 'test result' "$RESULTS/tests/$t.log" | tail -1

@@ -51,7 +51,7 @@ pub fn started_work(
 }
 
 /// The works of `n` all_reduces from `seq` on, registered as one batch
-/// started at `now` (one registry entry, as a group's ops are); the caller
+/// started at `now` (one registry entry, as a batch's ops are); the caller
 /// completes them.
 ///
 /// # Errors

@@ -19,20 +19,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tests_integration::netns::{Hosts, Output};
+use tests_integration::netns::{outputs, Hosts, Output};
 use tests_integration::testkit::workspace_bin;
 
 const SIZES: &str = "4,65536,16777216";
-
-/// Every node's output, for a failure's message.
-fn outputs(nodes: &[(usize, Output)]) -> String {
-    nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (_, o))| format!("--- node {i}\n{}", o.text()))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
 
 /// Waits (at most 300 s each) for every node's program of `what` to exit 0.
 fn all_succeed(h: &mut Hosts, nodes: &[(usize, Output)], what: &str) {

@@ -20,10 +20,10 @@ use chorus_gpu::nccl::DeviceMem;
 use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 
 use crate::backend::{Coalesces, Runs};
+use crate::batched::Batched;
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
-use crate::grouped::Grouped;
-use crate::process_group::staging::Staging;
+use crate::process_group::batch_ops::BatchOps;
 use crate::process_group::state::GroupState;
 use crate::work::Work;
 
@@ -68,18 +68,18 @@ pub trait OpBuffer: Placement + Sized + Send + 'static {
     #[doc(hidden)]
     fn stage1(
         st: &GroupState,
-        staging: &mut Staging,
+        batch: &mut BatchOps,
         op: Op,
         b: Self,
-    ) -> Result<Grouped<Self::Work>, Rejected<Self>>;
+    ) -> Result<Batched<Self::Work>, Rejected<Self>>;
     #[doc(hidden)]
     fn stage2(
         st: &GroupState,
-        staging: &mut Staging,
+        batch: &mut BatchOps,
         op: Op,
         i: Self,
         o: Self,
-    ) -> Result<Grouped<Self::PairWork>, Rejected<(Self, Self)>>;
+    ) -> Result<Batched<Self::PairWork>, Rejected<(Self, Self)>>;
 }
 
 impl<B> OpBuffer for B
@@ -121,21 +121,21 @@ where
 
     fn stage1(
         st: &GroupState,
-        staging: &mut Staging,
+        batch: &mut BatchOps,
         op: Op,
         b: B,
-    ) -> Result<Grouped<Self::Work>, Rejected<B>> {
-        <B::Place as route::Dispatch<B>>::stage1(st, staging, op, b)
+    ) -> Result<Batched<Self::Work>, Rejected<B>> {
+        <B::Place as route::Dispatch<B>>::stage1(st, batch, op, b)
     }
 
     fn stage2(
         st: &GroupState,
-        staging: &mut Staging,
+        batch: &mut BatchOps,
         op: Op,
         i: B,
         o: B,
-    ) -> Result<Grouped<Self::PairWork>, Rejected<(B, B)>> {
-        <B::Place as route::Dispatch<B>>::stage2(st, staging, op, i, o)
+    ) -> Result<Batched<Self::PairWork>, Rejected<(B, B)>> {
+        <B::Place as route::Dispatch<B>>::stage2(st, batch, op, i, o)
     }
 }
 
@@ -174,21 +174,21 @@ mod route {
             op: Op,
             bufs: Vec<B>,
         ) -> Result<Self::ManyWork, Rejected<Vec<B>>>;
-        /// A one-buffer op staged in a group.
+        /// A one-buffer op staged in a batch.
         fn stage1(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             b: B,
-        ) -> Result<Grouped<Self::Work>, Rejected<B>>;
-        /// A two-buffer op staged in a group.
+        ) -> Result<Batched<Self::Work>, Rejected<B>>;
+        /// A two-buffer op staged in a batch.
         fn stage2(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             i: B,
             o: B,
-        ) -> Result<Grouped<Self::PairWork>, Rejected<(B, B)>>;
+        ) -> Result<Batched<Self::PairWork>, Rejected<(B, B)>>;
     }
 
     /// Host vectors run on the TCP backend.
@@ -227,11 +227,11 @@ mod route {
 
         fn stage1(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             b: Vec<T>,
-        ) -> Result<Grouped<Self::Work>, Rejected<Vec<T>>> {
-            match staging.host(&st.seq, op) {
+        ) -> Result<Batched<Self::Work>, Rejected<Vec<T>>> {
+            match batch.host(&st.seq, op) {
                 Ok(staged) => st.tcp.stage(&st.seq, staged, op, b),
                 Err(e) => Err(Rejected::new(e, b)),
             }
@@ -239,12 +239,12 @@ mod route {
 
         fn stage2(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             i: Vec<T>,
             o: Vec<T>,
-        ) -> Result<Grouped<Self::PairWork>, Rejected<(Vec<T>, Vec<T>)>> {
-            match staging.host(&st.seq, op) {
+        ) -> Result<Batched<Self::PairWork>, Rejected<(Vec<T>, Vec<T>)>> {
+            match batch.host(&st.seq, op) {
                 Ok(staged) => st.tcp.stage(&st.seq, staged, op, (i, o)),
                 Err(e) => Err(Rejected::new(e, (i, o))),
             }
@@ -287,11 +287,11 @@ mod route {
 
         fn stage1(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             b: B,
-        ) -> Result<Grouped<Self::Work>, Rejected<B>> {
-            match staging.device(&st.seq, op) {
+        ) -> Result<Batched<Self::Work>, Rejected<B>> {
+            match batch.device(&st.seq, op) {
                 Ok(staged) => st.nccl.stage(&st.seq, staged, op, b),
                 Err(e) => Err(Rejected::new(e, b)),
             }
@@ -299,12 +299,12 @@ mod route {
 
         fn stage2(
             st: &GroupState,
-            staging: &mut Staging,
+            batch: &mut BatchOps,
             op: Op,
             i: B,
             o: B,
-        ) -> Result<Grouped<Self::PairWork>, Rejected<(B, B)>> {
-            match staging.device(&st.seq, op) {
+        ) -> Result<Batched<Self::PairWork>, Rejected<(B, B)>> {
+            match batch.device(&st.seq, op) {
                 Ok(staged) => st.nccl.stage(&st.seq, staged, op, (i, o)),
                 Err(e) => Err(Rejected::new(e, (i, o))),
             }

@@ -107,7 +107,7 @@ impl<B> From<Rejected<B>> for Error {
 }
 
 /// The refusal's error, without the buffers (for `?` in code that returns
-/// [`WorkError`], e.g. a [`ProcessGroup::grouped`](crate::ProcessGroup::grouped)
+/// [`WorkError`], e.g. a [`ProcessGroup::batched`](crate::ProcessGroup::batched)
 /// closure).
 impl<B> From<Rejected<B>> for WorkError {
     fn from(r: Rejected<B>) -> Self {

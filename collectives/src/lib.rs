@@ -11,8 +11,8 @@
 //! below it (`chorus-core`, `chorus-gpu`, `chorus-store`). A map:
 //!
 //! * [`process_group`]: [`ProcessGroup`], its [`GroupBuilder`] and
-//!   subgroups; grouped ops ([`Group`], [`Grouped`]); CUDA graph capture
-//!   ([`Capture`]).
+//!   subgroups; batches of ops launched as one ([`Batch`], [`Batched`]);
+//!   CUDA graph capture ([`Capture`]).
 //! * [`Work`] and [`DeviceWork`]: the futures ops return.
 //! * [`OpBuffer`]: the buffers an op takes, and how their type picks the
 //!   backend at compile time; [`DeviceMem`], the open trait for device
@@ -40,7 +40,7 @@
 //!
 //! Inside: `sequence` (a group's identity, registry and submission lock),
 //! `backend` (the backend interface, and the TCP and NCCL backends),
-//! `buffer` (the routing), `grouped`; `reduce` (the host arithmetic);
+//! `buffer` (the routing), `batched` (the work of a batched op); `reduce` (the host arithmetic);
 //! `work` and `device_work` ([`Work`] and [`DeviceWork`]); [`error`] (the
 //! error types); `liveness` (peer liveness through the store);
 //! `nccl_library` ([`nccl_library`], [`use_nccl_library`]); `sim_rank`
@@ -53,11 +53,11 @@
 #![allow(clippy::result_large_err, clippy::type_complexity)]
 
 pub(crate) mod backend;
+mod batched;
 mod buffer;
 mod config;
 mod device_work;
 pub mod error;
-mod grouped;
 mod liveness;
 mod nccl_library;
 pub mod process_group;
@@ -74,6 +74,7 @@ mod work;
 
 pub use backend::nccl::{NcclInitError, NcclOptions, ReformComms};
 pub use backend::tcp::TcpOptions;
+pub use batched::Batched;
 pub use buffer::OpBuffer;
 pub use chorus_core::flight_recorder;
 pub use chorus_core::{DType, Element, HostBuffer, HostBuffers, OpContext, ReduceOp};
@@ -87,10 +88,9 @@ pub use chorus_gpu::placement::{OnDevice, OnHost, Placement};
 pub use chorus_store::{rendezvous, wait_report};
 pub use device_work::DeviceWork;
 pub use error::{Error, ReformError, Rejected};
-pub use grouped::Grouped;
 pub use nccl_library::{nccl_library, use_nccl_library};
-pub use process_group::capture::{Capture, CaptureGroup};
-pub use process_group::group::Group;
+pub use process_group::batch::Batch;
+pub use process_group::capture::{Capture, CaptureBatch};
 pub use process_group::{GroupBuilder, ProcessGroup, DEFAULT_REJOIN_TIMEOUT, DEFAULT_TIMEOUT};
 pub use work::Work;
 

@@ -213,7 +213,7 @@ fn gpu_a_finished_group_nobody_polled_is_not_timed_out() {
     let data = [0.5f32, 4.0, -1.25, 8.0];
     let before = watchdog::stats();
     let (a, b) = short
-        .grouped(|g| {
+        .batched(|g| {
             Ok::<_, chorus::WorkError>((
                 g.all_reduce(upload(&s, &data), ReduceOp::Sum)
                     .map_err(|r| r.error)?,
@@ -232,7 +232,7 @@ fn gpu_a_finished_group_nobody_polled_is_not_timed_out() {
     );
     assert!(pg.error().is_none(), "group failed: {:?}", pg.error());
     for w in [a, b] {
-        let out = block_on(w).expect("the grouped op completes normally");
+        let out = block_on(w).expect("the batched op completes normally");
         assert_eq!(s.clone_dtoh(out.slice()).unwrap(), data);
     }
 }

@@ -822,11 +822,11 @@ fn submit_all(
     grads: &[f32],
 ) -> Result<Vec<BucketWork>, BoxError> {
     enum Staged {
-        Host(chorus::Grouped<Work<Vec<f32>>>),
-        Device(usize, chorus::Grouped<DeviceWork<DeviceBuffer<f32>>>),
+        Host(chorus::Batched<Work<Vec<f32>>>),
+        Device(usize, chorus::Batched<DeviceWork<DeviceBuffer<f32>>>),
     }
     let staged = {
-        let mut g = pg.group();
+        let mut g = pg.batch();
         let mut staged = Vec::with_capacity(buckets.len());
         for (k, bk) in buckets.iter_mut().enumerate() {
             staged.push(match fill(k, bk, gpu, grads)? {

@@ -372,8 +372,8 @@ fn batch_members_complete_vs_abort() {
     });
 }
 
-/// One work awaited through `n` waiters on threads of their own, as a group's ops'
-/// works share the group's one work (`chorus_core::Fanout`'s protocol:
+/// One work awaited through `n` waiters on threads of their own, as a batch's ops'
+/// works share the batch's one work (`chorus_core::Fanout`'s protocol:
 /// outcome and shared work behind one lock, the waiter registered before
 /// of), while the backend completes it on another: every waiter resolves
 /// with the outcome, none is left waiting.

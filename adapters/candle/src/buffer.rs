@@ -16,7 +16,7 @@ use crate::error::{describe, TensorError};
 /// op's end event has completed, also when the work is dropped. The
 /// producer stream is the tensor's candle stream. Get one from
 /// [`TensorGroup::buffer`](crate::TensorGroup::buffer), to run chorus's own
-/// ops (grouped, coalesced) on tensors.
+/// ops (batched, coalesced) on tensors.
 #[derive(Debug)]
 pub struct TensorBuffer {
     tensor: Tensor,

@@ -470,7 +470,7 @@ impl Rig {
                 Some(k) => {
                     let w = self
                         .pg
-                        .grouped(|g| {
+                        .batched(|g| {
                             g.all_reduce(buf, chorus::ReduceOp::Sum)
                                 .map_err(|r| r.error)
                         })

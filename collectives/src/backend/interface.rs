@@ -7,13 +7,13 @@ use std::time::Duration;
 use chorus_core::{Op, WorkError};
 use futures::future::BoxFuture;
 
+use crate::batched::Batched;
 use crate::error::Rejected;
-use crate::grouped::Grouped;
 use crate::sequence::Sequencer;
 
 /// What a group does with a backend besides running single ops.
 pub(crate) trait Backend: Send + Sync + fmt::Debug {
-    /// The ops of one group (see [`Group`](crate::Group)) staged for this
+    /// The ops of one batch (see [`Batch`](crate::Batch)) staged for this
     /// backend. Dropped unlaunched, it fails their works: the ops never ran.
     type Staged: Default;
 
@@ -22,11 +22,11 @@ pub(crate) trait Backend: Send + Sync + fmt::Debug {
 
     /// Issues the staged ops as one, in staging order: they take their
     /// sequence numbers now, under one hold of the submission lock, so a
-    /// group is atomic with respect to ops other threads submit.
+    /// batch is atomic with respect to ops other threads submit.
     ///
     /// # Errors
     ///
-    /// The group failed before, or the launch failed; every op of the group
+    /// The group failed before, or the launch failed; every op of the batch
     /// then fails with the same error.
     fn launch(
         &self,
@@ -77,18 +77,18 @@ pub(crate) trait Runs<S>: Backend {
     ) -> Result<Self::Work, Rejected<S>>;
 
     /// Checks `op` on `bufs` and stages it in `staged`; it runs when the
-    /// group is launched ([`Backend::launch`]).
+    /// batch is launched ([`Backend::launch`]).
     ///
     /// # Errors
     ///
-    /// As for [`submit`](Self::submit); the group stays as it was.
+    /// As for [`submit`](Self::submit); the batch stays as it was.
     fn stage(
         &self,
         seq: &Sequencer,
         staged: &mut Self::Staged,
         op: Op,
         bufs: S,
-    ) -> Result<Grouped<Self::Work>, Rejected<S>>;
+    ) -> Result<Batched<Self::Work>, Rejected<S>>;
 }
 
 /// A one-buffer op on each of several buffers `B`, as one op with one

@@ -1,7 +1,7 @@
 //! Backends: what runs an op once its group has taken it.
 //!
 //! Both backends implement the one interface here. [`Backend`] is what a
-//! group does with any backend (name it, launch a staged group, close it,
+//! group does with any backend (name it, launch a staged batch, close it,
 //! abort it, ask it for an asynchronous error); [`Runs<S>`] runs an op
 //! whose buffers come as `S` (one buffer, or an input and an output);
 //! [`Coalesces<B>`] runs a one-buffer op on several buffers `B` as one op.

@@ -1,13 +1,13 @@
-//! [`Member`]: the work of one op of a group, a view of the group's one
-//! work ([`GroupLead`]).
+//! [`Member`]: the work of one op of a batch, a view of the batch's one
+//! work ([`BatchLead`]).
 //!
-//! A group's ops are one launch with one end event, so they end together:
-//! the group has one registry entry, one completion and one brief watch or
+//! A batch's ops are one launch with one end event, so they end together:
+//! the batch has one registry entry, one completion and one brief watch or
 //! reactor hand-off, all in its lead, and each op's work is no more than
 //! its place in the launch (its ticket). The first work polled polls the
-//! lead; every work polled while the group runs is woken when the lead
+//! lead; every work polled while the batch runs is woken when the lead
 //! resolves ([`Fanout`]); each then takes its own buffers from the launch.
-//! What a work never takes (dropped, or its group's launch dropped) stays
+//! What a work never takes (dropped, or its batch's launch dropped) stays
 //! with the launch until the end event completes.
 
 use std::future::Future;
@@ -21,19 +21,19 @@ use chorus_gpu::cuda::{Event, Stream};
 use chorus_gpu::nccl::{DeviceBuffers, EndEvent, Launched, NoBuffers, Ticket};
 
 use super::own::{DeviceCompleter, OwnWork};
-use crate::grouped;
+use crate::batched;
 use chorus_core::sync::lock;
 
-/// The state a group's works share: made when the group's first op is
+/// The state a batch's works share: made when the batch's first op is
 /// staged (with the end event its launch will record), launched with the
-/// group.
-pub(crate) struct GroupLead {
+/// batch.
+pub(crate) struct BatchLead {
     end: Arc<EndEvent>,
     /// Each op's context with its sequence number, from the launch on (the
-    /// list the group's registry entry keeps).
+    /// list the batch's registry entry keeps).
     ops: OnceLock<Arc<[OpContext]>>,
     state: Mutex<LeadState>,
-    /// The works polled while the group runs: the lead's work wakes them
+    /// The works polled while the batch runs: the lead's work wakes them
     /// all (its end, an early wake before it, its failure).
     waiters: Fanout,
 }
@@ -42,7 +42,7 @@ enum LeadState {
     /// Staged, not launched yet.
     Staged,
     /// Never ran (dropped before launch, or refused at registration); the
-    /// error names the group's first op.
+    /// error names the batch's first op.
     NotRun(WorkError),
     Launched(Box<Launch>),
 }
@@ -50,17 +50,17 @@ enum LeadState {
 struct Launch {
     /// Each op's buffers, by ticket.
     bufs: Launched,
-    /// The group's one work while it runs; `None` once its outcome is known.
+    /// The batch's one work while it runs; `None` once its outcome is known.
     work: Option<OwnWork<NoBuffers>>,
     outcome: Option<Result<(), WorkError>>,
     /// Why the launch failed, if it did.
     launch_error: Option<WorkError>,
 }
 
-impl GroupLead {
-    /// The lead of a group whose launch will record `end`.
+impl BatchLead {
+    /// The lead of a batch whose launch will record `end`.
     pub(crate) fn new(end: Arc<EndEvent>) -> Arc<Self> {
-        Arc::new(GroupLead {
+        Arc::new(BatchLead {
             end,
             ops: OnceLock::new(),
             state: Mutex::new(LeadState::Staged),
@@ -68,12 +68,12 @@ impl GroupLead {
         })
     }
 
-    /// The end event the group's launch records.
+    /// The end event the batch's launch records.
     pub(crate) fn end(&self) -> &Arc<EndEvent> {
         &self.end
     }
 
-    /// The group never runs: its works fail with `err` made theirs.
+    /// The batch never runs: its works fail with `err` made theirs.
     pub(crate) fn not_run(&self, err: WorkError) {
         let mut st = lock(&self.state);
         if matches!(*st, LeadState::Staged) {
@@ -81,7 +81,7 @@ impl GroupLead {
         }
     }
 
-    /// The group was launched as `bufs`, its ops registered as `ops` with
+    /// The batch was launched as `bufs`, its ops registered as `ops` with
     /// `work` standing for all of them. With `failed` (the launch's
     /// error) the work is failed with it at once.
     pub(crate) fn launched(
@@ -104,7 +104,7 @@ impl GroupLead {
             (failed, _) => {
                 let err = failed.cloned().unwrap_or_else(|| WorkError::Backend {
                     ctx: future.context().clone(),
-                    msg: "a group's launch has no end event (a chorus bug)".into(),
+                    msg: "a batch's launch has no end event (a chorus bug)".into(),
                 });
                 completer.complete(Err(err.clone()));
                 Launch {
@@ -119,9 +119,9 @@ impl GroupLead {
     }
 }
 
-/// The work of one op of a group (see the module docs).
+/// The work of one op of a batch (see the module docs).
 pub(crate) struct Member<R: DeviceBuffers> {
-    lead: Arc<GroupLead>,
+    lead: Arc<BatchLead>,
     index: usize,
     ticket: Ticket<R>,
     /// The op as staged (sequence number 0 until the launch numbers it).
@@ -134,14 +134,14 @@ pub(crate) struct Member<R: DeviceBuffers> {
 fn missing(ctx: &OpContext) -> WorkError {
     WorkError::Backend {
         ctx: ctx.clone(),
-        msg: "a grouped op's buffers were already taken (a chorus bug)".into(),
+        msg: "a batched op's buffers were already taken (a chorus bug)".into(),
     }
 }
 
 impl<R: DeviceBuffers> Member<R> {
-    /// Op `index` of `lead`'s group, whose buffers `ticket` names.
+    /// Op `index` of `lead`'s batch, whose buffers `ticket` names.
     pub(crate) fn new(
-        lead: Arc<GroupLead>,
+        lead: Arc<BatchLead>,
         index: usize,
         ticket: Ticket<R>,
         staged: OpContext,
@@ -163,11 +163,11 @@ impl<R: DeviceBuffers> Member<R> {
             .unwrap_or(&self.staged)
     }
 
-    /// Ok once the group was launched; else why the op has not run (not
+    /// Ok once the batch was launched; else why the op has not run (not
     /// launched yet, dropped unlaunched, refused, a failed launch).
     pub(super) fn launched(&self) -> Result<(), WorkError> {
         match &*lock(&self.lead.state) {
-            LeadState::Staged => Err(grouped::not_launched(self.context())),
+            LeadState::Staged => Err(batched::not_launched(self.context())),
             LeadState::NotRun(e) => Err(e.for_op(self.context().clone())),
             LeadState::Launched(l) => match &l.launch_error {
                 Some(e) => Err(e.for_op(self.context().clone())),
@@ -201,7 +201,7 @@ impl<R: DeviceBuffers> Member<R> {
         self.lead.end.is_complete()
     }
 
-    /// The op's outcome once the group's is known (`launch`'s), with its
+    /// The op's outcome once the batch's is known (`launch`'s), with its
     /// buffers where the GPU is done with them.
     fn resolve(&self, launch: &mut Launch) -> Result<R, Failed<R>> {
         let ctx = self.context();
@@ -216,7 +216,7 @@ impl<R: DeviceBuffers> Member<R> {
             }),
             None => Err(Failed::without_buffers(WorkError::Backend {
                 ctx: ctx.clone(),
-                msg: "a grouped op resolved before its group (a chorus bug)".into(),
+                msg: "a batched op resolved before its batch (a chorus bug)".into(),
             })),
         }
     }
@@ -265,7 +265,7 @@ impl<R: DeviceBuffers> Member<R> {
         let mut st = lock(&self.lead.state);
         let launch = match &mut *st {
             LeadState::Staged => {
-                let e = grouped::not_launched(self.context());
+                let e = batched::not_launched(self.context());
                 return Poll::Ready(Err(Failed::without_buffers(e)));
             }
             LeadState::NotRun(e) => {
@@ -305,7 +305,7 @@ impl<R: DeviceBuffers> Member<R> {
         let mut st = lock(&self.lead.state);
         let launch = match &mut *st {
             LeadState::Staged => {
-                return Err(Failed::without_buffers(grouped::not_launched(
+                return Err(Failed::without_buffers(batched::not_launched(
                     self.context(),
                 )));
             }
@@ -314,7 +314,7 @@ impl<R: DeviceBuffers> Member<R> {
             }
             LeadState::Launched(l) => l,
         };
-        // A group failed meanwhile (abort, timeout) gives its buffers no
+        // A batch failed meanwhile (abort, timeout) gives its buffers no
         // stream order: the failure, as a poll would find it.
         if launch.outcome.is_none() {
             if let Some(work) = launch.work.as_mut().filter(|w| w.has_failed()) {
@@ -372,7 +372,7 @@ impl<R: DeviceBuffers> Member<R> {
         r
     }
 
-    /// The deadline of a blocking wait passed: the group's work times out
+    /// The deadline of a blocking wait passed: the batch's work times out
     /// (which aborts the group, as a lone op's wait does), unless it
     /// finished meanwhile.
     fn time_out(&self, after: Duration, settled: &mut bool) -> Result<R, Failed<R>> {

@@ -8,13 +8,13 @@
 //! | GpuFinished | `.await` (the completion reactor wakes the future when the end event completes), or [`DeviceWork::wait_timeout`] | waits for the GPU |
 //!
 //! [`DeviceWork`] itself is in `work`. A work is a lone op's own ([`own`]:
-//! its registry entry, completion and buffers) or an op of a group
-//! ([`member`]: a view of the group's one work, which is an [`own`] work
+//! its registry entry, completion and buffers) or an op of a batch
+//! ([`member`]: a view of the batch's one work, which is an [`own`] work
 //! without buffers).
 
 mod member;
 mod own;
 mod work;
 
-pub(crate) use member::{GroupLead, Member};
+pub(crate) use member::{BatchLead, Member};
 pub use work::DeviceWork;

@@ -1,5 +1,5 @@
-//! [`DeviceWork`]: the one type over a lone op's own work and a group op's
-//! view of its group's work, its completion levels and its `Future`.
+//! [`DeviceWork`]: the one type over a lone op's own work and a batch op's
+//! view of its batch's work, its completion levels and its `Future`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,15 +34,15 @@ use super::own::{DeviceCompleter, OwnWork};
 /// it out, so a finished op whose work is simply not polled yet never
 /// times out.
 ///
-/// # Groups
+/// # Batches
 ///
-/// The works of a [`Group`](crate::Group)'s ops are views of one work for
+/// The works of a [`Batch`](crate::Batch)'s ops are views of one work for
 /// the whole launch (one registry entry, one completion, one end event):
 /// an op's work holds no completion of its own, only its place in the
 /// launch, which holds the buffers. The first of them polled watches the
-/// group's end (briefly, then through the reactor, as a lone op's work
-/// does); every one polled while the group runs is woken when it ends; each
-/// then takes its own buffers, with no further query of the GPU. A group's
+/// batch's end (briefly, then through the reactor, as a lone op's work
+/// does); every one polled while the batch runs is woken when it ends; each
+/// then takes its own buffers, with no further query of the GPU. A batch's
 /// failure fails each of its works as its own op (its sequence number),
 /// with its own buffers where the GPU is done with them.
 ///
@@ -101,14 +101,14 @@ impl<R: DeviceBuffers> DeviceWork<R> {
         }
     }
 
-    /// The work of an op of a group (see the type's docs).
+    /// The work of an op of a batch (see the type's docs).
     pub(crate) fn member(member: Member<R>) -> Self {
         DeviceWork {
             repr: Repr::Member(member),
         }
     }
 
-    /// For a group's op: whether its group was launched (see
+    /// For a batch's op: whether its batch was launched (see
     /// [`Member::launched`]); a lone op's work always was.
     pub(crate) fn launched(&self) -> Result<(), WorkError> {
         match &self.repr {
@@ -146,7 +146,7 @@ impl<R: DeviceBuffers> DeviceWork<R> {
     }
 
     /// The op's end event (recorded on the communicator's stream after the
-    /// op; a group's ops share one).
+    /// op; a batch's ops share one).
     pub fn end_event(&self) -> &Event {
         match &self.repr {
             Repr::Own(w) => w.end_event(),
@@ -245,9 +245,9 @@ impl<R: DeviceBuffers> Future for DeviceWork<R> {
     /// thread's wake-up, at the cost of a few system calls rather than a
     /// core for the whole lead. An op expected to end within that lead
     /// already is watched so by the first poll, which then completes it
-    /// itself, without the reactor. Other polls never wait. A group's works
-    /// share this: the group's first poll watches, the others find the
-    /// group ended.
+    /// itself, without the reactor. Other polls never wait. A batch's works
+    /// share this: the batch's first poll watches, the others find the
+    /// batch ended.
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().repr {
             Repr::Own(w) => Pin::new(w).poll(cx),

@@ -9,7 +9,7 @@ use chorus_core::flight_recorder::{self, FlightRecorder};
 use chorus_core::Registry;
 use chorus_store::{PrefixStore, Store};
 
-use super::handle::ProcessGroup;
+use super::process_group::ProcessGroup;
 use super::state::{GroupState, Origin, DEFAULT_TIMEOUT, GROUP_PREFIX};
 use crate::backend::checked::Checker;
 use crate::backend::nccl::{NcclBackend, NcclOptions};

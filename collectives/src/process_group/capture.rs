@@ -1,10 +1,10 @@
 //! CUDA graph capture of NCCL ops.
 //!
 //! [`ProcessGroup::capture`] begins capturing a stream; the ops staged in
-//! each [`Capture::group`] call are captured as one NCCL group (on the
-//! group's collective communicator, which joins the capture and is joined
-//! back after every group); other work enqueued on [`Capture::stream`] is
-//! captured in between, in issue order. [`Capture::finish`] instantiates the
+//! each [`Capture::batch`] call are captured as one NCCL group (on the
+//! process group's collective communicator, which joins the capture and is
+//! joined back after every batch); other work enqueued on
+//! [`Capture::stream`] is captured in between, in issue order. [`Capture::finish`] instantiates the
 //! [`Graph`], which replays everything with
 //! [`Graph::launch`](chorus_gpu::nccl::Graph::launch).
 //!
@@ -42,7 +42,7 @@ use chorus_core::{Op, ReduceOp, WorkError};
 use chorus_gpu::cuda::Stream;
 use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, Graph, GraphCapture, Ticket};
 
-use super::handle::ProcessGroup;
+use super::process_group::ProcessGroup;
 use crate::backend::nccl::{comm_error, device_check, lookup_error};
 use crate::error::Rejected;
 
@@ -86,17 +86,17 @@ impl ProcessGroup {
 
 impl<'pg> Capture<'pg> {
     /// The capturing stream: kernels and copies enqueued here are captured,
-    /// in order with the captured groups.
+    /// in order with the captured batches.
     pub fn stream(&self) -> &Stream {
         self.raw.stream()
     }
 
-    /// Stages ops with `stage` and captures them as one NCCL group. If
+    /// Stages ops with `stage` and captures them as one batch (one NCCL group). If
     /// `stage` fails nothing is captured (the staged buffers are dropped).
     ///
     /// # Errors
     ///
-    /// The error of `stage`, or of capturing the group (an aborted
+    /// The error of `stage`, or of capturing the batch (an aborted
     /// communicator, one captured elsewhere, a CUDA or NCCL error — the
     /// capture is then usually invalidated and `finish` fails too).
     ///
@@ -107,7 +107,7 @@ impl<'pg> Capture<'pg> {
     /// #         bufs: Vec<chorus::DeviceBuffer<f32>>) -> Result<(), Box<dyn std::error::Error>> {
     /// use chorus::ReduceOp;
     /// let mut cap = pg.capture(s)?;
-    /// let tickets = cap.group(|g| {
+    /// let tickets = cap.batch(|g| {
     ///     let mut t = Vec::new();
     ///     for b in bufs {
     ///         t.push(g.all_reduce(b, ReduceOp::Sum)?);
@@ -124,9 +124,9 @@ impl<'pg> Capture<'pg> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn group<T>(
+    pub fn batch<T>(
         &mut self,
-        stage: impl FnOnce(&mut CaptureGroup<'_>) -> Result<T, WorkError>,
+        stage: impl FnOnce(&mut CaptureBatch<'_>) -> Result<T, WorkError>,
     ) -> Result<T, WorkError> {
         let ctx = self.pg.ctx(0, "capture");
         let comm = self
@@ -135,7 +135,7 @@ impl<'pg> Capture<'pg> {
             .nccl
             .collective(self.dev)
             .map_err(|e| lookup_error(ctx.clone(), &e))?;
-        let mut g = CaptureGroup {
+        let mut g = CaptureBatch {
             pg: self.pg,
             dev: self.dev,
             batch: comm.batch(),
@@ -160,7 +160,7 @@ impl<'pg> Capture<'pg> {
     }
 }
 
-/// The ops of one captured group (see [`Capture::group`]). Each checks its
+/// The ops of one captured batch (see [`Capture::batch`]). Each checks its
 /// arguments at once and returns the [`Ticket`] of its buffers in the graph
 /// (a two-buffer op's ticket names `(input, output)`).
 ///
@@ -169,13 +169,13 @@ impl<'pg> Capture<'pg> {
 /// [`Rejected`] with the buffers for invalid arguments or buffers on
 /// another device than the capture's stream.
 #[derive(Debug)]
-pub struct CaptureGroup<'a> {
+pub struct CaptureBatch<'a> {
     pg: &'a ProcessGroup,
     dev: u32,
     batch: Batch,
 }
 
-impl CaptureGroup<'_> {
+impl CaptureBatch<'_> {
     fn stage<C: DeviceBuffers>(&mut self, op: Op, bufs: C) -> Result<Ticket<C>, Rejected<C>> {
         let name = op.name();
         let first = |b: &C| b.get(0).map_or(0, DeviceMem::count);

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::builder::{connect, Setup};
-use super::handle::ProcessGroup;
+use super::process_group::ProcessGroup;
 use crate::backend::nccl;
 use crate::error::Error;
 use chorus_core::sync::lock;

@@ -11,7 +11,8 @@
 //! host's link down at the switch (packets are dropped without an error on
 //! either side: a partition). Dropping the value kills every process in the
 //! namespaces and removes them; [`leftovers`] tells whether anything of a
-//! harness is still there.
+//! harness is still there, and [`outputs`] gathers every node's output for
+//! a failure's message.
 //!
 //! Needs root (or CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip`;
 //! [`Hosts::new`] says which is missing.
@@ -67,6 +68,17 @@ impl Output {
         }
         false
     }
+}
+
+/// Every node's output, numbered, for a failure's message (`nodes` as
+/// [`Hosts::spawn`]'s results, in node order).
+pub fn outputs(nodes: &[(usize, Output)]) -> String {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (_, o))| format!("--- node {i}\n{}", o.text()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {

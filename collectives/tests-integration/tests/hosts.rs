@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tests_integration::netns::{leftovers, Hosts, Output};
+use tests_integration::netns::{leftovers, outputs, Hosts, Output};
 use tests_integration::testkit::workspace_bin;
 
 /// The liveness timeout the partition tests run with.
@@ -78,15 +78,6 @@ fn start_program(
                 .unwrap_or_else(|e| panic!("{e}"))
         })
         .collect()
-}
-
-fn outputs(nodes: &[(usize, Output)]) -> String {
-    nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (_, o))| format!("--- node {i}\n{}", o.text()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn epoch_ms() -> u128 {

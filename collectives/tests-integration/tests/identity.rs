@@ -8,27 +8,16 @@ use std::time::Duration;
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::ProcessGroup;
-use tests_integration::testkit::build_all;
+use tests_integration::testkit::local_groups_on;
 
 const T: Duration = Duration::from_secs(10);
-
-async fn groups(size: usize, store: &Arc<dyn Store>) -> Vec<ProcessGroup> {
-    build_all(size, |rank| {
-        ProcessGroup::builder()
-            .rank(rank)
-            .world_size(size)
-            .store(store.clone())
-            .timeout(T)
-    })
-    .await
-}
 
 /// A subgroup of world ranks 3 and 1 (in that order): their group ranks
 /// are 0 and 1, their world ranks stay 3 and 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_world_rank_is_the_same_in_every_group() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let gs = groups(4, &store).await;
+    let gs = local_groups_on(4, &store, T).await;
     for (r, g) in gs.iter().enumerate() {
         assert_eq!((g.rank(), g.world_rank()), (r, r));
         assert_eq!(g.restarts(), 0, "the builder's test runs no launcher");
@@ -58,7 +47,7 @@ async fn the_world_rank_is_the_same_in_every_group() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_knows_it_is_one_and_the_survivors_that_they_are_not() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let mut gs = groups(3, &store).await;
+    let mut gs = local_groups_on(3, &store, T).await;
     let dead = gs.remove(1);
     dead.abort("this rank dies");
     drop(dead);

@@ -11,21 +11,10 @@ use std::time::{Duration, Instant};
 
 use chorus::store::{InMemoryStore, Store};
 use chorus::{ProcessGroup, ReduceOp, ReformError, WorkError};
-use tests_integration::testkit::{build_all, data, reference};
+use tests_integration::testkit::{data, local_groups_on, reference};
 
 const T: Duration = Duration::from_secs(10);
 const WINDOW: Duration = Duration::from_millis(2_000);
-
-async fn groups(size: usize, store: &Arc<dyn Store>) -> Vec<ProcessGroup> {
-    build_all(size, |rank| {
-        ProcessGroup::builder()
-            .rank(rank)
-            .world_size(size)
-            .store(store.clone())
-            .timeout(T)
-    })
-    .await
-}
 
 fn joiner(rank: usize, size: usize, store: &Arc<dyn Store>, wait: Duration) -> JoinTask {
     let b = ProcessGroup::builder()
@@ -101,7 +90,7 @@ async fn reform_all(gs: Vec<ProcessGroup>) -> Vec<ProcessGroup> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_announced_during_the_reform_is_counted_in_at_once() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let mut gs = groups(3, &store).await;
+    let mut gs = local_groups_on(3, &store, T).await;
     let dead = gs.remove(1);
     dead.abort("this rank dies");
     drop(dead);
@@ -134,7 +123,7 @@ async fn a_replacement_announced_during_the_reform_is_counted_in_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_replacement_is_admitted_at_a_step_boundary() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let mut gs = groups(4, &store).await;
+    let mut gs = local_groups_on(4, &store, T).await;
     let dead = gs.remove(0);
     dead.abort("this rank dies");
     drop(dead);
@@ -199,7 +188,7 @@ async fn a_later_replacement_is_admitted_at_a_step_boundary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacement_nobody_admits_gets_not_admitted_in_time() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
-    let gs = groups(2, &store).await;
+    let gs = local_groups_on(2, &store, T).await;
     let t0 = Instant::now();
     let e = joiner(1, 2, &store, Duration::from_millis(300))
         .await

@@ -254,7 +254,7 @@ async fn a_refusal_shows_the_number_the_next_op_takes() {
         r.error
     );
     // In a group too (its ops take their numbers at launch: the next).
-    let mut g = pg.group();
+    let mut g = pg.batch();
     let r = g.broadcast(vec![7u8; 4], 9).unwrap_err();
     assert_eq!(r.error.context().seq, 2, "{}", r.error);
     drop(g);

@@ -5,11 +5,11 @@
 //! knows the GPU finished; the GPU's part is the same in every layer, so
 //! differences between layers are host costs).
 //!
-//! Grouped: (g1) the raw NCCL group with one input-ready wait and one end
+//! Batched: (g1) the raw NCCL group with one input-ready wait and one end
 //! event, the floor of docs/ARCHITECTURE.md rule 3; (g2) chorus-gpu's
 //! `Batch`: pushes, launch, each op's buffers taken back once the shared
 //! end event completed; (g3b) g2 plus the ops' works registered as one
-//! batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::group`, each
+//! batch (`chorus_core::WorkBatch`); (g4) `ProcessGroup::batch`, each
 //! work awaited with `block_on`.
 //!
 //! One by one: (s1) raw calls with the two events per op, one end event
@@ -233,11 +233,11 @@ pub(crate) fn run(args: &Args, layers: &[String]) -> Result<(), Box<dyn std::err
     let mut slots: Vec<Option<DeviceBuffer<f32>>> = bufs.drain(..).map(Some).collect();
     layer(
         layers,
-        "g4 ProcessGroup::group: stage, launch, await each",
+        "g4 ProcessGroup::batch: stage, launch, await each",
         iters,
         || {
             let works = {
-                let mut g = pg.group();
+                let mut g = pg.batch();
                 let ws = submit_each(&mut slots, w, |b| {
                     Some(g.all_reduce(b, ReduceOp::Sum).expect("stage"))
                 });

@@ -25,7 +25,7 @@
 //! reach every mode alike.
 //!
 //! `--layers [L,..]` times instead where a group's host time goes, layer
-//! by layer from the raw floor to `ProcessGroup::group` (`layers`).
+//! by layer from the raw floor to `ProcessGroup::batch` (`layers`).
 #![forbid(unsafe_code)]
 
 mod layers;
@@ -238,7 +238,7 @@ impl Bench<'_> {
             Mode::ChorusGroup => {
                 let t0 = Instant::now();
                 let staged = {
-                    let mut g = self.pg.group();
+                    let mut g = self.pg.batch();
                     let ws = submit_each(&mut self.bufs[..w], w, |b| {
                         g.all_reduce(b, ReduceOp::Sum).ok()
                     });

@@ -18,7 +18,7 @@
 //! * **Errors**: the watchdog polls `ncclCommGetAsyncError` on every live
 //!   communicator (`Backend::async_error`); abort marks every cached
 //!   communicator aborted (it stays cached) and calls `ncclCommAbort`.
-//! * **Groups** (`staged`): the device ops of a [`Group`](crate::Group) as
+//! * **Batches** (`staged`): the device ops of a [`Batch`](crate::Batch) as
 //!   one NCCL batch on the collective communicator.
 //!
 //! * **Faults**: NCCL's `ncclRemoteError` names no peer: the group's
@@ -29,7 +29,7 @@
 //! Files, lowest first: `options` (the settings), `init` (creating
 //! communicators), `backend` (the cache, lookups and the submission of one
 //! op), `carry` (the communicator of a re-formed group), `staged`
-//! (groups), `runs` (the backend interface).
+//! (batches), `runs` (the backend interface).
 
 mod backend;
 mod carry;

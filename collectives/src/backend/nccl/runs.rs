@@ -1,5 +1,5 @@
 //! The backend interface of [`NcclBackend`]: single ops, coalesced ops,
-//! groups.
+//! batches.
 
 use std::time::Duration;
 
@@ -9,9 +9,9 @@ use chorus_gpu::nccl::{DeviceBuffers, DeviceMem};
 use super::backend::NcclBackend;
 use super::staged::NcclStaged;
 use crate::backend::{Backend, Coalesces, Runs};
+use crate::batched::Batched;
 use crate::device_work::DeviceWork;
 use crate::error::Rejected;
-use crate::grouped::Grouped;
 use crate::sequence::Sequencer;
 
 impl Backend for NcclBackend {
@@ -67,7 +67,7 @@ impl<C: DeviceBuffers> Runs<C> for NcclBackend {
         staged: &mut NcclStaged,
         op: Op,
         bufs: C,
-    ) -> Result<Grouped<DeviceWork<C>>, Rejected<C>> {
+    ) -> Result<Batched<DeviceWork<C>>, Rejected<C>> {
         staged.stage(self, seq, op, bufs)
     }
 }

@@ -1,11 +1,11 @@
-//! Device ops of a group, staged: one NCCL batch on the group's collective
-//! communicator, launched as one `ncclGroupStart` … `ncclGroupEnd` with one
-//! end event for all of them, registered as one work that each op's work
-//! reads (see `device_work::member`).
+//! Device ops of a batch, staged: one NCCL batch on the process group's
+//! collective communicator, launched as one `ncclGroupStart` …
+//! `ncclGroupEnd` with one end event for all of them, registered as one
+//! work that each op's work reads (see `device_work::member`).
 //!
-//! Point-to-point ops in a group run on the collective communicator (with
+//! Point-to-point ops in a batch run on the collective communicator (with
 //! group ranks), not on the pair communicators that a lone `send`/`recv`
-//! uses, as NCCL requires for a send and a recv to pair up inside one
+//! uses, as NCCL requires for a send and a recv to pair up inside one NCCL
 //! group.
 
 use std::fmt;
@@ -19,19 +19,19 @@ use chorus_gpu::nccl::{Batch, DeviceBuffers, DeviceMem, NoBuffers};
 
 use super::backend::{comm_error, device_check, lookup_error, NcclBackend};
 use crate::backend::checked::{signature_of, Checker};
-use crate::device_work::{DeviceWork, GroupLead, Member};
+use crate::batched::{self, Batched};
+use crate::device_work::{BatchLead, DeviceWork, Member};
 use crate::error::Rejected;
-use crate::grouped::{self, Grouped};
 use crate::sequence::{Sequencer, Taken};
 
-/// The device ops of a group, staged until launch. Dropped unlaunched, it
+/// The device ops of a batch, staged until launch. Dropped unlaunched, it
 /// fails their works (the ops never ran) and drops their buffers, which no
 /// GPU work has seen.
 #[derive(Default)]
 pub(crate) struct NcclStaged {
     batch: Option<Batch>,
-    lead: Option<Arc<GroupLead>>,
-    /// The first op as staged, named if the group is dropped unlaunched.
+    lead: Option<Arc<BatchLead>>,
+    /// The first op as staged, named if the batch is dropped unlaunched.
     first: Option<OpContext>,
     ops: Vec<StagedOp>,
 }
@@ -57,7 +57,7 @@ impl NcclStaged {
         self.ops.len()
     }
 
-    /// Checks `op` on `bufs` and stages it in the group's batch (made on
+    /// Checks `op` on `bufs` and stages it in the NCCL batch (made on
     /// the collective communicator of the first op's device).
     pub(super) fn stage<C: DeviceBuffers>(
         &mut self,
@@ -65,13 +65,13 @@ impl NcclStaged {
         seq: &Sequencer,
         op: Op,
         bufs: C,
-    ) -> Result<Grouped<DeviceWork<C>>, Rejected<C>> {
+    ) -> Result<Batched<DeviceWork<C>>, Rejected<C>> {
         let name = op.name();
         if matches!(op, Op::SendRecv { .. }) {
             let e = seq.invalid(
                 op,
                 name,
-                "send_recv cannot be grouped; stage a send and a recv".into(),
+                "send_recv cannot be batched; stage a send and a recv".into(),
             );
             return Err(Rejected::new(e, bufs));
         }
@@ -88,15 +88,15 @@ impl NcclStaged {
                     Ok(c) => c,
                     Err(e) => return Err(Rejected::new(lookup_error(ctx, &e), bufs)),
                 };
-                // The group's end event from the start: each op's work
-                // names it, and the group's registry entry asks it before
-                // the watchdog times the group out (a work completes when
+                // The batch's end event from the start: each op's work
+                // names it, and the batch's registry entry asks it before
+                // the watchdog times the batch out (a work completes when
                 // it is polled, and may not be for a while).
                 let end = match comm.reserve_end_event() {
                     Ok(e) => e,
                     Err(e) => return Err(Rejected::new(comm_error(&ctx, e.into()), bufs)),
                 };
-                let lead = self.lead.insert(GroupLead::new(end)).clone();
+                let lead = self.lead.insert(BatchLead::new(end)).clone();
                 self.first = Some(ctx.clone());
                 let batch = self.batch.insert(comm.batch());
                 self.ops.reserve(batch.capacity());
@@ -110,13 +110,13 @@ impl NcclStaged {
         let index = self.ops.len();
         self.ops.push(StagedOp { op, name, meta });
         let work = DeviceWork::member(Member::new(lead, index, ticket, ctx));
-        Ok(Grouped::held(work, DeviceWork::launched))
+        Ok(Batched::held(work, DeviceWork::launched))
     }
 
     /// Registers the staged ops in order as one batch standing for all of
     /// them (their sequence numbers taken under one hold of the submission
     /// lock; one registry entry, one deadline, one work for all), then
-    /// launches the batch. Each op's work reads the group's work; the ops
+    /// launches the batch. Each op's work reads the batch's work; the ops
     /// share one end event.
     pub(super) fn launch(
         mut self,
@@ -146,10 +146,10 @@ impl NcclStaged {
         let mut taken = Taken::default();
         // One launch, one clock reading.
         let now = Instant::now();
-        // The group's end event tells the watchdog the ops finished.
+        // The batch's end event tells the watchdog the ops finished.
         let probe: Arc<dyn FinishedProbe> = lead.end().clone();
         // Each op takes its sequence number here; the registry keeps the
-        // list of them, which the group's works name themselves by.
+        // list of them, which the batch's works name themselves by.
         let registered = WorkBatch::register(
             seq.registry(),
             &first,
@@ -201,7 +201,7 @@ impl NcclStaged {
 impl Drop for NcclStaged {
     fn drop(&mut self) {
         if let (Some(lead), Some(first)) = (&self.lead, &self.first) {
-            lead.not_run(grouped::cancelled(first));
+            lead.not_run(batched::cancelled(first));
         }
     }
 }

@@ -18,10 +18,10 @@ use super::pipe_io::{PipeRead, PipeWrite, Sink, Source};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState, Progress};
-use super::{conn, drive, group, setup, wire, worker};
+use super::{batch, conn, drive, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
+use crate::batched::{self, Batched};
 use crate::error::{Error, Rejected};
-use crate::grouped::{self, Grouped};
 use crate::sequence::{Counters, Sequencer};
 use crate::work::{Assist, Work};
 use chorus_core::sync::lock;
@@ -468,7 +468,7 @@ struct HostEntry {
 impl Drop for TcpStaged {
     fn drop(&mut self) {
         for e in self.0.drain(..) {
-            let err = grouped::cancelled(&e.ctx);
+            let err = batched::cancelled(&e.ctx);
             (e.deliver)(Err(err));
         }
     }
@@ -523,7 +523,7 @@ impl Backend for TcpBackend {
             }
             return Err(err);
         }
-        for r in group::fuse(reqs) {
+        for r in batch::fuse(reqs) {
             self.enqueue(r);
         }
         Ok(())
@@ -563,7 +563,7 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
                 op,
                 name,
                 "send_recv runs on device buffers; on host buffers stage a send and a recv in \
-                 a group (ProcessGroup::group)"
+                 a batch (ProcessGroup::batch)"
                     .into(),
             );
             return Err(Rejected::new(error, bufs));
@@ -601,14 +601,14 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
         staged: &mut TcpStaged,
         op: Op,
         bufs: S,
-    ) -> Result<Grouped<Work<S>>, Rejected<S>> {
+    ) -> Result<Batched<Work<S>>, Rejected<S>> {
         let name = op.name();
         let counts = counts(&bufs);
         if let Err(error) = seq.check(op, name, &counts) {
             return Err(Rejected::new(error, bufs));
         }
         let ctx = seq.ctx(0, name);
-        let cell = grouped::cell();
+        let cell = batched::cell();
         let into = cell.clone();
         staged.0.push(HostEntry {
             op,
@@ -616,10 +616,10 @@ impl<S: HostBuffers> Runs<S> for TcpBackend {
             meta: Sequencer::meta(op, bufs.dtype(), counts.first().copied().unwrap_or(0)),
             bufs: bufs.into_host(),
             deliver: Box::new(move |r| {
-                grouped::put(&into, r.map(|w| Work::new(w, Vec::new(), None)))
+                batched::put(&into, r.map(|w| Work::new(w, Vec::new(), None)))
             }),
         });
-        Ok(Grouped::new(cell, ctx))
+        Ok(Batched::new(cell, ctx))
     }
 }
 

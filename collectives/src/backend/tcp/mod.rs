@@ -25,7 +25,7 @@
 //!   reader hands the worker the connection's read side after the header,
 //!   and the worker checks the header and reads the payload straight into
 //!   the op's buffer (see `conn`).
-//! * A **group** ([`Backend::submit_group`], see `group`) reaches the worker
+//! * A **batch** ([`Backend::launch`], see `batch`) reaches the worker
 //!   as one batch: its sends first, and runs of all_reduces with one dtype
 //!   and reduction fused into one all_reduce.
 //! * Everything runs on chorus's own runtime ([`chorus_store::rt`]), never
@@ -211,14 +211,14 @@
 //! sides), `state` (what the handle, the worker and the readers share),
 //! `request` (one op as the worker receives it), `algo` (the algorithms),
 //! `worker` (the per-group worker), `drive` (a small op on the caller's
-//! thread), `group` (groups), `setup` (building the mesh), `backend`
+//! thread), `batch` (batches), `setup` (building the mesh), `backend`
 //! (`TcpBackend` through the backend interface).
 
 mod algo;
 mod backend;
+mod batch;
 mod conn;
 mod drive;
-mod group;
 mod halves;
 mod notice;
 mod options;

@@ -20,14 +20,28 @@ pub async fn local_groups_with(
 ) -> Vec<ProcessGroup> {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
     build_all(size, |rank| {
-        ProcessGroup::builder()
-            .rank(rank)
-            .world_size(size)
-            .store(store.clone())
-            .timeout(timeout)
-            .tcp_options(tcp.clone())
+        member(rank, size, &store, timeout).tcp_options(tcp.clone())
     })
     .await
+}
+
+/// Builds `size` ranks of one group as tasks of this process on `store`
+/// (which the test keeps, to make more groups or joiners on it).
+pub async fn local_groups_on(
+    size: usize,
+    store: &Arc<dyn Store>,
+    timeout: Duration,
+) -> Vec<ProcessGroup> {
+    build_all(size, |rank| member(rank, size, store, timeout)).await
+}
+
+/// The builder of rank `rank` of a group of `size` on `store`.
+fn member(rank: usize, size: usize, store: &Arc<dyn Store>, timeout: Duration) -> GroupBuilder {
+    ProcessGroup::builder()
+        .rank(rank)
+        .world_size(size)
+        .store(store.clone())
+        .timeout(timeout)
 }
 
 /// Builds the `size` ranks' groups that `builder(rank)` describes, each

@@ -2,7 +2,8 @@
 //!
 //! * `elems`: [`TestElem`], random test data any rank can compute for any
 //!   rank ([`data`]), [`poison`] and the serial [`reference()`];
-//! * `local`: [`local_groups`], ranks as tasks of one process,
+//! * `local`: [`local_groups`], ranks as tasks of one process (on a
+//!   store of their own, or the test's: [`local_groups_on`]),
 //!   [`build_all`] and [`on_all`];
 //! * `checks`: [`check_all_ops`] and [`check_all_dtypes`], every op
 //!   checked against the reference;
@@ -16,5 +17,5 @@ mod programs;
 
 pub use checks::{check_all_dtypes, check_all_ops, OPS, SIZES};
 pub use elems::{data, poison, reduce_tolerance, reference, TestElem};
-pub use local::{build_all, local_groups, local_groups_with, on_all};
+pub use local::{build_all, local_groups, local_groups_on, local_groups_with, on_all};
 pub use programs::{example_bin, run_self_launching, workspace_bin};

@@ -2,8 +2,8 @@
 //! polled polls the one future for all, with a waker that wakes every one
 //! of them.
 //!
-//! A group of ops launched as one ends as one, so its ops' works share one
-//! work (chorus's NCCL groups): each op's work, polled, registers its own
+//! A batch of ops launched as one ends as one, so its ops' works share one
+//! work (chorus's batches on NCCL): each op's work, polled, registers its own
 //! waker here and polls the shared work with the fan-out's waker; when
 //! the shared work is woken (its end, an early wake, a failure), every
 //! registered waiter is woken and polls again.

@@ -56,7 +56,7 @@ pub(super) async fn checked(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     );
     drop(r);
     // A group of two all_reduces on rank 0, one elsewhere.
-    let mut g = pg.group();
+    let mut g = pg.batch();
     let ops = if rank == 0 { 2 } else { 1 };
     let mut staged = Vec::new();
     for i in 0..ops {

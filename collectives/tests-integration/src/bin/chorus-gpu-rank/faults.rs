@@ -196,7 +196,7 @@ async fn ops_after(g: &ProcessGroup, s: &Stream, round: u64, ck: &mut Checker) -
             up(s, &data::<f32>(c + 3, rank, 129, ReduceOp::Sum))?,
         );
         let (rx, tx) = g
-            .grouped(|gr| Ok::<_, chorus::Error>((gr.recv(rbuf, prev)?, gr.send(sbuf, next)?)))
+            .batched(|gr| Ok::<_, chorus::Error>((gr.recv(rbuf, prev)?, gr.send(sbuf, next)?)))
             .map_err(|e| format!("{w}: {e}"))?;
         let got = rx.await.map_err(werr(&w))?;
         tx.await.map_err(werr(&w))?;

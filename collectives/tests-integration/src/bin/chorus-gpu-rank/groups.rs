@@ -21,7 +21,7 @@ pub(super) async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     for round in 0..3u64 {
         let c = 900 + 10 * round;
         let (a, b, rx, tx, g2) = {
-            let mut g = pg.group();
+            let mut g = pg.batch();
             let rx = g
                 .recv(up(s, &poison::<f32>(777))?, prev)
                 .map_err(e("recv"))?;
@@ -115,7 +115,7 @@ pub(super) async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
     s.synchronize().map_err(|e| format!("sync: {e}"))?;
     let mut cap = pg.capture(s).map_err(|e| format!("capture: {e}"))?;
     let (tickets, st, rt) = cap
-        .group(|g| {
+        .batch(|g| {
             let mut t = Vec::new();
             for b in ar {
                 t.push(g.all_reduce(b, ReduceOp::Sum)?);
@@ -198,7 +198,7 @@ pub(super) async fn groups(pg: &ProcessGroup, s: &Stream) -> Res<Checker> {
                 continue;
             }
             let works: Vec<_> = if grouped {
-                let mut g = pg.group();
+                let mut g = pg.batch();
                 let ws: Vec<_> = bufs
                     .iter_mut()
                     .filter_map(Option::take)

@@ -132,7 +132,7 @@ where
         }
     }
 
-    // send_recv: a ring exchange as one grouped op per rank.
+    // send_recv: a ring exchange as one batched op per rank.
     if size > 1 {
         let c = case(90);
         let next = (rank + 1) % size;

@@ -311,7 +311,7 @@ impl ProcessGroup {
     /// work (PyTorch's `all_reduce_coalesced`): every rank passes buffers of
     /// the same lengths and dtypes in the same order, and the work yields
     /// them back in that order. For many small buffers (gradient buckets)
-    /// this costs one op where [`group`](Self::group) costs one work per
+    /// this costs one op where a [`batch`](Self::batch) costs one work per
     /// buffer.
     ///
     /// * **NCCL** (device buffers): one `ncclGroupStart` … `ncclGroupEnd`
@@ -412,7 +412,7 @@ impl ProcessGroup {
     /// Sends `send` to `peer` and receives `recv` from it, as one grouped
     /// NCCL op on the pair's point-to-point communicator (`peer` may be this
     /// rank). Yields `(send, recv)`. Device buffers only: on host buffers,
-    /// stage a send and a recv in a [`group`](Self::group).
+    /// stage a send and a recv in a [`batch`](Self::batch).
     pub fn send_recv<B: DeviceMem>(
         &self,
         send: B,

@@ -1,9 +1,9 @@
-//! Groups on the TCP backend.
+//! Batches on the TCP backend.
 //!
-//! * The group's sends go first: a send never waits for its receiver (the
+//! * The batch's sends go first: a send never waits for its receiver (the
 //!   peer's reader task drains the socket), so a recv staged before the
 //!   matching send on every rank (a ring) cannot deadlock, as it cannot
-//!   inside an NCCL group. The ops of a group have no order among
+//!   inside an NCCL group. The ops of a batch have no order among
 //!   themselves, and per-peer message order is kept.
 //! * A run of all_reduces with the same dtype and reduction travels as one
 //!   all_reduce of their concatenation (one message exchange instead of one
@@ -21,7 +21,7 @@ struct Member {
     completer: Completer<Vec<HostBuffer>>,
 }
 
-/// The requests to queue for a group: runs of two or more all_reduces with
+/// The requests to queue for a batch: runs of two or more all_reduces with
 /// equal dtype and reduction replaced by one fused request each. Falls back
 /// to the requests as they are when chorus's runtime is unavailable.
 pub(super) fn fuse(reqs: Vec<OpRequest>) -> Vec<OpRequest> {

@@ -1,5 +1,5 @@
-//! [`Staging`]: the ops of a [`Group`](crate::Group) before launch, held
-//! by the backend the group's first op chose (a group runs on one backend).
+//! [`BatchOps`]: the ops of a [`Batch`](crate::Batch) before launch, held
+//! by the backend the batch's first op chose (a batch runs on one backend).
 
 use std::fmt;
 use std::time::Duration;
@@ -12,11 +12,11 @@ use crate::backend::tcp::TcpStaged;
 use crate::backend::Backend;
 use crate::sequence::Sequencer;
 
-/// A group's staged ops. Its parts are the crate's own; the type is public
+/// A batch's staged ops. Its parts are the crate's own; the type is public
 /// only because the buffer routing ([`OpBuffer`](crate::OpBuffer)) names
 /// it.
 #[derive(Default)]
-pub struct Staging(Staged);
+pub struct BatchOps(Staged);
 
 #[derive(Default)]
 enum Staged {
@@ -26,16 +26,16 @@ enum Staged {
     Device(NcclStaged),
 }
 
-impl fmt::Debug for Staging {
+impl fmt::Debug for BatchOps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Staging")
+        f.debug_struct("BatchOps")
             .field("backend", &self.backend())
             .field("ops", &self.len())
             .finish()
     }
 }
 
-impl Staging {
+impl BatchOps {
     /// Number of ops staged.
     pub(crate) fn len(&self) -> usize {
         match &self.0 {
@@ -59,19 +59,19 @@ impl Staging {
             op,
             op.name(),
             format!(
-                "a group runs on one backend: its first op took {} buffers, this one {this} \
+                "a batch runs on one backend: its first op took {} buffers, this one {this} \
                  buffers",
                 if this == "host" { "device" } else { "host" }
             ),
         )
     }
 
-    /// The host ops staged so far (a group whose first op is `op` starts
+    /// The host ops staged so far (a batch whose first op is `op` starts
     /// here).
     ///
     /// # Errors
     ///
-    /// The group already holds device ops.
+    /// The batch already holds device ops.
     pub(crate) fn host(&mut self, seq: &Sequencer, op: Op) -> Result<&mut TcpStaged, WorkError> {
         if matches!(self.0, Staged::Empty) {
             self.0 = Staged::Host(TcpStaged::default());
@@ -86,7 +86,7 @@ impl Staging {
     ///
     /// # Errors
     ///
-    /// The group already holds host ops.
+    /// The batch already holds host ops.
     pub(crate) fn device(&mut self, seq: &Sequencer, op: Op) -> Result<&mut NcclStaged, WorkError> {
         if matches!(self.0, Staged::Empty) {
             self.0 = Staged::Device(NcclStaged::default());
@@ -97,7 +97,7 @@ impl Staging {
         }
     }
 
-    /// Launches the staged ops on their backend as one; an empty group
+    /// Launches the staged ops on their backend as one; an empty batch
     /// launches nothing.
     ///
     /// # Errors

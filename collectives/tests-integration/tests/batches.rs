@@ -1,6 +1,6 @@
-//! Grouped ops on the TCP backend: mixed ops and dtypes against
+//! Batched ops on the TCP backend: mixed ops and dtypes against
 //! the serial reference, fused all_reduces, a bad argument that leaves the
-//! group usable, dropped groups, and a grouping mismatch across ranks.
+//! batch usable, dropped batches, and batches that differ across ranks.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
@@ -12,17 +12,17 @@ use tests_integration::testkit::{data, local_groups, on_all, poison, reference};
 const T: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mixed_ops_and_dtypes_in_one_group_match_the_reference() {
+async fn mixed_ops_and_dtypes_in_one_batch_match_the_reference() {
     for n in [1usize, 3] {
         let groups = local_groups(n, T).await;
         on_all(&groups, move |pg| async move {
             let r = pg.rank();
             let next = (r + 1) % n;
             let prev = (r + n - 1) % n;
-            // A group is `!Send`: stage and launch it in a block that ends
+            // A batch is `!Send`: stage and launch it in a block that ends
             // before the first await.
             let (a, b, c, d, e, f, h, p2p, i) = {
-                let mut g = pg.group();
+                let mut g = pg.batch();
                 // Two f32 sums in a row (fused on TCP), then an i64 max.
                 let a = g
                     .all_reduce(data::<f32>(1, r, 1000, ReduceOp::Sum), ReduceOp::Sum)
@@ -102,12 +102,12 @@ async fn mixed_ops_and_dtypes_in_one_group_match_the_reference() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
+async fn a_bad_argument_fails_cleanly_and_the_next_batch_works() {
     let groups = local_groups(2, T).await;
     on_all(&groups, |pg| async move {
         let r = pg.rank();
         let mut staged = None;
-        let res = pg.grouped(|g| {
+        let res = pg.batched(|g| {
             staged = Some(g.all_reduce(data::<f32>(1, r, 10, ReduceOp::Sum), ReduceOp::Sum)?);
 
             // Root 7 is not a rank of a group of 2: refused with the buffer.
@@ -122,7 +122,7 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
             Ok::<_, WorkError>(())
         });
         assert!(matches!(res, Err(WorkError::InvalidArgument { .. })));
-        // The group was dropped: its staged op never ran and says so.
+        // The batch was dropped: its staged op never ran and says so.
         let err = staged.unwrap().await.unwrap_err();
         assert!(err.to_string().contains("dropped before launch"), "{err}");
         assert!(
@@ -130,9 +130,9 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
             "an invalid argument must not fail the group"
         );
 
-        // The next group runs, with the sequence numbers in step.
+        // The next batch runs, with the sequence numbers in step.
         let (a, b) = pg
-            .grouped(|g| {
+            .batched(|g| {
                 Ok::<_, chorus::Error>((
                     g.all_reduce(data::<f32>(3, r, 10, ReduceOp::Sum), ReduceOp::Sum)?,
                     g.all_gather(vec![r as u8; 2], vec![0u8; 4])?,
@@ -146,31 +146,31 @@ async fn a_bad_argument_fails_cleanly_and_the_next_group_works() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn works_of_an_unlaunched_group_say_so() {
+async fn works_of_an_unlaunched_batch_say_so() {
     let groups = local_groups(1, T).await;
     let pg: ProcessGroup = groups[0].clone();
-    let mut g = pg.group();
+    let mut g = pg.batch();
     let a = g.all_reduce(vec![1.0f32; 3], ReduceOp::Sum).unwrap();
     let b = g.all_reduce(vec![2.0f32; 3], ReduceOp::Sum).unwrap();
-    // Taken before launch: an error, and the op still runs with its group.
+    // Taken before launch: an error, and the op still runs with its batch.
     let err = a.into_work().unwrap_err();
     assert!(err.to_string().contains("not been launched"), "{err}");
     g.launch().unwrap();
     assert_eq!(b.into_work().unwrap().await.unwrap(), vec![2.0f32; 3]);
-    // An empty group launches nothing.
-    pg.group().launch().unwrap();
+    // An empty batch launches nothing.
+    pg.batch().launch().unwrap();
     assert_eq!(pg.all_reduce(vec![5u8], ReduceOp::Sum).unwrap().seq(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
+async fn batching_that_differs_across_ranks_is_a_named_mismatch() {
     let groups = local_groups(2, T).await;
     let errs = on_all(&groups, |pg| async move {
         // A submission may already be refused: the group can have failed
         // on the mismatch by then (GroupErrored naming it).
         let first_error = |a: Option<WorkError>, b: Option<WorkError>| a.or(b);
         if pg.rank() == 0 {
-            let staged = pg.grouped(|g| {
+            let staged = pg.batched(|g| {
                 Ok::<_, WorkError>((
                     g.all_reduce(vec![1.0f32; 10], ReduceOp::Sum)?,
                     g.all_reduce(vec![1.0f32; 12], ReduceOp::Sum)?,
@@ -199,7 +199,7 @@ async fn grouping_that_differs_across_ranks_is_a_named_mismatch() {
     })
     .await;
     for e in errs {
-        let e = e.expect("the ranks grouped differently and must not agree");
+        let e = e.expect("the ranks batched differently and must not agree");
         let named = |e: &WorkError| {
             matches!(e, WorkError::Mismatch { .. }) || matches!(e, WorkError::PeerLost { .. })
         };

@@ -1,4 +1,4 @@
-//! Grouped NCCL ops and CUDA graph capture on a GPU, on a 1-rank
+//! Batched NCCL ops and CUDA graph capture on a GPU, on a 1-rank
 //! communicator. Ignored by default; run on the GPU machine with
 //! `--include-ignored --test-threads=1`. They FAIL when no GPU is found.
 #![forbid(unsafe_code)]
@@ -39,7 +39,7 @@ fn reduced<T: Reducible + Clone>(op: ReduceOp, v: &[T]) -> Vec<T> {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
+fn gpu_batched_mixed_ops_and_dtypes_share_one_end_event() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let pg = group("grouped");
@@ -53,7 +53,7 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
         let h: Vec<f32> = random(&mut rng, 12);
         let hb: Vec<bf16> = h.iter().map(|x| bf16::from_f32(*x)).collect();
         let (wa, wb, wc, wd, we, wh) = {
-            let mut g = pg.group();
+            let mut g = pg.batch();
             let wa = g.all_reduce(upload(&s, &a), ReduceOp::Sum).unwrap();
             let wb = g.all_reduce(upload(&s, &b), ReduceOp::Max).unwrap();
             let wc = g.broadcast(upload(&s, &c), 0).unwrap();
@@ -74,7 +74,7 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
         assert_eq!(
             wa.end_event().as_raw(),
             wb.end_event().as_raw(),
-            "the ops of a group share one end event"
+            "the ops of a batch share one end event"
         );
         assert_eq!(wa.seq(), 6 * round + 1);
         assert_eq!(download(&block_on(wa).unwrap()), reduced(ReduceOp::Sum, &a));
@@ -87,17 +87,17 @@ fn gpu_grouped_mixed_ops_and_dtypes_share_one_end_event() {
         );
         assert_eq!(download(&block_on(wh).unwrap().1), hb);
     }
-    println!("grouped: 3 rounds of 6 mixed ops bit-exact, one end event per group");
+    println!("batched: 3 rounds of 6 mixed ops bit-exact, one end event per batch");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
+fn gpu_batch_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let pg = group("badgroup");
     let x = vec![3f32; 100];
-    let res: Result<(), WorkError> = pg.grouped(|g| {
+    let res: Result<(), WorkError> = pg.batched(|g| {
         let _ok = g.all_reduce(upload(&s, &x), ReduceOp::Sum)?;
         // Output of the wrong size: refused with both buffers.
         match g.all_gather(upload(&s, &x), upload(&s, &[0f32; 7])) {
@@ -111,8 +111,8 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     let err = res.unwrap_err();
     assert!(matches!(err, WorkError::InvalidArgument { .. }), "{err}");
     println!("bad argument: {err}");
-    // Host buffers in a device group are refused too.
-    let mut g = pg.group();
+    // Host buffers in a device batch are refused too.
+    let mut g = pg.batch();
     let _d = g.all_reduce(upload(&s, &x), ReduceOp::Sum).unwrap();
     let rej = g.all_reduce(vec![1f32; 3], ReduceOp::Sum).unwrap_err();
     assert!(
@@ -123,20 +123,20 @@ fn gpu_group_with_a_bad_argument_fails_cleanly_and_the_next_works() {
     assert_eq!(rej.buffers, vec![1f32; 3]);
     g.launch().unwrap();
     assert!(pg.error().is_none());
-    // The next group works.
+    // The next batch works.
     let w = pg
-        .grouped(|g| {
+        .batched(|g| {
             g.all_reduce(upload(&s, &x), ReduceOp::Avg)
                 .map_err(WorkError::from)
         })
         .unwrap();
     assert_eq!(download(&block_on(w).unwrap()), x);
-    println!("bad group then good group: ok");
+    println!("bad batch then good batch: ok");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
+fn gpu_capture_a_batch_of_four_all_reduces_and_replay_five_times() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let pg = group("capture");
@@ -175,7 +175,7 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
         }
     };
     let (ars, ag) = cap
-        .group(|g| {
+        .batch(|g| {
             let mut ars = Vec::new();
             for b in ar_bufs {
                 ars.push(g.all_reduce(b, ReduceOp::Sum)?);
@@ -224,7 +224,7 @@ fn gpu_capture_a_group_of_four_all_reduces_and_replay_five_times() {
     }
     drop(graph);
     println!(
-        "capture: group of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct"
+        "capture: batch of 4 all_reduces + all_gather, 5 replays with fresh inputs, all correct"
     );
 }
 
@@ -289,19 +289,19 @@ fn gpu_coalesced_all_reduce_is_one_op_with_its_buffers_in_order() {
     );
 }
 
-/// The works of a group's f32 ops.
-type GroupWorks = Vec<chorus::Grouped<chorus::DeviceWork<DeviceBuffer<f32>>>>;
+/// The works of a batch's f32 ops.
+type BatchWorks = Vec<chorus::Batched<chorus::DeviceWork<DeviceBuffer<f32>>>>;
 
-/// A group of `n` f32 all_reduce(Sum)s staged behind a spin kernel of
-/// `len` on their producer stream `s` (so the group still runs when it is
+/// A batch of `n` f32 all_reduce(Sum)s staged behind a spin kernel of
+/// `len` on their producer stream `s` (so the batch still runs when it is
 /// awaited), with the data each should end with.
-fn spun_group(
+fn spun_batch(
     pg: &ProcessGroup,
     s: &Stream,
     kernels: &chorus::test_util::Kernels,
     len: Duration,
     n: usize,
-) -> (GroupWorks, Vec<Vec<f32>>) {
+) -> (BatchWorks, Vec<Vec<f32>>) {
     let data: Vec<Vec<f32>> = (0..n)
         .map(|k| (0..257).map(|i| (i * (k + 1)) as f32 * 0.5).collect())
         .collect();
@@ -309,7 +309,7 @@ fn spun_group(
     let bufs: Vec<DeviceBuffer<f32>> = data.iter().map(|d| upload(s, d)).collect();
     kernels.spin(s, len).unwrap();
     let works = pg
-        .grouped(|g| {
+        .batched(|g| {
             bufs.into_iter()
                 .map(|b| g.all_reduce(b, ReduceOp::Sum).map_err(|r| r.error))
                 .collect::<Result<Vec<_>, WorkError>>()
@@ -320,7 +320,7 @@ fn spun_group(
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_timeout() {
+fn gpu_a_long_batch_wakes_each_of_its_works_on_every_executor_and_through_wait_timeout() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
@@ -336,7 +336,7 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
     for ms in [1u64, 10, 30] {
         let len = Duration::from_millis(ms);
         // block_on, one thread per work, all waiting at once.
-        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let (works, data) = spun_batch(&pg, &s, &kernels, len, 4);
         let outs: Vec<Vec<f32>> = std::thread::scope(|sc| {
             let hs: Vec<_> = works
                 .into_iter()
@@ -347,13 +347,13 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
         assert_eq!(outs, data, "{ms} ms, block_on on 4 threads");
 
         // tokio current-thread: every work joined on one task.
-        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let (works, data) = spun_batch(&pg, &s, &kernels, len, 4);
         let outs = ct.block_on(futures::future::join_all(works));
         let outs: Vec<Vec<f32>> = outs.into_iter().map(|r| download(&r.unwrap())).collect();
         assert_eq!(outs, data, "{ms} ms, tokio current-thread");
 
         // tokio multi-thread: one task per work.
-        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        let (works, data) = spun_batch(&pg, &s, &kernels, len, 4);
         let outs: Vec<Vec<f32>> = mt.block_on(async {
             let hs: Vec<_> = works.into_iter().map(|w| tokio::spawn(w)).collect();
             let mut outs = Vec::new();
@@ -365,14 +365,14 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
         assert_eq!(outs, data, "{ms} ms, tokio multi-thread");
 
         // wait_timeout, one after another; the works are per op, the
-        // completion level explicit: pending while the GPU runs the group,
-        // finished for every work once one has seen the group end.
-        let (works, data) = spun_group(&pg, &s, &kernels, len, 4);
+        // completion level explicit: pending while the GPU runs the batch,
+        // finished for every work once one has seen the batch end.
+        let (works, data) = spun_batch(&pg, &s, &kernels, len, 4);
         let works: Vec<_> = works.into_iter().map(|w| w.into_work().unwrap()).collect();
         let seqs: Vec<u64> = works.iter().map(|w| w.seq()).collect();
         assert!(
             seqs.windows(2).all(|p| p[1] == p[0] + 1),
-            "each op of the group has its own sequence number: {seqs:?}"
+            "each op of the batch has its own sequence number: {seqs:?}"
         );
         assert_eq!(
             works[0].status(),
@@ -391,27 +391,27 @@ fn gpu_a_long_group_wakes_each_of_its_works_on_every_executor_and_through_wait_t
         assert_eq!(outs, data, "{ms} ms, wait_timeout");
     }
     // Groups of one shape are learned as a lone op's are: the later ones
-    // are woken ahead of their expected end (nothing but groups ran here).
+    // are woken ahead of their expected end (nothing but batches ran here).
     let (prewakes, hits) = chorus::test_util::prewake_counts();
     assert!(
         prewakes > prewakes_before,
-        "no group was pre-woken: {prewakes_before} -> {prewakes}"
+        "no batch was pre-woken: {prewakes_before} -> {prewakes}"
     );
     println!(
-        "pre-wakes of the groups: {} ({hits} seen ending, process-wide)",
+        "pre-wakes of the batches: {} ({hits} seen ending, process-wide)",
         prewakes - prewakes_before
     );
-    println!("groups of 4 behind 1, 10 and 30 ms: block_on x4 threads, tokio current-thread, tokio multi-thread, wait_timeout all correct");
+    println!("batches of 4 behind 1, 10 and 30 ms: block_on x4 threads, tokio current-thread, tokio multi-thread, wait_timeout all correct");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_an_aborted_group_fails_each_waiting_work_as_its_own_op() {
+fn gpu_an_aborted_batch_fails_each_waiting_work_as_its_own_op() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
     let pg = group("aborted-group");
-    let (works, _) = spun_group(&pg, &s, &kernels, Duration::from_secs(2), 3);
+    let (works, _) = spun_batch(&pg, &s, &kernels, Duration::from_secs(2), 3);
     let works: Vec<_> = works.into_iter().map(|w| w.into_work().unwrap()).collect();
     let seqs: Vec<u64> = works.iter().map(|w| w.seq()).collect();
     let t0 = std::time::Instant::now();
@@ -440,19 +440,19 @@ fn gpu_an_aborted_group_fails_each_waiting_work_as_its_own_op() {
     );
     assert!(pg.error().is_some());
     println!(
-        "aborted group: 3 waiting works failed as seq {seqs:?} after {waited:?}; buffers back: {:?}",
+        "aborted batch: 3 waiting works failed as seq {seqs:?} after {waited:?}; buffers back: {:?}",
         errs.iter().map(|e| e.2).collect::<Vec<_>>()
     );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_a_group_work_past_its_wait_timeout_times_the_group_out() {
+fn gpu_a_batch_work_past_its_wait_timeout_times_the_batch_out() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
     let pg = group("timed-out-group");
-    let (works, _) = spun_group(&pg, &s, &kernels, Duration::from_secs(2), 2);
+    let (works, _) = spun_batch(&pg, &s, &kernels, Duration::from_secs(2), 2);
     let mut works = works.into_iter();
     let (a, b) = (works.next().unwrap(), works.next().unwrap());
     let a = a.into_work().unwrap();
@@ -470,27 +470,27 @@ fn gpu_a_group_work_past_its_wait_timeout_times_the_group_out() {
     assert_eq!(err_b.error.context().seq, sa + 1, "{}", err_b.error);
     assert!(pg.error().is_some(), "the group is failed with the timeout");
     println!(
-        "group timed out by wait_timeout after {waited:?}: {}; its other op: {}",
+        "batch timed out by wait_timeout after {waited:?}: {}; its other op: {}",
         err.error, err_b.error
     );
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn gpu_group_works_taken_stream_ordered_dropped_or_awaited_each_get_their_own() {
+fn gpu_batch_works_taken_stream_ordered_dropped_or_awaited_each_get_their_own() {
     let dev = device0();
     let s = dev.new_stream(StreamPriority::Normal).unwrap();
     let kernels = chorus::test_util::Kernels::load(&dev).unwrap();
     let pg = group("mixed-levels");
     for _ in 0..3 {
-        let (works, data) = spun_group(&pg, &s, &kernels, Duration::from_millis(5), 3);
+        let (works, data) = spun_batch(&pg, &s, &kernels, Duration::from_millis(5), 3);
         let mut works = works.into_iter();
         let (a, b, c) = (
             works.next().unwrap(),
             works.next().unwrap(),
             works.next().unwrap(),
         );
-        // Stream-ordered: back at once, ordered after the group on its
+        // Stream-ordered: back at once, ordered after the batch on its
         // producer stream (the download waits there).
         let a = a.into_work().unwrap().stream_ordered().unwrap();
         drop(b);
@@ -504,6 +504,6 @@ fn gpu_group_works_taken_stream_ordered_dropped_or_awaited_each_get_their_own() 
     assert_eq!(download(&out), d);
     assert!(pg.error().is_none());
     println!(
-        "3 groups: a work stream-ordered, one dropped, one awaited: all correct, group healthy"
+        "3 batches: a work stream-ordered, one dropped, one awaited: all correct, group healthy"
     );
 }
