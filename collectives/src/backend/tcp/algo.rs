@@ -395,7 +395,7 @@ impl Worker {
             finish_avg(op, buf, 0..count, n);
             return Ok(());
         }
-        if n > 2 && self.all_local() {
+        if n > 2 && self.all_local(ctx).await? {
             // Every rank on this host with shared memory: the ring's
             // reduce-scatter, then every rank writes its reduced block once
             // into its broadcast segment and every other rank copies it

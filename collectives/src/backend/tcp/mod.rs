@@ -214,12 +214,16 @@
 //! thread), `group` (groups), `setup` (building the mesh), `backend`
 //! (`TcpBackend` through the backend interface).
 
+mod acceptor;
 mod algo;
 mod backend;
 mod conn;
+mod dial;
 mod drive;
 mod group;
 mod halves;
+mod install;
+mod links;
 mod notice;
 mod options;
 mod pipe_io;

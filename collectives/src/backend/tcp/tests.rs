@@ -166,6 +166,16 @@ struct Rank {
 }
 
 impl Rank {
+    /// A rank of group "g".
+    fn of(be: Arc<TcpBackend>) -> Rank {
+        Rank {
+            be,
+            group: "g".into(),
+            seq: 0,
+            p2p: HashMap::new(),
+        }
+    }
+
     fn rank(&self) -> usize {
         self.be.rank()
     }
@@ -1274,30 +1284,23 @@ fn bad_setup_arguments_are_errors() {
         false,
     ));
     assert!(matches!(r, Err(crate::Error::InvalidArgument(_))));
-    // A peer that never shows up: setup times out, naming its address key
-    // (rank 0 waits for rank 1's address) or, for rank 1, the rank that never
-    // connected.
+    // A peer that never shows up: setup only publishes this rank's
+    // address, and the first op that needs the peer fails, naming its
+    // address key.
     let opts = TcpOptions {
         connect_timeout: Duration::from_millis(200),
         ..TcpOptions::default()
     };
-    let r = block_on(TcpBackend::connect(
-        store.clone(),
-        0,
-        2,
-        "g".into(),
-        opts.clone(),
-        false,
-    ));
-    let Err(crate::Error::Store(StoreError::Timeout { keys, .. })) = r else {
-        panic!("expected a store timeout, got {r:?}")
-    };
-    assert_eq!(keys, vec!["addr/1".to_string()]);
-    let r = block_on(TcpBackend::connect(store, 1, 2, "h".into(), opts, false));
-    let Err(crate::Error::Setup { msg, .. }) = r else {
-        panic!("expected a setup error, got {r:?}")
-    };
-    assert!(msg.contains("ranks {0}"), "{msg}");
+    let be = block_on(TcpBackend::connect(store, 0, 2, "g".into(), opts, false))
+        .expect("setup waits for no peer");
+    let mut rk = Rank::of(be);
+    let start = Instant::now();
+    let e = expect_err(rk.coll(Call::Barrier));
+    assert!(
+        matches!(&e, WorkError::Store { cause, .. } if cause.contains("addr/1") && cause.contains("rank 1")),
+        "{e}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{e}");
 }
 
 #[test]
@@ -1315,11 +1318,19 @@ fn different_options_are_refused_at_setup() {
         TcpBackend::connect(store.clone(), 0, 2, "g".into(), a, false),
         TcpBackend::connect(store, 1, 2, "g".into(), b, false),
     ));
-    let Err(crate::Error::Setup { msg, .. }) = ra else {
-        panic!("rank 0 should refuse")
-    };
-    assert!(msg.contains("same TcpOptions"), "{msg}");
-    assert!(rb.is_err());
+    // Setup connects to no one; the first op's handshake refuses.
+    let mut w = [ra, rb].map(|r| Rank::of(r.expect("setup")));
+    let works = w
+        .iter_mut()
+        .map(|rk| rk.coll(Call::Barrier))
+        .collect::<Vec<_>>();
+    for work in works {
+        let e = expect_err(work);
+        assert!(
+            e.to_string().contains("same TcpOptions") || matches!(e, WorkError::PeerLost { .. }),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -303,6 +303,10 @@ pub(super) const HELLO_SAME_HOST: u16 = 4;
 /// [`Hello::flags`] bit: the sender runs the checked mode (every op's
 /// signature verified against every rank's; both ends must agree).
 pub(super) const HELLO_CHECKED: u16 = 8;
+/// [`Hello::flags`] bit, in an acceptor's answer only: the acceptor (the
+/// lower rank of the pair) is dialling the sender itself, and that
+/// connection is the pair's; the sender closes this one and waits for it.
+pub(super) const HELLO_DUP: u16 = 16;
 
 /// Fixed part of an encoded [`Hello`] (the group name follows).
 pub(super) const HELLO_FIXED: usize = 40;

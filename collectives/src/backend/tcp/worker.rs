@@ -14,6 +14,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
+use super::dial::Dialer;
+use super::links::Installed;
 use super::notice::Notice;
 use super::request::OpRequest;
 use super::shm;
@@ -47,17 +49,20 @@ pub(super) struct Shm {
     /// Whether each peer mapped the broadcast segment.
     pub(super) bcast_ok: Vec<bool>,
     /// Every rank is on this host and offers shared memory (the same on
-    /// every rank).
-    pub(super) all_local: bool,
+    /// every rank), once found out (see `dial`).
+    pub(super) all_local: Option<bool>,
 }
 
 /// The worker task's state. It alone writes to the connections.
 #[derive(Debug)]
 pub(super) struct Worker {
     pub(super) inner: Arc<Inner>,
+    /// Opens connections when an op first needs them.
+    pub(super) dialer: Dialer,
+    /// Each connected peer's write side.
     writers: Vec<Option<Writer>>,
     /// Shared-memory segments.
-    shm: Shm,
+    pub(super) shm: Shm,
     coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
@@ -122,24 +127,47 @@ fn op_bytes(op: Op, bufs: &[HostBuffer]) -> usize {
 }
 
 impl Worker {
-    pub(super) fn new(
-        inner: Arc<Inner>,
-        writers: Vec<Option<Writer>>,
-        shm: Shm,
-        coll: Vec<Option<UnboundedReceiver<Incoming>>>,
-        p2p: Vec<Option<UnboundedReceiver<Frame>>>,
-    ) -> Worker {
+    /// A worker with no connection yet; `bcast`: this rank's broadcast
+    /// segment, if it has one.
+    pub(super) fn new(inner: Arc<Inner>, dialer: Dialer, bcast: Option<shm::Tx>) -> Worker {
         let n = inner.size;
         Worker {
             inner,
-            writers,
-            shm,
-            coll,
-            p2p,
+            dialer,
+            writers: (0..n).map(|_| None).collect(),
+            shm: Shm {
+                tx: (0..n).map(|_| None).collect(),
+                bcast,
+                bcast_ok: vec![false; n],
+                all_local: None,
+            },
+            coll: (0..n).map(|_| None).collect(),
+            p2p: (0..n).map(|_| None).collect(),
             links: vec![None; n],
             stash: (0..n).map(|_| VecDeque::new()).collect(),
             sent: vec![0; n],
             recvd: vec![0; n],
+        }
+    }
+
+    /// Whether this worker holds a connection to `peer`.
+    pub(super) fn is_connected(&self, peer: usize) -> bool {
+        self.writers.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Takes the connection `i` to `peer` into use.
+    pub(super) fn adopt(&mut self, peer: usize, i: Installed) {
+        self.writers[peer] = Some(i.writer);
+        self.coll[peer] = Some(i.coll);
+        self.p2p[peer] = Some(i.p2p);
+        self.shm.tx[peer] = i.shm_tx;
+        self.shm.bcast_ok[peer] = i.bcast_ok;
+    }
+
+    /// Takes into use every connection peers made that no op needed yet.
+    pub(super) fn adopt_arrived(&mut self) {
+        for (p, i) in self.inner.links.take_arrived() {
+            self.adopt(p, *i);
         }
     }
 
@@ -261,6 +289,7 @@ impl Worker {
         // Closing the write halves sends FIN; aborting the readers drops the
         // read halves, which closes the sockets.
         self.writers.clear();
+        inner.stop_listening();
         inner.stop_readers();
         tracing::debug!(group = %inner.group, rank = inner.rank, graceful, "TCP worker stopped");
     }
@@ -303,6 +332,10 @@ impl Worker {
         if self.inner.mute.load(Ordering::SeqCst) {
             return;
         }
+        // Peers this rank never talked to learn it too (faults are rare,
+        // and a peer may be about to need this rank).
+        self.ensure_all(std::time::Instant::now() + Duration::from_millis(300))
+            .await;
         let body = Notice::of(cause).encode();
         let hdr = Header {
             group: self.inner.group_hash,
@@ -347,6 +380,7 @@ impl Worker {
     ) -> Result<(), WorkError> {
         let sig = signature(ctx, op, bufs);
         self.inner.progress.finished(sig, ctx.op);
+        self.adopt_arrived();
         for peer in 0..self.n() {
             let late = |f: &Frame| self.inner.progress.is_late(f.hdr.sig.seq);
             if let Some(f) = self.stash[peer].iter().find(|f| late(f)) {
@@ -428,12 +462,6 @@ impl Worker {
         self.write(op, peer, payload.len(), 0, payload).await
     }
 
-    /// Whether the all-gather phase of large all_reduces goes through the
-    /// broadcast segments (the same answer on every rank).
-    pub(super) fn all_local(&self) -> bool {
-        self.shm.all_local
-    }
-
     /// Sends one frame of `op` with `payload` to every other rank: written
     /// once into a slot of this rank's broadcast segment when it is large
     /// and there is one free (each peer that mapped the segment gets only
@@ -444,6 +472,9 @@ impl Worker {
         payload: &[u8],
     ) -> Result<(), WorkError> {
         let others: Vec<usize> = self.others().collect();
+        for &p in &others {
+            self.ensure(op.ctx, p).await?;
+        }
         let readers = others.iter().filter(|&&p| self.shm.bcast_ok[p]).count();
         let mut slot = None;
         if payload.len() >= shm::SHM_MIN && readers > 0 {
@@ -526,6 +557,7 @@ impl Worker {
         slot: u16,
         body: &[u8],
     ) -> Result<(), WorkError> {
+        self.ensure(op.ctx, peer).await?;
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
         if !self.inner.peer_state(peer).is_open() {
@@ -680,6 +712,7 @@ impl Worker {
     /// collective frame that has not arrived yet may come as a lent read
     /// side (see [`Link`]).
     async fn take(&mut self, op: &Active<'_>, peer: usize, direct: bool) -> Result<Got, WorkError> {
+        self.ensure(op.ctx, peer).await?;
         let no_conn = || WorkError::Backend {
             ctx: op.ctx.clone(),
             msg: format!("no connection to rank {peer}"),
