@@ -11,6 +11,7 @@ use chorus_core::WorkError;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::install::install;
+use super::links::Taking;
 use super::setup::{accept_any, accept_stream, Listening, Me, Refused};
 use super::state::Inner;
 
@@ -29,7 +30,7 @@ pub(super) async fn acceptor(inner: Arc<Inner>, me: Arc<Me>, lst: Listening) {
                         let taken = std::sync::Mutex::new(None);
                         let take = |peer: usize| {
                             let t = inner.links.take(peer);
-                            if t {
+                            if t == Taking::Take {
                                 *lock(&taken) = Some(peer);
                             }
                             t

@@ -58,7 +58,7 @@ pub(super) fn install(inner: &Arc<Inner>, peer: usize, c: Conn) -> Result<Instal
     if inner.links.is_closed() {
         reader.cancel();
     }
-    tracing::debug!(group = %inner.group, rank = inner.rank, peer, shm = c.shm.tx.is_some(), "connected");
+    tracing::debug!(group = %inner.group, rank = inner.rank, peer, shm = c.shm.tx.is_some(), before = inner.links.opened(), "connected");
     Ok(Installed {
         writer: conn::Writer::new(wr),
         coll: crx,

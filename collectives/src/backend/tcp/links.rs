@@ -49,6 +49,17 @@ pub(super) struct Installed {
     pub(super) bcast_ok: bool,
 }
 
+/// What the acceptor does with a connection from a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::backend::tcp) enum Taking {
+    /// Take it: it is the pair's connection.
+    Take,
+    /// Refuse it with `HELLO_DUP`: this rank's own dial is the pair's.
+    Dup,
+    /// Drop it unanswered: this rank stopped.
+    Closed,
+}
+
 /// What the worker should do about a peer it needs.
 #[derive(Debug)]
 pub(super) enum Next {
@@ -136,10 +147,10 @@ impl Links {
 
     /// The acceptor has a hello from `peer`: whether it takes the
     /// connection (and then runs its handshake to the end).
-    pub(super) fn take(&self, peer: usize) -> bool {
+    pub(super) fn take(&self, peer: usize) -> Taking {
         let mut t = lock(&self.table);
         if t.closed {
-            return false;
+            return Taking::Closed;
         }
         let take = match t.state[peer] {
             State::Idle | State::Awaiting => true,
@@ -147,10 +158,11 @@ impl Links {
             State::Dialing => peer < self.me,
             State::Accepting | State::Up => false,
         };
-        if take {
-            t.state[peer] = State::Accepting;
+        if !take {
+            return Taking::Dup;
         }
-        take
+        t.state[peer] = State::Accepting;
+        Taking::Take
     }
 
     /// The handshake of a connection the acceptor took from `peer` failed.
@@ -219,9 +231,9 @@ mod tests {
         assert!(matches!(low.next(3), Next::Dial));
         assert!(matches!(high.next(1), Next::Dial));
         // The lower rank refuses the higher one's hello ...
-        assert!(!low.take(3));
+        assert_eq!(low.take(3), Taking::Dup);
         // ... and the higher one takes the lower one's.
-        assert!(high.take(1));
+        assert_eq!(high.take(1), Taking::Take);
         high.refused(1);
         // The higher rank then waits for the lower one's connection.
         assert!(matches!(high.next(1), Next::Wait));
@@ -230,15 +242,19 @@ mod tests {
     #[test]
     fn a_peer_that_is_not_dialled_is_taken_once() {
         let l = Links::new(0, 3);
-        assert!(l.take(2));
-        assert!(!l.take(2), "a second connection from the same peer");
+        assert_eq!(l.take(2), Taking::Take);
+        assert_eq!(
+            l.take(2),
+            Taking::Dup,
+            "a second connection from the same peer"
+        );
         assert!(matches!(l.next(2), Next::Wait));
         l.accept_failed(2);
         assert!(matches!(l.next(2), Next::Dial));
         l.dial_failed(2);
         assert!(matches!(l.next(2), Next::Dial));
         l.dialled(2);
-        assert!(!l.take(2));
+        assert_eq!(l.take(2), Taking::Dup);
         assert_eq!(l.opened(), 1);
     }
 
@@ -247,6 +263,6 @@ mod tests {
         let l = Links::new(0, 2);
         l.close();
         assert!(l.is_closed());
-        assert!(!l.take(1));
+        assert_eq!(l.take(1), Taking::Closed);
     }
 }

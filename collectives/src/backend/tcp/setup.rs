@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
 use super::halves::{ReadHalf, Sock, WriteHalf};
+use super::links::Taking;
 use super::options::TcpOptions;
 use super::shm;
 use super::wire::{
@@ -241,12 +242,13 @@ pub(super) struct Refused {
 
 /// Accepts one connection's handshake: reads the peer's hello, answers with
 /// ours, checks theirs. `take(peer)` says whether this rank takes a
-/// connection from `peer` (else the answer carries [`HELLO_DUP`]); it is
-/// only asked about a peer whose hello checked out.
+/// connection from `peer` (a refusal's answer carries [`HELLO_DUP`]; a
+/// stopped rank does not answer); it is only asked about a peer whose
+/// hello checked out.
 async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     mut s: S,
-    take: &(dyn Fn(usize) -> bool + Sync),
+    take: &(dyn Fn(usize) -> Taking + Sync),
 ) -> Result<(usize, S, Hello), Refused> {
     let stray = |msg: String| Refused {
         msg,
@@ -255,7 +257,11 @@ async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let h = read_hello(&mut s).await.map_err(stray)?;
     let checked = me.check(&h, None);
-    let dup = matches!(checked, Ok(peer) if !take(peer));
+    let taking = checked.as_ref().map_or(Taking::Take, |&peer| take(peer));
+    if taking == Taking::Closed {
+        return Err(stray("this rank stopped".into()));
+    }
+    let dup = taking == Taking::Dup;
     // Answer before reporting a failed check, so that the peer sees our
     // side and reports the mismatch too.
     s.write_all(&me.hello(h.from as usize, false, dup).encode())
@@ -316,7 +322,7 @@ pub(super) async fn accept_any(
 pub(super) async fn accept_stream(
     me: &Me,
     s: Stream,
-    take: &(dyn Fn(usize) -> bool + Sync),
+    take: &(dyn Fn(usize) -> Taking + Sync),
 ) -> Result<(usize, Conn), Refused> {
     let failed = |msg: String| Refused {
         msg,
