@@ -10,26 +10,32 @@ use chorus_core::sync::lock;
 use chorus_core::WorkError;
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use super::install::install;
+use super::install::{install, LinkTable};
 use super::links::Taking;
 use super::setup::{accept_any, accept_stream, Listening, Me, Refused};
 use super::state::Inner;
 
-/// Accepts connections until the task is aborted (when the backend stops).
-pub(super) async fn acceptor(inner: Arc<Inner>, me: Arc<Me>, lst: Listening) {
+/// Accepts connections into `links` until the task is aborted (when the
+/// backend stops).
+pub(super) async fn acceptor(
+    inner: Arc<Inner>,
+    links: Arc<LinkTable>,
+    me: Arc<Me>,
+    lst: Listening,
+) {
     let timeout = me.opts.connect_timeout;
     let mut pending = FuturesUnordered::new();
     loop {
         tokio::select! {
             r = accept_any(&lst.tcp, lst.unix.as_ref()) => match r {
                 Ok((s, from)) => {
-                    let (inner, me) = (inner.clone(), me.clone());
+                    let (links, me) = (links.clone(), me.clone());
                     pending.push(async move {
                         // The peer whose connection the table took, to be
                         // given back if its handshake fails.
                         let taken = std::sync::Mutex::new(None);
                         let take = |peer: usize| {
-                            let t = inner.links.take(peer);
+                            let t = links.take(peer);
                             if t == Taking::Take {
                                 *lock(&taken) = Some(peer);
                             }
@@ -38,7 +44,7 @@ pub(super) async fn acceptor(inner: Arc<Inner>, me: Arc<Me>, lst: Listening) {
                         let r = tokio::time::timeout(timeout, accept_stream(&me, s, &take)).await;
                         let taken = *lock(&taken);
                         if let (Some(peer), Ok(Err(_)) | Err(_)) = (taken, &r) {
-                            inner.links.accept_failed(peer);
+                            links.accept_failed(peer);
                         }
                         (from, r)
                     });
@@ -50,14 +56,14 @@ pub(super) async fn acceptor(inner: Arc<Inner>, me: Arc<Me>, lst: Listening) {
                 }
             },
             Some((from, r)) = pending.next(), if !pending.is_empty() => match r {
-                Ok(Ok((peer, c))) => match install(&inner, peer, c) {
+                Ok(Ok((peer, c))) => match install(&inner, &links, peer, c) {
                     Ok(i) => {
                         // A closed table drops the connection.
-                        let _ = inner.links.arrive(peer, i);
+                        let _ = links.arrive(peer, Box::new(i));
                     }
                     Err(msg) => {
                         tracing::warn!(group = %inner.group, rank = inner.rank, peer, "cannot use a connection: {msg}");
-                        inner.links.accept_failed(peer);
+                        links.accept_failed(peer);
                     }
                 },
                 Ok(Err(Refused { dup: true, .. })) => {}

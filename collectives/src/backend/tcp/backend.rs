@@ -13,7 +13,8 @@ use chorus_store::Store;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 
-use super::dial::Dialer;
+use super::dialer::Dialer;
+use super::install::LinkTable;
 use super::links::Links;
 use super::options::{TcpOptions, MAX_CHUNK};
 use super::pool::Pool;
@@ -25,11 +26,13 @@ use crate::error::{Error, Rejected};
 use crate::grouped::{self, Grouped};
 use crate::sequence::{Counters, Sequencer};
 use crate::work::{Assist, Work};
-use chorus_core::sync::lock;
 
 /// The TCP backend of one group. See the [module docs](super).
 pub(crate) struct TcpBackend {
     inner: Arc<Inner>,
+    /// This rank's table of connections.
+    #[cfg_attr(not(test), allow(dead_code))]
+    links: Arc<LinkTable>,
     tx: mpsc::UnboundedSender<OpRequest>,
     /// Set by `close`: the worker says goodbye and stops.
     close: watch::Sender<bool>,
@@ -130,8 +133,6 @@ impl TcpBackend {
             lost: Mutex::new(None),
             peers: Mutex::new(vec![PeerState::Unconnected; size]),
             readers: Mutex::new(Vec::new()),
-            links: Links::new(rank, size),
-            acceptor: Mutex::new(None),
             idle: AtomicBool::new(false),
             shm_frames: AtomicU64::new(0),
             shm_full: AtomicU64::new(0),
@@ -140,22 +141,29 @@ impl TcpBackend {
             #[cfg(test)]
             mute: AtomicBool::new(false),
         });
-        let (me, host) = match listening {
+        let links: Arc<LinkTable> = Arc::new(Links::new(rank, size));
+        let (me, host, acceptor) = match listening {
             Ok(mut l) => {
                 let me = Arc::new(l.me.clone());
                 let host = l.host.take();
-                let task = handle.spawn(acceptor::acceptor(inner.clone(), me.clone(), l));
-                *lock(&inner.acceptor) = Some(task.abort_handle());
-                (me, host)
+                let task = handle.spawn(acceptor::acceptor(
+                    inner.clone(),
+                    links.clone(),
+                    me.clone(),
+                    l,
+                ));
+                (me, host, Some(task.abort_handle()))
             }
-            Err(me) => (Arc::new(me), None),
+            Err(me) => (Arc::new(me), None, None),
         };
         let bcast = me.bcast.as_ref().map(|b| b.tx());
         let dialer = Dialer {
             inner: inner.clone(),
+            links: links.clone(),
             me,
             store,
             host,
+            acceptor: Mutex::new(acceptor),
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
@@ -171,6 +179,7 @@ impl TcpBackend {
         let driver = Arc::new(drive::Driver::new(inner.clone(), worker, handle, spin));
         Ok(Arc::new(TcpBackend {
             inner,
+            links,
             tx,
             close,
             done,
@@ -203,7 +212,7 @@ impl TcpBackend {
     /// Tests: connections this rank has made or taken so far.
     #[cfg(test)]
     pub(crate) fn connections(&self) -> usize {
-        self.inner.links.opened()
+        self.links.opened()
     }
 
     /// Tests: fails this backend as a process that dies does, without a

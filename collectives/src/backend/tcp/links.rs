@@ -12,14 +12,10 @@
 //! dials the same peer.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::Notify;
-
-use super::conn::{Frame, Incoming, Writer};
-use super::shm;
-use chorus_core::sync::lock;
 use std::sync::Mutex;
+
+use chorus_core::sync::lock;
+use tokio::sync::Notify;
 
 /// Where the connection to one peer stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,22 +32,9 @@ enum State {
     Up,
 }
 
-/// A connection ready for the worker: its write side, the queues its
-/// reader fills, and its shared memory.
-#[derive(Debug)]
-pub(super) struct Installed {
-    pub(super) writer: Writer,
-    pub(super) coll: UnboundedReceiver<Incoming>,
-    pub(super) p2p: UnboundedReceiver<Frame>,
-    /// The segment this rank writes to the peer, if any.
-    pub(super) shm_tx: Option<shm::Tx>,
-    /// The peer mapped this rank's broadcast segment.
-    pub(super) bcast_ok: bool,
-}
-
 /// What the acceptor does with a connection from a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::backend::tcp) enum Taking {
+pub(crate) enum Taking {
     /// Take it: it is the pair's connection.
     Take,
     /// Refuse it with `HELLO_DUP`: this rank's own dial is the pair's.
@@ -60,11 +43,12 @@ pub(in crate::backend::tcp) enum Taking {
     Closed,
 }
 
-/// What the worker should do about a peer it needs.
+/// What the worker should do about a peer it needs; `T`: a connection
+/// ready for use.
 #[derive(Debug)]
-pub(super) enum Next {
+pub(super) enum Next<T> {
     /// The peer's connection arrived: take it.
-    Ready(Box<Installed>),
+    Ready(T),
     /// Dial it (the table now says so).
     Dial,
     /// A connection is on its way from the peer: wait for [`Links::arrived`].
@@ -72,25 +56,26 @@ pub(super) enum Next {
 }
 
 #[derive(Debug)]
-struct Table {
+struct Table<T> {
     state: Vec<State>,
-    ready: Vec<Option<Box<Installed>>>,
+    ready: Vec<Option<T>>,
     closed: bool,
 }
 
-/// The table of one rank's connections.
+/// The table of one rank's connections; `T`: a connection the acceptor
+/// made, ready for the worker.
 #[derive(Debug)]
-pub(super) struct Links {
+pub(super) struct Links<T> {
     me: usize,
-    table: Mutex<Table>,
+    table: Mutex<Table<T>>,
     /// Connections made so far (both directions).
     opened: AtomicUsize,
     /// Woken when a connection arrives or a handshake fails.
     pub(super) arrived: Notify,
 }
 
-impl Links {
-    pub(super) fn new(me: usize, size: usize) -> Links {
+impl<T> Links<T> {
+    pub(super) fn new(me: usize, size: usize) -> Links<T> {
         Links {
             me,
             table: Mutex::new(Table {
@@ -109,7 +94,7 @@ impl Links {
     }
 
     /// The worker needs `peer`: what to do now.
-    pub(super) fn next(&self, peer: usize) -> Next {
+    pub(super) fn next(&self, peer: usize) -> Next<T> {
         let mut t = lock(&self.table);
         if let Some(i) = t.ready.get_mut(peer).and_then(Option::take) {
             return Next::Ready(i);
@@ -178,14 +163,14 @@ impl Links {
 
     /// A connection from `peer` is ready for the worker. Gives it back
     /// when the table is closed (the backend stopped).
-    pub(super) fn arrive(&self, peer: usize, i: Installed) -> Result<(), Box<Installed>> {
+    pub(super) fn arrive(&self, peer: usize, i: T) -> Result<(), T> {
         {
             let mut t = lock(&self.table);
             if t.closed {
-                return Err(Box::new(i));
+                return Err(i);
             }
             t.state[peer] = State::Up;
-            t.ready[peer] = Some(Box::new(i));
+            t.ready[peer] = Some(i);
         }
         self.opened.fetch_add(1, Ordering::Relaxed);
         self.arrived.notify_waiters();
@@ -193,7 +178,7 @@ impl Links {
     }
 
     /// Every connection that arrived and the worker has not taken yet.
-    pub(super) fn take_arrived(&self) -> Vec<(usize, Box<Installed>)> {
+    pub(super) fn take_arrived(&self) -> Vec<(usize, T)> {
         let mut t = lock(&self.table);
         t.ready
             .iter_mut()
@@ -226,8 +211,8 @@ mod tests {
     #[test]
     fn when_both_dial_the_lower_ranks_connection_is_kept() {
         // Rank 1 and rank 3 dial each other at once.
-        let low = Links::new(1, 4);
-        let high = Links::new(3, 4);
+        let low = Links::<()>::new(1, 4);
+        let high = Links::<()>::new(3, 4);
         assert!(matches!(low.next(3), Next::Dial));
         assert!(matches!(high.next(1), Next::Dial));
         // The lower rank refuses the higher one's hello ...
@@ -241,7 +226,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_is_not_dialled_is_taken_once() {
-        let l = Links::new(0, 3);
+        let l = Links::<()>::new(0, 3);
         assert_eq!(l.take(2), Taking::Take);
         assert_eq!(
             l.take(2),
@@ -260,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_closed_table_takes_nothing() {
-        let l = Links::new(0, 2);
+        let l = Links::<()>::new(0, 2);
         l.close();
         assert!(l.is_closed());
         assert_eq!(l.take(1), Taking::Closed);

@@ -282,20 +282,21 @@ async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     Ok((peer, s, h))
 }
 
-/// Sends our hello to `peer` and checks the answer.
+/// Sends our hello to `peer` and checks the answer. A peer that accepted
+/// the connection and then closed or reset it is gone.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     peer: usize,
     s: &mut S,
     addr: &str,
     same_host: bool,
-) -> Result<Hello, String> {
+) -> Result<Hello, SetupError> {
     s.write_all(&me.hello(peer, same_host, false).encode())
         .await
-        .map_err(|e| format!("writing the handshake to rank {peer}: {e}"))?;
+        .map_err(|e| SetupError::Gone(format!("writing the handshake to it at {addr}: {e}")))?;
     let h = read_hello(s)
         .await
-        .map_err(|e| format!("rank {peer} at {addr}: {e}"))?;
+        .map_err(|e| SetupError::Gone(format!("at {addr}: {e}")))?;
     me.check(&h, Some(peer))?;
     Ok(h)
 }
@@ -530,7 +531,8 @@ async fn connect_one(
                     }
                     let shm = if me.pair_shm(&h) {
                         shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
-                            .await?
+                            .await
+                            .map_err(SetupError::Gone)?
                     } else {
                         shm::Pair::default()
                     };

@@ -11,7 +11,6 @@ use chorus_core::relay::Relay;
 use chorus_core::{OpContext, WorkError};
 use tokio::sync::watch;
 
-use super::links::Links;
 use super::options::TcpOptions;
 use super::pool::Pool;
 use super::wire::{at_seq, mismatch_detail, op_name, Sig, OWN_SEQ};
@@ -96,10 +95,6 @@ pub(super) struct Inner {
     pub(super) peers: Mutex<Vec<PeerState>>,
     /// Each connected peer's reader (ended by `stop_readers`).
     pub(super) readers: Mutex<Vec<Arc<Relay>>>,
-    /// Which peers are connected or on the way (see `links`).
-    pub(super) links: Links,
-    /// The acceptor task, if this rank listens (ended by `stop_readers`).
-    pub(super) acceptor: Mutex<Option<tokio::task::AbortHandle>>,
     /// The worker waits for its next op (set while its queue is empty).
     pub(super) idle: AtomicBool,
     /// Frames sent through shared memory.
@@ -391,15 +386,6 @@ impl Inner {
                 return state.error(ctx, peer);
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Stops taking connections (when the worker has stopped: until then a
-    /// failed rank still connects to tell its peers why).
-    pub(super) fn stop_listening(&self) {
-        self.links.close();
-        if let Some(a) = lock(&self.acceptor).take() {
-            a.abort();
         }
     }
 

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
-use super::dial::Dialer;
-use super::links::Installed;
+use super::dialer::Dialer;
+use super::install::Installed;
 use super::notice::Notice;
 use super::request::OpRequest;
 use super::shm;
@@ -86,6 +86,10 @@ async fn await_goodbyes(inner: &Inner) {
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), all_gone).await;
 }
+
+/// How long a failed rank spends connecting to the peers it never talked
+/// to, to tell them why it failed.
+const NOTICE_CONNECT: Duration = Duration::from_secs(2);
 
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The sender lives in `Inner`, which the worker holds: `wait_for` only
@@ -166,7 +170,7 @@ impl Worker {
 
     /// Takes into use every connection peers made that no op needed yet.
     pub(super) fn adopt_arrived(&mut self) {
-        for (p, i) in self.inner.links.take_arrived() {
+        for (p, i) in self.dialer.links.take_arrived() {
             self.adopt(p, *i);
         }
     }
@@ -289,7 +293,7 @@ impl Worker {
         // Closing the write halves sends FIN; aborting the readers drops the
         // read halves, which closes the sockets.
         self.writers.clear();
-        inner.stop_listening();
+        self.dialer.stop();
         inner.stop_readers();
         tracing::debug!(group = %inner.group, rank = inner.rank, graceful, "TCP worker stopped");
     }
@@ -334,7 +338,7 @@ impl Worker {
         }
         // Peers this rank never talked to learn it too (faults are rare,
         // and a peer may be about to need this rank).
-        self.ensure_all(std::time::Instant::now() + Duration::from_millis(300))
+        self.ensure_all(std::time::Instant::now() + NOTICE_CONNECT)
             .await;
         let body = Notice::of(cause).encode();
         let hdr = Header {

@@ -6,7 +6,7 @@
 
 /// How an all_reduce runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::backend::tcp) enum AllReduce {
+pub(crate) enum AllReduce {
     /// One rank: nothing to exchange.
     Alone,
     /// Recursive doubling (`doubling`).
@@ -19,19 +19,14 @@ pub(in crate::backend::tcp) enum AllReduce {
 }
 
 /// Whether an op of `bytes` runs the large algorithms.
-pub(in crate::backend::tcp) fn large(bytes: usize, crossover: usize) -> bool {
+pub(crate) fn large(bytes: usize, crossover: usize) -> bool {
     bytes >= crossover
 }
 
 /// The all_reduce of `bytes` among `n` ranks; `all_local`: every rank is
 /// on this host with shared memory (only looked at for a large op of more
 /// than 2 ranks).
-pub(in crate::backend::tcp) fn all_reduce(
-    n: usize,
-    bytes: usize,
-    crossover: usize,
-    all_local: bool,
-) -> AllReduce {
+pub(crate) fn all_reduce(n: usize, bytes: usize, crossover: usize, all_local: bool) -> AllReduce {
     if n == 1 {
         AllReduce::Alone
     } else if !large(bytes, crossover) {

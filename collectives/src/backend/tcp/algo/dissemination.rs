@@ -4,7 +4,7 @@
 //! every other.
 
 /// Rank `me`'s rounds of the barrier of `n` ranks: `(to, from)` each.
-pub(in crate::backend::tcp) fn barrier(me: usize, n: usize) -> Vec<(usize, usize)> {
+pub(crate) fn barrier(me: usize, n: usize) -> Vec<(usize, usize)> {
     let mut rounds = Vec::new();
     let mut d = 1;
     while d < n {

@@ -9,7 +9,7 @@
 
 /// One step of rank `me`'s part of the all_reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(in crate::backend::tcp) enum Step {
+pub(crate) enum Step {
     /// Send this rank's buffer to `to` (an extra rank folding into its
     /// core rank).
     Send { to: usize },
@@ -24,7 +24,7 @@ pub(in crate::backend::tcp) enum Step {
 }
 
 /// The largest power of two not above `n` (`n >= 1`).
-pub(in crate::backend::tcp) fn core_size(n: usize) -> usize {
+pub(crate) fn core_size(n: usize) -> usize {
     if n == 0 {
         return 0;
     }
@@ -32,7 +32,7 @@ pub(in crate::backend::tcp) fn core_size(n: usize) -> usize {
 }
 
 /// The steps of rank `me` of `n`, in order.
-pub(in crate::backend::tcp) fn all_reduce(me: usize, n: usize) -> Vec<Step> {
+pub(crate) fn all_reduce(me: usize, n: usize) -> Vec<Step> {
     let p = core_size(n);
     if me >= p {
         return vec![Step::Send { to: me - p }, Step::Result { from: me - p }];

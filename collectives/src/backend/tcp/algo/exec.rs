@@ -169,7 +169,7 @@ impl Worker {
     }
 
     /// The other ranks, starting after this one (spreads the load).
-    pub(in crate::backend::tcp) fn others(&self) -> impl Iterator<Item = usize> {
+    pub(crate) fn others(&self) -> impl Iterator<Item = usize> {
         let (n, me) = (self.n(), self.me());
         (1..n).map(move |s| (me + s) % n)
     }
@@ -230,7 +230,7 @@ impl Worker {
     }
 
     /// Runs one op on this rank.
-    pub(in crate::backend::tcp) async fn execute(
+    pub(crate) async fn execute(
         &mut self,
         ctx: &OpContext,
         op: Op,

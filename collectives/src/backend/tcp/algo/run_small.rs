@@ -1,7 +1,12 @@
 //! Running the logarithmic schedules (`doubling`, `tree`,
-//! `dissemination`) over the worker's connections. Every edge of a tree
-//! carries a frame both ways, so ranks that disagree on the root meet a
-//! header that says so.
+//! `dissemination`) over the worker's connections.
+//!
+//! A tree depends on the root: ranks that disagree on it can each wait on
+//! a parent that waits on someone else. So the rooted ops first pass an
+//! empty frame around the ring (to the next rank, from the previous one),
+//! which does not depend on the root: if any two ranks disagree, some
+//! neighbours do, and the one that reads the other's header fails with the
+//! mismatch (and its fault notice stops the others).
 
 use chorus_core::{HostBuffer, ReduceOp, WorkError};
 
@@ -59,10 +64,20 @@ impl Worker {
         Ok(())
     }
 
-    /// The broadcast of `buf` from `root` down the binomial tree: an empty
-    /// frame up to the parent first, then each chunk from the parent and
-    /// on to the children (largest subtree first), then an empty frame
-    /// from each child.
+    /// The ring check of a rooted op (see the module docs): an empty frame
+    /// to the next rank, then one from the previous rank.
+    async fn ring_check(&mut self, o: &Active<'_>) -> Result<(), WorkError> {
+        let (n, me) = (self.n(), self.me());
+        if n > 1 {
+            self.send(o, (me + 1) % n, &[]).await?;
+            self.recv(o, (me + n - 1) % n, 0).await?;
+        }
+        Ok(())
+    }
+
+    /// The broadcast of `buf` from `root` down the binomial tree, after
+    /// the ring check: each chunk from the parent and on to the children
+    /// (largest subtree first).
     pub(super) async fn broadcast_tree(
         &mut self,
         o: &Active<'_>,
@@ -73,9 +88,7 @@ impl Worker {
         let node = tree::node(self.me(), self.n(), root);
         let es = buf.dtype().size();
         let all = 0..buf.len();
-        if let Some(p) = node.parent {
-            self.send(o, p, &[]).await?;
-        }
+        self.ring_check(o).await?;
         for k in 0..nchunks(all.len(), ce) {
             let b = bytes(&chunk(&all, ce, k), es);
             if let Some(p) = node.parent {
@@ -86,16 +99,12 @@ impl Worker {
                 self.send(o, c, &buf.as_bytes()[b.clone()]).await?;
             }
         }
-        for &c in &node.children {
-            self.recv(o, c, 0).await?;
-        }
         Ok(())
     }
 
-    /// The reduce of `buf` to `root` up the binomial tree: an empty frame
-    /// down to each child first, then each chunk reduced from this rank's
-    /// own and its children's (in order) and sent to the parent, then an
-    /// empty frame from the parent. Only the root's buffer changes.
+    /// The reduce of `buf` to `root` up the binomial tree, after the ring
+    /// check: each chunk reduced from this rank's own and its children's
+    /// (in order) and sent to the parent. Only the root's buffer changes.
     pub(super) async fn reduce_tree(
         &mut self,
         o: &Active<'_>,
@@ -109,9 +118,7 @@ impl Worker {
         let dtype = buf.dtype();
         let es = dtype.size();
         let all = 0..buf.len();
-        for &c in &node.children {
-            self.send(o, c, &[]).await?;
-        }
+        self.ring_check(o).await?;
         for k in 0..nchunks(all.len(), ce) {
             let b = bytes(&chunk(&all, ce, k), es);
             let mut acc = self.inner.pool.get(b.len());
@@ -125,11 +132,8 @@ impl Worker {
                 None => buf.as_bytes_mut()[b].copy_from_slice(acc.bytes()),
             }
         }
-        match node.parent {
-            Some(p) => {
-                self.recv(o, p, 0).await?;
-            }
-            None => finish_avg(op, buf, all, n),
+        if node.parent.is_none() {
+            finish_avg(op, buf, all, n);
         }
         Ok(())
     }

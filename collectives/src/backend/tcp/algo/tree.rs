@@ -7,16 +7,16 @@
 
 /// Rank `me`'s place in the tree of `n` ranks rooted at `root`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(in crate::backend::tcp) struct Node {
+pub(crate) struct Node {
     /// The rank this one receives from (broadcast) or sends to (reduce).
-    pub(in crate::backend::tcp) parent: Option<usize>,
+    pub(crate) parent: Option<usize>,
     /// The ranks this one sends to (broadcast) or receives from (reduce),
     /// smallest subtree first.
-    pub(in crate::backend::tcp) children: Vec<usize>,
+    pub(crate) children: Vec<usize>,
 }
 
 /// Rank `me`'s node in the binomial tree of `n` ranks rooted at `root`.
-pub(in crate::backend::tcp) fn node(me: usize, n: usize, root: usize) -> Node {
+pub(crate) fn node(me: usize, n: usize, root: usize) -> Node {
     let v = (me + n - root) % n;
     let rank = |v: usize| (v + root) % n;
     let parent = (v > 0).then(|| rank(v - (1 << (usize::BITS - 1 - v.leading_zeros()))));

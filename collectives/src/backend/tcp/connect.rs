@@ -1,112 +1,20 @@
-//! Connections on first use: the worker opens the connection to a peer
-//! when an op first sends to it or waits for it (see `links` for who
-//! dials), and learns from the store whether every rank is on this host.
+//! Connections on first use, as the worker sees them: an op that sends to
+//! a peer or waits for it first takes its connection into use (opening it
+//! through the [`Dialer`](super::dialer::Dialer), or taking the one the
+//! peer opened), and a failure to connect becomes the op's error.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_core::{OpContext, WorkError};
-use chorus_store::Store;
 use tracing::Instrument;
 
-use super::install::install;
-use super::links::{Installed, Next};
-use super::setup::{self, Dialled, Me, SetupError};
-use super::state::{Inner, PeerState};
+use super::setup::SetupError;
+use super::state::PeerState;
 use super::worker::Worker;
-
-/// Groups up to this size run the large all_reduce through broadcast
-/// segments when every rank is on one host (it talks to every rank, and
-/// finding out reads every rank's address).
-const ALL_LOCAL_MAX: usize = 16;
 
 /// How long a failed connect waits for a fault notice that names the
 /// cause (a peer that cannot be reached most often failed or left).
 const NOTICE_GRACE: Duration = Duration::from_millis(50);
-
-/// What the worker needs to open connections.
-#[derive(Debug)]
-pub(super) struct Dialer {
-    pub(super) inner: Arc<Inner>,
-    pub(super) me: Arc<Me>,
-    pub(super) store: Arc<dyn Store>,
-    /// This host's id, where local peers are reached through Unix sockets.
-    pub(super) host: Option<String>,
-}
-
-impl Dialer {
-    /// The connection to `peer`: dialled by this rank, or the one the peer
-    /// dials (see `links`), by `deadline`.
-    ///
-    /// # Errors
-    ///
-    /// Why no connection came: the store failed, the peer refused, did not
-    /// answer or disagreed in the handshake.
-    pub(super) async fn open(
-        &self,
-        peer: usize,
-        deadline: Instant,
-    ) -> Result<Box<Installed>, SetupError> {
-        let links = &self.inner.links;
-        loop {
-            let arrived = links.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            match links.next(peer) {
-                Next::Ready(i) => return Ok(i),
-                Next::Dial => {
-                    let host = self.host.as_deref();
-                    match setup::dial(&self.me, &*self.store, host, peer, deadline).await {
-                        Ok(Dialled::Conn(c)) => {
-                            let i = install(&self.inner, peer, c).inspect_err(|_| {
-                                links.dial_failed(peer);
-                            })?;
-                            links.dialled(peer);
-                            return Ok(Box::new(i));
-                        }
-                        Ok(Dialled::Dup) => links.refused(peer),
-                        Err(e) => {
-                            links.dial_failed(peer);
-                            return Err(e);
-                        }
-                    }
-                }
-                Next::Wait => {
-                    if tokio::time::timeout_at(deadline.into(), arrived)
-                        .await
-                        .is_err()
-                    {
-                        return Err(SetupError::Other(format!(
-                            "rank {peer} did not complete its connection to this rank within {:?} (TcpOptions::connect_timeout)",
-                            self.me.opts.connect_timeout
-                        )));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether every rank published this host and a broadcast segment (the
-    /// same answer on every rank: it comes from the store alone). Always
-    /// false above [`ALL_LOCAL_MAX`] ranks.
-    async fn all_local(&self) -> Result<bool, SetupError> {
-        let (n, me) = (self.inner.size, self.inner.rank);
-        let Some(host) = self.host.as_deref() else {
-            return Ok(false);
-        };
-        if n > ALL_LOCAL_MAX || self.me.bcast.is_none() {
-            return Ok(false);
-        }
-        let deadline = Instant::now() + self.me.opts.connect_timeout;
-        for p in (0..n).filter(|&p| p != me) {
-            let a = setup::peer_addr(&*self.store, p, deadline).await?;
-            if !a.shm || a.unix.as_ref().is_none_or(|(h, _)| h != host) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-}
 
 impl Worker {
     /// Opens the connection to `peer` if it has none yet, for the op `ctx`.
