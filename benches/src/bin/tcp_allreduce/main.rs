@@ -111,6 +111,10 @@ pub(crate) struct Args {
     /// (under `chorus-run`).
     #[arg(long, conflicts_with = "reform")]
     pub(crate) init_only: bool,
+    /// `--init-only`: start the first all_reduce right after init on each
+    /// rank, without the store barrier that lines the ranks up.
+    #[arg(long, requires = "init_only")]
+    pub(crate) unsynced: bool,
 }
 
 /// Which of the TCP backend's algorithms run.
@@ -164,7 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .block_on(async {
             let opts = args.tcp_options();
             if args.init_only {
-                return init::run(opts).await;
+                return init::run(opts, !args.unsynced).await;
             }
             let pg = ProcessGroup::builder()
                 .tcp_options(opts.clone())

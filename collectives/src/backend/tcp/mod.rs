@@ -120,16 +120,20 @@
 //!
 //! # Algorithms
 //!
-//! | op | below `crossover_bytes` | from `crossover_bytes` |
-//! |---|---|---|
-//! | all_reduce | recursive doubling: `log2 p` pairwise exchanges among the largest power of two `p <= n` ranks, the other `n - p` folded in before and given the result after | pipelined ring: reduce-scatter, then all-gather |
-//! | broadcast | binomial tree from the root | pipelined chain from the root |
-//! | reduce | binomial tree to the root | same |
-//! | all_gather | direct | pipelined ring |
-//! | reduce_scatter | direct; each rank reduces its block in rank order | pipelined ring |
-//! | all_to_all | direct pairwise | same |
-//! | send / recv | one frame per chunk | same |
-//! | barrier | dissemination: `ceil(log2 n)` rounds, an empty frame to the rank `2^k` ahead and from the rank `2^k` behind | same |
+//! | op | below `crossover_bytes`, up to 8 ranks | below `crossover_bytes`, more ranks | from `crossover_bytes` |
+//! |---|---|---|---|
+//! | all_reduce | direct: every rank sends its buffer to every other rank and reduces in rank order | recursive doubling: `log2 p` pairwise exchanges among the largest power of two `p <= n` ranks, the other `n - p` folded in before and given the result after | pipelined ring: reduce-scatter, then all-gather |
+//! | broadcast | direct from the root | binomial tree from the root | pipelined chain from the root |
+//! | reduce | direct to the root; the root reduces in rank order | binomial tree to the root | as below |
+//! | all_gather | direct | direct | pipelined ring |
+//! | reduce_scatter | direct; each rank reduces its block in rank order | same | pipelined ring |
+//! | all_to_all | direct pairwise | same | same |
+//! | send / recv | one frame per chunk | same | same |
+//! | barrier | an empty frame to and from every rank | dissemination: `ceil(log2 n)` rounds, an empty frame to the rank `2^k` ahead and from the rank `2^k` behind | as below |
+//!
+//! Up to 8 ranks one round to every rank is faster than `log2 n`
+//! dependent rounds, and the connections it needs are few
+//! (`choose::DIRECT_MAX_RANKS`, measured with `tcp_allreduce`).
 //!
 //! Everything larger than `chunk_bytes` goes in chunks (the doubling and
 //! tree schedules run once per chunk). The size that picks the algorithm
@@ -139,7 +143,8 @@
 //! field turns a rank that chose otherwise into a mismatch. The schedules
 //! (which peer, which block, when) are pure functions of rank, size and
 //! root in `algo` (`doubling`, `tree`, `dissemination`, `choose`), tested
-//! without sockets; `algo::exec` and `algo::run_small` run them.
+//! without sockets; `algo::exec`, `algo::run_direct` and `algo::run_small`
+//! run them.
 //!
 //! Results are bit-identical on every rank: recursive doubling reduces
 //! each pair with the lower rank's operand first, whichever rank computes
@@ -150,7 +155,9 @@
 //! trees and the ring reduce floats in another order than the rank-order
 //! reference (close, not equal).
 //! [`ReduceOp::Avg`](crate::ReduceOp::Avg) sums and divides once at the end.
-//! A tree depends on the root, so ranks that disagree on it could each
+//! The direct rooted ops also send an empty frame the other way
+//! (broadcast: to the root; reduce: from the root), so ranks that disagree
+//! on the root get a mismatch. A tree depends on the root, so ranks that disagree on it could each
 //! wait on a parent that waits on someone else: the rooted ops first pass
 //! an empty frame around the ring (to the next rank, from the previous
 //! one), which does not. If any two ranks disagree, some neighbours do, and
@@ -239,9 +246,10 @@
 //!
 //! ## Crossover and chunk size
 //!
-//! `crossover_bytes` (64 KiB) is where the ring overtakes the logarithmic
-//! algorithms with 4 ranks: recursive doubling sends `log2 n` copies of
-//! the buffer, the ring about two. `chunk_bytes` (256 KiB) gave the best
+//! `crossover_bytes` (64 KiB) is about where the ring overtakes the
+//! small algorithms, with 4 ranks (direct) and with 16 (recursive
+//! doubling): the direct path sends `n - 1` copies of the buffer,
+//! recursive doubling `log2 n`, the ring about two. `chunk_bytes` (256 KiB) gave the best
 //! 16 MiB bandwidth for 2 and 4 ranks: smaller chunks cost more system
 //! calls and wake-ups, larger ones more cache misses. Both were measured
 //! with `tcp_allreduce` (`benches/README.md`); the figures are in

@@ -1412,11 +1412,11 @@ fn every_op_matches_reference_from_1_to_17_ranks() {
 }
 
 /// Setup connects to no one; the first op connects only the peers its
-/// algorithm needs (a 4-byte all_reduce of 8 ranks: 3 partners each).
+/// algorithm needs (a 4-byte all_reduce of 16 ranks: 4 partners each).
 #[test]
 fn connections_are_made_on_first_use_only() {
     for opts in [small_opts(), tcp_opts()] {
-        let mut w = world(8, &opts);
+        let mut w = world(16, &opts);
         assert!(w.iter().all(|rk| rk.be.connections() == 0));
         let works = w
             .iter_mut()
@@ -1429,17 +1429,17 @@ fn connections_are_made_on_first_use_only() {
             })
             .collect();
         for o in wait_all(works) {
-            assert_eq!(o[0], HostBuffer::I32(vec![28]));
+            assert_eq!(o[0], HostBuffer::I32(vec![120]));
         }
         for rk in &w {
-            assert_eq!(rk.be.connections(), 3, "rank {}", rk.rank());
+            assert_eq!(rk.be.connections(), 4, "rank {}", rk.rank());
         }
-        // The barrier (dissemination: ranks 1, 2 and 4 away on either side)
-        // adds the two it had not met.
+        // The barrier (dissemination: ranks 1, 2, 4 and 8 away on either
+        // side) adds the three it had not met.
         let works = w.iter_mut().map(|rk| rk.coll(Call::Barrier)).collect();
         wait_all(works);
         for rk in &w {
-            assert_eq!(rk.be.connections(), 5, "rank {}", rk.rank());
+            assert_eq!(rk.be.connections(), 7, "rank {}", rk.rank());
         }
     }
     assert_no_shm_files();

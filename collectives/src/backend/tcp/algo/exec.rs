@@ -293,7 +293,7 @@ impl Worker {
     /// x(n-1)`, where `x(me)` is `own` and the others are `frames` (rank
     /// order, without this rank). Every rank that runs this gets the same
     /// bits, equal to `reference_reduce`.
-    fn reduce_rank_order(
+    pub(super) fn reduce_rank_order(
         &self,
         op: ReduceOp,
         dst: &mut HostBuffer,
@@ -376,6 +376,13 @@ impl Worker {
         let large = choose::large(count * es, self.inner.opts.crossover_bytes);
         let all_local = large && n > 2 && self.all_local(ctx).await?;
         let algo = choose::all_reduce(n, count * es, self.inner.opts.crossover_bytes, all_local);
+        if algo == AllReduce::Direct {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_DIRECT),
+            );
+            return self.all_reduce_direct(&o, buf, op, ce).await;
+        }
         if algo == AllReduce::Doubling {
             let o = Self::op(
                 ctx,
@@ -545,6 +552,14 @@ impl Worker {
         let es = dtype.size();
         let ce = self.ce(dtype);
         let all = 0..count;
+        if !self.large(count * es) && choose::direct(n) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_DIRECT),
+            );
+            self.check_round(&o).await?;
+            return self.broadcast_direct(&o, buf, root, ce).await;
+        }
         if !self.large(count * es) {
             let o = Self::op(
                 ctx,
@@ -605,6 +620,14 @@ impl Worker {
             return Ok(());
         }
         let ce = self.ce(dtype);
+        if choose::direct(n) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_DIRECT),
+            );
+            self.check_round(&o).await?;
+            return self.reduce_direct(&o, buf, root, op, ce).await;
+        }
         let o = Self::op(
             ctx,
             Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_TREE),
@@ -837,6 +860,10 @@ impl Worker {
     async fn barrier(&mut self, ctx: &OpContext) -> Result<(), WorkError> {
         if self.n() == 1 {
             return Ok(());
+        }
+        if choose::direct(self.n()) {
+            let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DIRECT));
+            return self.barrier_direct(&o).await;
         }
         let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DISSEMINATION));
         self.barrier_dissemination(&o).await

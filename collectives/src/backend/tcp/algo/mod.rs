@@ -7,5 +7,6 @@ mod choose;
 mod dissemination;
 mod doubling;
 mod exec;
+mod run_direct;
 mod run_small;
 mod tree;
