@@ -9,9 +9,10 @@
 //! `addr/{rank}` in the group's (already namespaced) store; an **acceptor**
 //! task answers the connections peers dial (see `acceptor`). A peer is
 //! connected when an op first sends to it or waits for it: the worker reads
-//! the peer's address from the store and dials (see `dial`). So a rank
+//! the peer's address from the store and dials (see `dialer` and `connect`). So a rank
 //! holds connections only to the peers its ops talk to: `O(log N)` for the
-//! small collectives, its two neighbours for the ring.
+//! small collectives of groups above 8 ranks, its two neighbours for the
+//! ring.
 //!
 //! **Who connects.** Either rank of a pair may dial; a pair keeps exactly
 //! one connection. When both dial at once, the connection dialled by the
@@ -88,7 +89,12 @@
 //! both sides, e.g. `rank 1 at seq 7 called all_gather(count=10) but rank 0
 //! called all_reduce(count=12)`. Frames are length-prefixed, so a mismatch
 //! in message size is found the same way. Every collective exchanges at
-//! least one frame with each peer it talks to, even with zero elements. A
+//! least one frame with each peer it talks to, even with zero elements. While
+//! the worker waits on one peer it looks at every other connected peer's
+//! frames as they arrive: one of the op in progress (same seq) that
+//! describes another op fails the op at once (see `watching`), so a rank
+//! does not wait on a peer that waits on someone else because they called
+//! different ops. A
 //! rank that waits for an op its peer never calls ends in
 //! [`WorkError::OpTimeout`].
 //!
@@ -268,7 +274,8 @@
 //! read and write sides over the socket or a shared-memory pipe), `conn`
 //! (the connections: readers and write
 //! sides), `state` (what the handle, the worker and the readers share),
-//! `request` (one op as the worker receives it), `algo` (the algorithms:
+//! `request` (one op as the worker receives it), `watching` (looking at
+//! every peer's frames while waiting on one), `algo` (the algorithms:
 //! schedules and the code that runs them), `worker` (the per-group
 //! worker), `drive` (a small op on the caller's thread), `group` (groups),
 //! `backend` (`TcpBackend` through the backend interface).
@@ -295,6 +302,7 @@ mod setup;
 #[allow(unsafe_code)]
 mod shm;
 mod state;
+mod watching;
 mod wire;
 mod worker;
 

@@ -1510,3 +1510,69 @@ fn a_peer_that_never_answers_fails_the_op_naming_it() {
     );
     drop(silent);
 }
+
+/// A mismatch among more ranks than the direct algorithms serve (trees,
+/// doubling, dissemination): every rank fails the op or its next with the
+/// mismatch, whatever rank is odd.
+#[test]
+fn mismatches_through_the_logarithmic_algorithms_fail_every_rank() {
+    let n = 11;
+    let bcast = |root| Call::Broadcast {
+        buf: HostBuffer::F32(vec![1.0; 6]),
+        root,
+    };
+    let reduce = |root| Call::Reduce {
+        buf: HostBuffer::F32(vec![1.0; 6]),
+        root,
+        op: ReduceOp::Sum,
+    };
+    let all_reduce = |len| Call::AllReduce {
+        buf: HostBuffer::F32(vec![1.0; len]),
+        op: ReduceOp::Sum,
+    };
+    type Case = (&'static str, Box<dyn Fn(bool) -> Call>);
+    let cases: Vec<Case> = vec![
+        (
+            "broadcast root",
+            Box::new(move |odd| bcast(if odd { 3 } else { 5 })),
+        ),
+        (
+            "reduce root",
+            Box::new(move |odd| reduce(if odd { 3 } else { 5 })),
+        ),
+        (
+            "all_reduce count",
+            Box::new(move |odd| all_reduce(if odd { 7 } else { 6 })),
+        ),
+        (
+            "op",
+            Box::new(move |odd| if odd { all_reduce(6) } else { bcast(5) }),
+        ),
+        (
+            "barrier for all_reduce",
+            Box::new(move |odd| if odd { Call::Barrier } else { all_reduce(6) }),
+        ),
+    ];
+    for (name, call) in &cases {
+        for odd in [0, 5, 9] {
+            let mut w = world(n, &small_opts());
+            let works: Vec<_> = w
+                .iter_mut()
+                .enumerate()
+                .map(|(r, rk)| (rk.coll(call(r == odd)), rk.coll(Call::Barrier)))
+                .collect();
+            for (r, (op, next)) in works.into_iter().enumerate() {
+                let e = match (block_on(op), block_on(next)) {
+                    (Err(f), _) | (Ok(_), Err(f)) => f.error,
+                    (Ok(_), Ok(_)) => {
+                        panic!("{name}, odd rank {odd}: rank {r} took a mismatched op")
+                    }
+                };
+                assert!(
+                    matches!(e, WorkError::Mismatch { .. }),
+                    "{name}, odd rank {odd}: rank {r}: {e}"
+                );
+            }
+        }
+    }
+}

@@ -49,7 +49,7 @@ pub(super) struct Shm {
     /// Whether each peer mapped the broadcast segment.
     pub(super) bcast_ok: Vec<bool>,
     /// Every rank is on this host and offers shared memory (the same on
-    /// every rank), once found out (see `dial`).
+    /// every rank), once found out (see `dialer`).
     pub(super) all_local: Option<bool>,
 }
 
@@ -63,13 +63,14 @@ pub(super) struct Worker {
     writers: Vec<Option<Writer>>,
     /// Shared-memory segments.
     pub(super) shm: Shm,
-    coll: Vec<Option<UnboundedReceiver<Incoming>>>,
+    pub(super) coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
-    links: Vec<Option<Arc<Link>>>,
-    /// Collective frames read ahead from a lent read side, before what is
-    /// still in the queue.
-    stash: Vec<VecDeque<Frame>>,
+    pub(super) links: Vec<Option<Arc<Link>>>,
+    /// Collective frames taken out of a queue ahead of time (read ahead
+    /// from a lent read side, or looked at while waiting on another peer),
+    /// before what is still in the queue.
+    pub(super) stash: Vec<VecDeque<Frame>>,
     /// Frames sent to / received from each peer in the current op.
     sent: Vec<u32>,
     recvd: Vec<u32>,
@@ -692,6 +693,16 @@ impl Worker {
         Ok(())
     }
 
+    /// [`absorb`](Self::absorb) for `watching`.
+    pub(super) async fn absorb_lent(
+        &mut self,
+        op: &Active<'_>,
+        peer: usize,
+        l: Lent,
+    ) -> Result<Frame, WorkError> {
+        self.absorb(op, peer, l).await
+    }
+
     /// Reads a lent frame's payload into a pool buffer and gives the read
     /// side back.
     async fn absorb(&mut self, op: &Active<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
@@ -758,13 +769,18 @@ impl Worker {
                     if let Some(l) = &link {
                         l.want.store(true, Ordering::Release);
                     }
-                    let item = q.recv().await;
+                    let item = self.wait_watching(op, peer).await;
                     // Whether the reader took the offer (for this item or
                     // for the next one).
                     let claimed = link.is_some_and(|l| !l.want.swap(false, Ordering::AcqRel));
-                    (item, claimed)
+                    (item?, claimed)
                 }
             };
+            let q = self
+                .coll
+                .get_mut(peer)
+                .and_then(Option::as_mut)
+                .ok_or_else(no_conn)?;
             let Some(item) = item else {
                 return Err(self.inner.lost_error(op.ctx, peer).await);
             };
