@@ -27,15 +27,15 @@ mod tests {
             let rounds: Vec<_> = (0..n).map(|r| barrier(r, n)).collect();
             for k in 0..rounds[0].len() {
                 let before = heard.clone();
-                for r in 0..n {
-                    let (to, from) = rounds[r][k];
+                for (r, mine) in rounds.iter().enumerate() {
+                    let (to, from) = mine[k];
                     assert_eq!(
                         rounds[from][k].0, r,
                         "n={n}: the sender of round {k} sends here"
                     );
                     assert_eq!(rounds[to][k].1, r);
-                    for p in 0..n {
-                        heard[r][p] |= before[from][p];
+                    for (h, b) in heard[r].iter_mut().zip(&before[from]) {
+                        *h |= *b;
                     }
                 }
             }
