@@ -28,6 +28,13 @@ impl Worker {
         if self.is_connected(peer) {
             return Ok(());
         }
+        // Boxed: every send and receive awaits `ensure`, and the connect
+        // path's state would otherwise make each of their futures large.
+        Box::pin(self.connect(ctx, peer)).await
+    }
+
+    /// [`ensure`](Self::ensure) for a peer not connected yet.
+    async fn connect(&mut self, ctx: &OpContext, peer: usize) -> Result<(), WorkError> {
         self.adopt_arrived();
         if self.is_connected(peer) {
             return Ok(());
@@ -71,7 +78,7 @@ impl Worker {
         if let Some(a) = self.shm.all_local {
             return Ok(a);
         }
-        let a = match self.dialer.all_local().await {
+        let a = match Box::pin(self.dialer.all_local()).await {
             Ok(a) => a,
             Err(SetupError::Store(e)) => {
                 return Err(WorkError::Store {

@@ -11,7 +11,7 @@
 //! sides decide under this table's lock, so a rank never both accepts and
 //! dials the same peer.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use chorus_core::sync::lock;
@@ -70,6 +70,8 @@ pub(super) struct Links<T> {
     table: Mutex<Table<T>>,
     /// Connections made so far (both directions).
     opened: AtomicUsize,
+    /// Some connection arrived that the worker has not taken yet.
+    waiting: AtomicBool,
     /// Woken when a connection arrives or a handshake fails.
     pub(super) arrived: Notify,
 }
@@ -84,6 +86,7 @@ impl<T> Links<T> {
                 closed: false,
             }),
             opened: AtomicUsize::new(0),
+            waiting: AtomicBool::new(false),
             arrived: Notify::new(),
         }
     }
@@ -171,6 +174,7 @@ impl<T> Links<T> {
             }
             t.state[peer] = State::Up;
             t.ready[peer] = Some(i);
+            self.waiting.store(true, Ordering::Release);
         }
         self.opened.fetch_add(1, Ordering::Relaxed);
         self.arrived.notify_waiters();
@@ -179,7 +183,11 @@ impl<T> Links<T> {
 
     /// Every connection that arrived and the worker has not taken yet.
     pub(super) fn take_arrived(&self) -> Vec<(usize, T)> {
+        if !self.waiting.load(Ordering::Acquire) {
+            return Vec::new();
+        }
         let mut t = lock(&self.table);
+        self.waiting.store(false, Ordering::Release);
         t.ready
             .iter_mut()
             .enumerate()

@@ -75,15 +75,15 @@ impl Worker {
     async fn watch_once(&mut self, op: &Active<'_>, peer: usize) -> Result<Watched, WorkError> {
         loop {
             let links = self.dialer.links.clone();
+            // Woken by any arrival from here on, polled or not.
             let arrived = links.arrived.notified();
             tokio::pin!(arrived);
-            arrived.as_mut().enable();
             self.adopt_arrived();
             if let Some(w) = std::future::poll_fn(|cx| {
-                if arrived.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(None);
+                if let Poll::Ready(w) = self.poll_watch(cx, op, peer) {
+                    return Poll::Ready(Some(w));
                 }
-                self.poll_watch(cx, op, peer).map(Some)
+                arrived.as_mut().poll(cx).map(|()| None)
             })
             .await
             {
