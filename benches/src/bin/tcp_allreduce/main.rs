@@ -23,12 +23,20 @@
 //! ```
 //!
 //! With `--reform` it measures a re-form instead, without `chorus-run`:
-//! ranks as tasks of this one process (`reform`).
+//! ranks as tasks of this one process (`reform`). With `--init-only` it
+//! measures how long the group takes to form and to run its first 4-byte
+//! all_reduce (`init`):
+//!
+//! ```sh
+//! target/release/chorus-run --nproc-per-node 256 -- target/release/tcp_allreduce --init-only
+//! ```
 //!
 //! Files: `measure` (the timed loop of each size), `reform` (the time from
-//! a lost rank to the first op on the re-formed group).
+//! a lost rank to the first op on the re-formed group), `init` (forming
+//! the group and its first op).
 #![forbid(unsafe_code)]
 
+mod init;
 mod measure;
 mod reform;
 
@@ -68,9 +76,10 @@ pub(crate) struct Args {
     /// The op: `all_reduce` (sum) or `broadcast` (from rank 0).
     #[arg(long, default_value = "all_reduce")]
     pub(crate) op: measure::Bench,
-    /// `auto`: the low-latency direct path below `TcpOptions::crossover_bytes`,
-    /// the bandwidth-optimal algorithms (ring; a pipelined chain for
-    /// broadcast) from there on; `direct` or `ring`: one of them at every
+    /// `auto`: the logarithmic algorithms (recursive doubling; a binomial
+    /// tree for broadcast) below `TcpOptions::crossover_bytes`, the
+    /// bandwidth-optimal ones (ring; a pipelined chain for broadcast) from
+    /// there on; `small` (also `direct`) or `ring`: one of them at every
     /// size.
     #[arg(long, default_value = "auto")]
     pub(crate) algorithm: Algorithm,
@@ -98,13 +107,22 @@ pub(crate) struct Args {
     /// `--reform`: lose nobody; every rank re-forms.
     #[arg(long, requires = "reform")]
     pub(crate) all_alive: bool,
+    /// Measure forming the group and its first 4-byte all_reduce instead
+    /// (under `chorus-run`).
+    #[arg(long, conflicts_with = "reform")]
+    pub(crate) init_only: bool,
+    /// `--init-only`: start the first all_reduce right after init on each
+    /// rank, without the store barrier that lines the ranks up.
+    #[arg(long, requires = "init_only")]
+    pub(crate) unsynced: bool,
 }
 
 /// Which of the TCP backend's algorithms run.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum Algorithm {
     Auto,
-    Direct,
+    #[value(alias = "direct")]
+    Small,
     Ring,
 }
 
@@ -122,7 +140,7 @@ impl Args {
         let mut o = TcpOptions::from_env();
         match self.algorithm {
             Algorithm::Auto => {}
-            Algorithm::Direct => o.crossover_bytes = usize::MAX,
+            Algorithm::Small => o.crossover_bytes = usize::MAX,
             Algorithm::Ring => o.crossover_bytes = 0,
         }
         if let Some(c) = self.chunk_bytes {
@@ -149,6 +167,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?
         .block_on(async {
             let opts = args.tcp_options();
+            if args.init_only {
+                return init::run(opts, !args.unsynced).await;
+            }
             let pg = ProcessGroup::builder()
                 .tcp_options(opts.clone())
                 .init_from_env()

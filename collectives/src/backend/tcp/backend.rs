@@ -13,22 +13,26 @@ use chorus_store::Store;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 
+use super::dialer::Dialer;
+use super::install::LinkTable;
+use super::links::Links;
 use super::options::{TcpOptions, MAX_CHUNK};
-use super::pipe_io::{PipeRead, PipeWrite, Sink, Source};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState, Progress};
-use super::{batch, conn, drive, setup, wire, worker};
+use super::{acceptor, batch, drive, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::batched::{self, Batched};
 use crate::error::{Error, Rejected};
 use crate::sequence::{Counters, Sequencer};
 use crate::work::{Assist, Work};
-use chorus_core::sync::lock;
 
 /// The TCP backend of one group. See the [module docs](super).
 pub(crate) struct TcpBackend {
     inner: Arc<Inner>,
+    /// This rank's table of connections.
+    #[cfg_attr(not(test), allow(dead_code))]
+    links: Arc<LinkTable>,
     tx: mpsc::UnboundedSender<OpRequest>,
     /// Set by `close`: the worker says goodbye and stops.
     close: watch::Sender<bool>,
@@ -95,13 +99,21 @@ impl TcpBackend {
             bcast: None,
             checked,
         };
-        let mesh = chorus_store::rt::run(setup::mesh(store, me))
-            .await
-            .map_err(setup_err)?
-            .map_err(|e| match e {
-                setup::SetupError::Store(e) => Error::Store(e),
-                setup::SetupError::Other(msg) => setup_err(msg),
-            })?;
+        // Listen and publish this rank's address; connections are made
+        // when ops first need them (see `links`).
+        let listening = if size > 1 {
+            let store = store.clone();
+            let l = chorus_store::rt::run(async move { setup::listen(&*store, me).await })
+                .await
+                .map_err(setup_err)?
+                .map_err(|e| match e {
+                    setup::SetupError::Store(e) => Error::Store(e),
+                    setup::SetupError::Other(msg) | setup::SetupError::Gone(msg) => setup_err(msg),
+                })?;
+            Ok(l)
+        } else {
+            Err(me)
+        };
         let handle = chorus_store::rt::handle().map_err(setup_err)?;
 
         let (stop, stop_rx) = watch::channel(false);
@@ -119,7 +131,7 @@ impl TcpBackend {
             has_failed: AtomicBool::new(false),
             stop,
             lost: Mutex::new(None),
-            peers: Mutex::new(vec![PeerState::Open; size]),
+            peers: Mutex::new(vec![PeerState::Unconnected; size]),
             readers: Mutex::new(Vec::new()),
             idle: AtomicBool::new(false),
             shm_frames: AtomicU64::new(0),
@@ -129,89 +141,45 @@ impl TcpBackend {
             #[cfg(test)]
             mute: AtomicBool::new(false),
         });
-        let mut writers = Vec::with_capacity(size);
-        let mut shm_tx = Vec::with_capacity(size);
-        let mut coll = Vec::with_capacity(size);
-        let mut p2p = Vec::with_capacity(size);
-        let mut readers = Vec::new();
-        let mut shm_peers = 0;
-        let mut local_peers = 0;
-        let mut bcast_ok = vec![false; size];
-        for (peer, c) in mesh.conns.into_iter().enumerate() {
-            let Some(c) = c else {
-                writers.push(None);
-                shm_tx.push(None);
-                coll.push(None);
-                p2p.push(None);
-                continue;
-            };
-            local_peers += usize::from(matches!(c.stream, setup::Stream::Unix(_)));
-            let (rd, wr) = c.stream.split().map_err(|e| Error::Setup {
-                group: inner.group.to_string(),
-                rank,
-                msg: format!("cannot take the connection to rank {peer} from tokio: {e}"),
-            })?;
-            shm_peers += usize::from(c.shm.tx.is_some());
-            // Between mapped segments the frames go through their pipes;
-            // the socket carries doorbells and the end (see `pipe_io`).
-            let rd = match &c.shm.rx {
-                Some(rx) => Source::Pipe(PipeRead::new(rx.pipe(), rd)),
-                None => Source::Socket(rd),
-            };
-            let wr = match &c.shm.tx {
-                Some(tx) => Sink::Pipe(PipeWrite::new(tx.pipe(), wr)),
-                None => Sink::Socket(wr),
-            };
-            shm_tx.push(c.shm.tx);
-            bcast_ok[peer] = c.shm.bcast_ok;
-            let (ctx, crx) = mpsc::unbounded_channel();
-            let (ptx, prx) = mpsc::unbounded_channel();
-            let reader = Arc::new(Relay::new(conn::reader(
-                peer,
-                rd,
-                ctx,
-                ptx,
-                c.shm.rx,
-                c.shm.brx,
-                inner.clone(),
-            )));
-            drive::host(&handle, &reader);
-            readers.push(reader);
-            writers.push(Some(conn::Writer::new(wr)));
-            coll.push(Some(crx));
-            p2p.push(Some(prx));
-        }
-        *lock(&inner.readers) = readers.clone();
+        let links: Arc<LinkTable> = Arc::new(Links::new(rank, size));
+        let (me, host, acceptor) = match listening {
+            Ok(mut l) => {
+                let me = Arc::new(l.me.clone());
+                let host = l.host.take();
+                let task = handle.spawn(acceptor::acceptor(
+                    inner.clone(),
+                    links.clone(),
+                    me.clone(),
+                    l,
+                ));
+                (me, host, Some(task.abort_handle()))
+            }
+            Err(me) => (Arc::new(me), None, None),
+        };
+        let bcast = me.bcast.as_ref().map(|b| b.tx());
+        let dialer = Dialer {
+            inner: inner.clone(),
+            links: links.clone(),
+            me,
+            store,
+            host,
+            acceptor: Mutex::new(acceptor),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);
-        let shm = worker::Shm {
-            tx: shm_tx,
-            bcast: mesh.bcast,
-            bcast_ok,
-            all_local: mesh.all_local,
-        };
-        let w = worker::Worker::new(inner.clone(), writers, shm, coll, p2p);
+        let w = worker::Worker::new(inner.clone(), dialer, bcast);
         let worker = Arc::new(Relay::new(async move {
             w.run(rx, stop_rx, close_rx).await;
             done_tx.send_replace(true);
         }));
         drive::host(&handle, &worker);
-        let local_ranks = chorus_store::rt::local_ranks()
-            .unwrap_or(0)
-            .max(local_peers + 1);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let spin = inner.opts.spin();
-        tracing::debug!(group = %inner.group, rank, size, shm_peers, all_local = mesh.all_local, ?spin, local_ranks, cores, "TCP backend connected");
-        let driver = Arc::new(drive::Driver::new(
-            inner.clone(),
-            worker,
-            readers,
-            handle,
-            spin,
-        ));
+        tracing::debug!(group = %inner.group, rank, size, ?spin, "TCP backend listening");
+        let driver = Arc::new(drive::Driver::new(inner.clone(), worker, handle, spin));
         Ok(Arc::new(TcpBackend {
             inner,
+            links,
             tx,
             close,
             done,
@@ -239,6 +207,12 @@ impl TcpBackend {
             self.inner.shm_frames.load(Ordering::Relaxed),
             self.inner.shm_full.load(Ordering::Relaxed),
         )
+    }
+
+    /// Tests: connections this rank has made or taken so far.
+    #[cfg(test)]
+    pub(crate) fn connections(&self) -> usize {
+        self.links.opened()
     }
 
     /// Tests: fails this backend as a process that dies does, without a

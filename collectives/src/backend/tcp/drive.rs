@@ -37,12 +37,12 @@ use tokio::runtime::Handle;
 use super::halves;
 use super::state::Inner;
 use crate::work::Assist;
+use chorus_core::sync::lock;
 
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
     inner: Arc<Inner>,
     worker: Arc<Relay>,
-    readers: Vec<Arc<Relay>>,
     handle: Handle,
     /// How long an awaiting caller drives a small op itself.
     spin: Duration,
@@ -50,10 +50,7 @@ pub(super) struct Driver {
 
 impl fmt::Debug for Driver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Driver")
-            .field("readers", &self.readers.len())
-            .field("spin", &self.spin)
-            .finish()
+        f.debug_struct("Driver").field("spin", &self.spin).finish()
     }
 }
 
@@ -68,14 +65,12 @@ impl Driver {
     pub(super) fn new(
         inner: Arc<Inner>,
         worker: Arc<Relay>,
-        readers: Vec<Arc<Relay>>,
         handle: Handle,
         spin: Duration,
     ) -> Driver {
         Driver {
             inner,
             worker,
-            readers,
             handle,
             spin,
         }
@@ -117,8 +112,10 @@ impl Assist for Driver {
         let Some(worker) = self.worker.claim() else {
             return;
         };
-        let readers: SmallVec<[Claim<'_>; 8]> =
-            self.readers.iter().filter_map(|r| r.claim()).collect();
+        // The readers of the connections made so far (more may come while
+        // this op runs: their host tasks serve them).
+        let relays: SmallVec<[Arc<Relay>; 8]> = lock(&self.inner.readers).iter().cloned().collect();
+        let readers: SmallVec<[Claim<'_>; 8]> = relays.iter().filter_map(|r| r.claim()).collect();
         let rt = self.handle.enter();
         let start = Instant::now();
         let round = || {

@@ -1,22 +1,48 @@
-//! The TCP backend: collectives over a full mesh of TCP connections, for
-//! machines without a GPU (and for tests).
+//! The TCP backend: collectives over TCP connections (Unix sockets and
+//! shared memory between ranks of one host), for machines without a GPU
+//! (and for tests).
 //!
-//! # Setup
+//! # Setup and connections
 //!
-//! Every rank binds a listener on [`TcpOptions::advertise_ip`], publishes
-//! `addr/{rank}` in the group's (already namespaced) store, reads the other
-//! ranks' addresses and builds a full mesh: rank `i` connects to every rank
-//! `j > i`. Both ends exchange a handshake (magic, protocol version, group
-//! name, ranks, group size, chunk and crossover sizes) and check it, so
-//! ranks of different groups or with different [`TcpOptions`] never talk.
-//! `TCP_NODELAY` is set on every connection.
+//! Setup connects to no one: every rank binds a listener on
+//! [`TcpOptions::advertise_ip`] (and an abstract Unix socket) and publishes
+//! `addr/{rank}` in the group's (already namespaced) store; an **acceptor**
+//! task answers the connections peers dial (see `acceptor`). A peer is
+//! connected when an op first sends to it or waits for it: the worker reads
+//! the peer's address from the store and dials (see `dialer` and `connect`). So a rank
+//! holds connections only to the peers its ops talk to: `O(log N)` for the
+//! small collectives of groups above 8 ranks, its two neighbours for the
+//! ring.
+//!
+//! **Who connects.** Either rank of a pair may dial; a pair keeps exactly
+//! one connection. When both dial at once, the connection dialled by the
+//! lower rank is kept: the lower rank's acceptor answers the higher rank's
+//! hello with a refusal (`HELLO_DUP`) while its own dial to that rank is
+//! out or done, and the higher rank then waits for the lower rank's
+//! connection; a higher rank's acceptor always takes a lower rank's
+//! connection. Both decisions are made under one table's lock per rank
+//! (see `links`), so no rank both dials and accepts the same peer.
+//!
+//! Both ends exchange a handshake (magic, protocol version, group name,
+//! ranks, group size, chunk and crossover sizes) and check it, so ranks of
+//! different groups or with different [`TcpOptions`] never talk.
+//! `TCP_NODELAY` is set on every connection. A connection that cannot be
+//! made fails the op that needed it, naming the peer: within
+//! [`TcpOptions::connect_timeout`] when the peer does not answer or
+//! disagrees in the handshake ([`WorkError::Backend`], with what to check),
+//! at once with [`WorkError::PeerLost`] when the peer's published address
+//! refuses or resets the connection (it was there, so it is gone), and
+//! with the group's failure instead when a fault notice names one.
 //!
 //! # Execution
 //!
 //! * [`Backend::submit`] pushes the op to an unbounded queue and returns.
 //! * One **worker task** per group runs ops strictly in submission order; it
-//!   owns the write half of every connection.
-//! * One **reader task** per peer reads frames as they arrive into per-peer
+//!   owns the write half of every connection, and takes each connection
+//!   into use (opening it, or taking the one a peer opened) when an op
+//!   first needs the peer.
+//! * One **reader task** per connected peer, started as soon as the
+//!   connection is made (whoever made it), reads frames as they arrive into per-peer
 //!   queues (one for collectives, one for send/recv), so a send never waits
 //!   for the receiver to reach the op: two ranks that both send first do not
 //!   deadlock. Receive buffers come from a pool, so steady-state ops do not
@@ -63,7 +89,12 @@
 //! both sides, e.g. `rank 1 at seq 7 called all_gather(count=10) but rank 0
 //! called all_reduce(count=12)`. Frames are length-prefixed, so a mismatch
 //! in message size is found the same way. Every collective exchanges at
-//! least one frame with each peer it talks to, even with zero elements. A
+//! least one frame with each peer it talks to, even with zero elements. While
+//! the worker waits on one peer it looks at every other connected peer's
+//! frames as they arrive: one of the op in progress (same seq) that
+//! describes another op fails the op at once (see `watching`), so a rank
+//! does not wait on a peer that waits on someone else because they called
+//! different ops. A
 //! rank that waits for an op its peer never calls ends in
 //! [`WorkError::OpTimeout`].
 //!
@@ -73,7 +104,11 @@
 //! connection the connections are in an unknown state: the backend is marked
 //! failed, the op in flight and every queued and later op fail with the same
 //! cause (re-addressed with [`WorkError::for_op`]), and every connection is
-//! closed, so that the peers fail promptly too. Each peer's reader task
+//! closed, so that the peers fail promptly too. Before it closes, a failed
+//! rank tells every peer why (a fault notice), connecting for it to the
+//! peers it never talked to (faults are rare; at most 2 s for all of
+//! them), so that each fails with the cause rather than waiting on a rank
+//! that will never send. Each connected peer's reader task
 //! notices the end of its connection at once, whether or not an op is
 //! waiting on it. If the peer left without a goodbye (its process died, or
 //! its group failed or was aborted), the first op that needs a frame from it
@@ -86,31 +121,54 @@
 //! that is alive but stuck (SIGSTOP) makes the ranks waiting on it time out.
 //! A peer whose backend was dropped after finishing its ops says goodbye;
 //! ops that then need it fail with [`WorkError::PeerLeft`] (it left, it
-//! did not die).
+//! did not die). A peer this rank never connected to is watched by the
+//! group's store-based liveness, not by this backend.
 //!
 //! # Algorithms
 //!
-//! | op | below `crossover_bytes` | from `crossover_bytes` |
-//! |---|---|---|
-//! | all_reduce | direct: every rank sends its buffer to every other rank and reduces in rank order | pipelined ring: reduce-scatter, then all-gather |
-//! | broadcast | direct from the root | pipelined chain from the root |
-//! | reduce | direct to the root; the root reduces in rank order | same |
-//! | all_gather | direct | pipelined ring |
-//! | reduce_scatter | direct; each rank reduces its block in rank order | pipelined ring |
-//! | all_to_all | direct pairwise | same |
-//! | send / recv | one frame per chunk | same |
-//! | barrier | an empty frame to and from every rank | same |
+//! | op | below `crossover_bytes`, up to 8 ranks | below `crossover_bytes`, more ranks | from `crossover_bytes` |
+//! |---|---|---|---|
+//! | all_reduce | direct: every rank sends its buffer to every other rank and reduces in rank order | recursive doubling: `log2 p` pairwise exchanges among the largest power of two `p <= n` ranks, the other `n - p` folded in before and given the result after | pipelined ring: reduce-scatter, then all-gather |
+//! | broadcast | direct from the root | binomial tree from the root | pipelined chain from the root |
+//! | reduce | direct to the root; the root reduces in rank order | binomial tree to the root | as below |
+//! | all_gather | direct | direct | pipelined ring |
+//! | reduce_scatter | direct; each rank reduces its block in rank order | same | pipelined ring |
+//! | all_to_all | direct pairwise | same | same |
+//! | send / recv | one frame per chunk | same | same |
+//! | barrier | an empty frame to and from every rank | dissemination: `ceil(log2 n)` rounds, an empty frame to the rank `2^k` ahead and from the rank `2^k` behind | as below |
 //!
-//! Everything larger than `chunk_bytes` goes in chunks. The size that picks
-//! the algorithm is the op's buffer (all_reduce, broadcast, reduce) or the
-//! full `size × count` buffer (all_gather, reduce_scatter). Results are
-//! bit-identical on every rank: the small paths reduce in rank order (the
-//! order of [`reference_reduce`](crate::reduce::reference_reduce)), and the
-//! ring reduces each block once, on its owner, and then copies it around.
+//! Up to 8 ranks one round to every rank is faster than `log2 n`
+//! dependent rounds, and the connections it needs are few
+//! (`choose::DIRECT_MAX_RANKS`, measured with `tcp_allreduce`).
+//!
+//! Everything larger than `chunk_bytes` goes in chunks (the doubling and
+//! tree schedules run once per chunk). The size that picks the algorithm
+//! is the op's buffer (all_reduce, broadcast, reduce) or the full
+//! `size × count` buffer (all_gather, reduce_scatter); every rank makes
+//! the same choice from the same arguments, and the header's algorithm
+//! field turns a rank that chose otherwise into a mismatch. The schedules
+//! (which peer, which block, when) are pure functions of rank, size and
+//! root in `algo` (`doubling`, `tree`, `dissemination`, `choose`), tested
+//! without sockets; `algo::exec`, `algo::run_direct` and `algo::run_small`
+//! run them.
+//!
+//! Results are bit-identical on every rank: recursive doubling reduces
+//! each pair with the lower rank's operand first, whichever rank computes
+//! it, so partners hold the same bits after every step; the direct paths
+//! reduce in rank order (the order of
+//! [`reference_reduce`](crate::reduce::reference_reduce)); the ring reduces
+//! each block once, on its owner, and then copies it around. Doubling,
+//! trees and the ring reduce floats in another order than the rank-order
+//! reference (close, not equal).
 //! [`ReduceOp::Avg`](crate::ReduceOp::Avg) sums and divides once at the end.
-//! The rooted ops also send an empty frame the other way (broadcast: to the
-//! root; reduce: from the root), so ranks that disagree on the root get a
-//! mismatch rather than each completing on its own.
+//! The direct rooted ops also send an empty frame the other way
+//! (broadcast: to the root; reduce: from the root), so ranks that disagree
+//! on the root get a mismatch. A tree depends on the root, so ranks that disagree on it could each
+//! wait on a parent that waits on someone else: the rooted ops first pass
+//! an empty frame around the ring (to the next rank, from the previous
+//! one), which does not. If any two ranks disagree, some neighbours do, and
+//! the one that reads the other's header fails with the mismatch; its
+//! fault notice stops the others.
 //!
 //! The ring's chunks are scheduled as a wavefront: at time `t` a rank sends
 //! chunk `t - s` of step `s` for every step, so a chunk received at one step
@@ -134,8 +192,8 @@
 //! off), the frames skip the socket (see `shm` and `pipe_io` for the
 //! details):
 //!
-//! * **Segments.** At setup each rank of the pair creates one segment for
-//!   its direction: an anonymous, sealed `memfd` whose descriptor goes to
+//! * **Segments.** When the pair's connection is made, each rank of the
+//!   pair creates one segment for its direction: an anonymous, sealed `memfd` whose descriptor goes to
 //!   the peer over the Unix socket (`SCM_RIGHTS`); the peer maps it and
 //!   acknowledges. Nothing is ever created in `/dev/shm` or elsewhere in
 //!   the file system, so there is nothing to unlink and nothing can leak,
@@ -144,7 +202,9 @@
 //!   `min(32, 8 MiB / chunk)` slots (at least 2) of `chunk_bytes` each:
 //!   with the default 256 KiB chunks, 32 slots (pages are only allocated
 //!   once used; the lowest free slot is taken first). Shared memory is
-//!   only offered when `chunk_bytes` is between 16 KiB and 16 MiB.
+//!   only offered when `chunk_bytes` is between 16 KiB and 16 MiB. Each
+//!   rank's broadcast segment (below) is created at setup, once, and
+//!   mapped by a local peer when their connection is made.
 //! * **Pipes.** The frames of a direction go through the pipe of its
 //!   segment, a ring of bytes with one writer and one reader
 //!   (`chorus_core::pipe`): the same byte stream the socket would carry,
@@ -165,10 +225,10 @@
 //!   same layout that every local peer maps, read by several peers (a
 //!   slot's state counts its readers). When every rank of the group is on
 //!   this host and offers shared memory (each rank publishes `shm` beside
-//!   its Unix socket; a rank learns it about higher ranks from the store
-//!   and about lower ones from their hellos, which also say whether they
-//!   found this rank's published host equal to theirs, so every rank comes
-//!   to the same answer) and there are at least 3 ranks, a large
+//!   its Unix socket; at its first large all_reduce a rank reads every
+//!   rank's published address, so every rank comes to the same answer;
+//!   only groups of at most 16 ranks look, as this path talks to every
+//!   rank) and there are at least 3 ranks, a large
 //!   all_reduce runs the ring's reduce-scatter and then, instead of the
 //!   ring's all-gather (which copies every block into a slot at every
 //!   hop), each rank writes each chunk of its reduced block once into its
@@ -192,9 +252,10 @@
 //!
 //! ## Crossover and chunk size
 //!
-//! `crossover_bytes` (64 KiB) is where the ring overtakes the direct
-//! algorithms with 4 ranks: the direct path sends `n - 1` copies of the
-//! buffer, the ring about two. `chunk_bytes` (256 KiB) gave the best
+//! `crossover_bytes` (64 KiB) is about where the ring overtakes the
+//! small algorithms, with 4 ranks (direct) and with 16 (recursive
+//! doubling): the direct path sends `n - 1` copies of the buffer,
+//! recursive doubling `log2 n`, the ring about two. `chunk_bytes` (256 KiB) gave the best
 //! 16 MiB bandwidth for 2 and 4 ranks: smaller chunks cost more system
 //! calls and wake-ups, larger ones more cache misses. Both were measured
 //! with `tcp_allreduce` (`benches/README.md`); the figures are in
@@ -203,23 +264,33 @@
 //! # Files
 //!
 //! `options` ([`TcpOptions`]), `wire` (the handshake and the header of every
-//! frame), `notice` (the fault notice a failing rank sends its peers), `pool`
+//! frame), `setup` (listening, publishing, dialling and answering a
+//! handshake), `links` (who connects: the table of a rank's connections),
+//! `acceptor` (answering peers' connections), `dialer` and `connect`
+//! (connections on first use), `install` (a new connection's reader and write side), `notice`
+//! (the fault notice a failing rank sends its peers), `pool`
 //! (recycled receive buffers), `shm` (the shared-memory data plane: slots
 //! and pipes), `halves` (a socket's two halves), `pipe_io` (a connection's
 //! read and write sides over the socket or a shared-memory pipe), `conn`
 //! (the connections: readers and write
 //! sides), `state` (what the handle, the worker and the readers share),
-//! `request` (one op as the worker receives it), `algo` (the algorithms),
-//! `worker` (the per-group worker), `drive` (a small op on the caller's
-//! thread), `batch` (batches), `setup` (building the mesh), `backend`
-//! (`TcpBackend` through the backend interface).
+//! `request` (one op as the worker receives it), `watching` (looking at
+//! every peer's frames while waiting on one), `algo` (the algorithms:
+//! schedules and the code that runs them), `worker` (the per-group
+//! worker), `drive` (a small op on the caller's thread), `batch` (batches),
+//! `backend` (`TcpBackend` through the backend interface).
 
+mod acceptor;
 mod algo;
 mod backend;
 mod batch;
 mod conn;
+mod connect;
+mod dialer;
 mod drive;
 mod halves;
+mod install;
+mod links;
 mod notice;
 mod options;
 mod pipe_io;
@@ -231,6 +302,7 @@ mod setup;
 #[allow(unsafe_code)]
 mod shm;
 mod state;
+mod watching;
 mod wire;
 mod worker;
 

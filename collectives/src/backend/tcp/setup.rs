@@ -1,6 +1,9 @@
-//! Building the full mesh: every rank listens, publishes its address in the
-//! store, and rank `i` connects to every rank `j > i`. Both ends of a new
-//! connection send a [`Hello`] and check the other's.
+//! Setting up and opening connections: every rank listens and publishes
+//! its address in the store ([`listen`]); a connection to a peer is opened
+//! when an op first needs it ([`dial`] on one side, [`accept_stream`] on
+//! the other, run by the `acceptor`). Both ends of a new connection send a
+//! [`Hello`] and check the other's; who keeps which connection when both
+//! dial at once is in `links`.
 //!
 //! The published address is `ip:port`, followed by ` unix={host}/{name}`
 //! when [`TcpOptions::local_unix_sockets`] is on: `host` identifies this
@@ -11,20 +14,21 @@
 //! then exchange their shared-memory segments (`shm::exchange`) before the
 //! connection carries frames.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chorus_store::{Store, StoreError};
-use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 
 use super::halves::{ReadHalf, Sock, WriteHalf};
+use super::links::Taking;
 use super::options::TcpOptions;
 use super::shm;
-use super::wire::{Hello, HELLO_BCAST, HELLO_CHECKED, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM};
+use super::wire::{
+    Hello, HELLO_BCAST, HELLO_CHECKED, HELLO_DUP, HELLO_FIXED, HELLO_SAME_HOST, HELLO_SHM,
+};
 
 /// Who this rank is, for the handshake.
 #[derive(Clone, Debug)]
@@ -41,8 +45,9 @@ pub(super) struct Me {
 
 impl Me {
     /// Our hello to `to`; `same_host`: `to` published the same host as
-    /// this rank (only the connecting side knows).
-    fn hello(&self, to: usize, same_host: bool) -> Hello {
+    /// this rank (only the connecting side knows); `dup`: an acceptor's
+    /// answer refusing the connection (see [`HELLO_DUP`]).
+    fn hello(&self, to: usize, same_host: bool, dup: bool) -> Hello {
         Hello {
             group: self.group.to_string(),
             from: self.rank as u32,
@@ -53,7 +58,8 @@ impl Me {
             flags: if self.wants_shm() { HELLO_SHM } else { 0 }
                 | if self.bcast.is_some() { HELLO_BCAST } else { 0 }
                 | if same_host { HELLO_SAME_HOST } else { 0 }
-                | if self.checked { HELLO_CHECKED } else { 0 },
+                | if self.checked { HELLO_CHECKED } else { 0 }
+                | if dup { HELLO_DUP } else { 0 },
         }
     }
 
@@ -90,19 +96,16 @@ impl Me {
             ));
         }
         let peer = h.from as usize;
-        match from {
-            Some(f) if f != peer => {
-                return Err(format!(
-                    "expected rank {f} at this address but rank {peer} answered (stale address in the store?)"
-                ))
-            }
-            None if peer >= self.rank => {
-                return Err(format!(
-                    "rank {peer} connected to rank {}, but only lower ranks connect to higher ones",
-                    self.rank
-                ))
-            }
-            _ => {}
+        if peer == self.rank || peer >= self.size {
+            return Err(format!(
+                "a peer claims to be rank {peer}, which is not another rank of this group of {}",
+                self.size
+            ));
+        }
+        if let Some(f) = from.filter(|&f| f != peer) {
+            return Err(format!(
+                "expected rank {f} at this address but rank {peer} answered (stale address in the store?)"
+            ));
         }
         if h.crossover != self.opts.crossover_bytes as u64
             || h.chunk != self.opts.chunk_bytes as u64
@@ -137,16 +140,13 @@ pub(super) enum Stream {
 pub(super) struct Conn {
     pub(super) stream: Stream,
     pub(super) shm: shm::Pair,
-    /// The peer published this rank's host and a broadcast segment.
-    pub(super) local_ok: bool,
 }
 
 impl Conn {
-    fn plain(stream: Stream, local_ok: bool) -> Conn {
+    fn plain(stream: Stream) -> Conn {
         Conn {
             stream,
             shm: shm::Pair::default(),
-            local_ok,
         }
     }
 }
@@ -154,7 +154,7 @@ impl Conn {
 /// Socket buffer size asked for on Unix sockets: a chunk or more fits, so a
 /// write rarely waits for the reader (the kernel caps it at
 /// `net.core.wmem_max` / `rmem_max`).
-const UNIX_SOCKET_BUFFER: usize = 4 << 20;
+pub(super) const UNIX_SOCKET_BUFFER: usize = 4 << 20;
 
 impl Stream {
     /// Sets socket buffer sizes (best effort).
@@ -229,54 +229,80 @@ fn tune(s: &TcpStream, live: Duration) -> Result<(), String> {
         .map_err(|e| format!("cannot set TCP_USER_TIMEOUT: {e}"))
 }
 
-/// Why an incoming connection was refused; `fatal` when it came from a rank
-/// of this very group (same name), whose settings disagree with ours: setup
-/// fails at once instead of waiting for the timeout.
-struct Refused {
-    msg: String,
-    fatal: bool,
+/// Why an incoming connection was not taken; `fatal` when it came from a
+/// rank of this very group (same name), whose settings disagree with ours:
+/// the group fails at once instead of waiting for a timeout.
+pub(super) struct Refused {
+    pub(super) msg: String,
+    pub(super) fatal: bool,
+    /// Not an error: the pair's connection is the one this rank dials (see
+    /// [`HELLO_DUP`]).
+    pub(super) dup: bool,
 }
 
 /// Accepts one connection's handshake: reads the peer's hello, answers with
-/// ours, checks theirs.
+/// ours, checks theirs. `take(peer)` says whether this rank takes a
+/// connection from `peer` (a refusal's answer carries [`HELLO_DUP`]; a
+/// stopped rank does not answer); it is only asked about a peer whose
+/// hello checked out.
 async fn accept_one<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     mut s: S,
+    take: &(dyn Fn(usize) -> Taking + Sync),
 ) -> Result<(usize, S, Hello), Refused> {
-    let stray = |msg: String| Refused { msg, fatal: false };
+    let stray = |msg: String| Refused {
+        msg,
+        fatal: false,
+        dup: false,
+    };
     let h = read_hello(&mut s).await.map_err(stray)?;
-    // Answer before checking, so that the peer sees our side and reports the
-    // mismatch too.
-    s.write_all(&me.hello(h.from as usize, false).encode())
+    let checked = me.check(&h, None);
+    let taking = checked.as_ref().map_or(Taking::Take, |&peer| take(peer));
+    if taking == Taking::Closed {
+        return Err(stray("this rank stopped".into()));
+    }
+    let dup = taking == Taking::Dup;
+    // Answer before reporting a failed check, so that the peer sees our
+    // side and reports the mismatch too.
+    s.write_all(&me.hello(h.from as usize, false, dup).encode())
         .await
         .map_err(|e| stray(format!("writing the handshake: {e}")))?;
-    let peer = me.check(&h, None).map_err(|msg| Refused {
+    let peer = checked.map_err(|msg| Refused {
         msg,
         fatal: h.group == *me.group,
+        dup: false,
     })?;
+    if dup {
+        return Err(Refused {
+            msg: format!("rank {peer} dialled while this rank dials it"),
+            fatal: false,
+            dup: true,
+        });
+    }
     Ok((peer, s, h))
 }
 
-/// Sends our hello to `peer` and checks the answer.
+/// Sends our hello to `peer` and checks the answer. A peer that accepted
+/// the connection and then closed or reset it is gone.
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     me: &Me,
     peer: usize,
     s: &mut S,
     addr: &str,
     same_host: bool,
-) -> Result<Hello, String> {
-    s.write_all(&me.hello(peer, same_host).encode())
+) -> Result<Hello, SetupError> {
+    s.write_all(&me.hello(peer, same_host, false).encode())
         .await
-        .map_err(|e| format!("writing the handshake to rank {peer}: {e}"))?;
+        .map_err(|e| SetupError::Gone(format!("writing the handshake to it at {addr}: {e}")))?;
     let h = read_hello(s)
         .await
-        .map_err(|e| format!("rank {peer} at {addr}: {e}"))?;
+        .map_err(|e| SetupError::Gone(format!("at {addr}: {e}")))?;
     me.check(&h, Some(peer))?;
     Ok(h)
 }
 
 /// The next incoming connection on either listener, with where it came from.
-async fn accept_any(
+pub(super) async fn accept_any(
     tcp: &TcpListener,
     unix: Option<&UnixListener>,
 ) -> std::io::Result<(Stream, String)> {
@@ -292,27 +318,30 @@ async fn accept_any(
     }
 }
 
-/// What a lower rank's hello says about it: it published the same host as
-/// this rank and a broadcast segment (the same fact that rank read from
-/// the store about this rank).
-fn local_peer(h: &Hello) -> bool {
-    h.flags & HELLO_SAME_HOST != 0 && h.flags & HELLO_BCAST != 0
-}
-
-/// Runs the acceptor's side of the handshake on either kind of stream.
-async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
+/// Runs the acceptor's side of the handshake on either kind of stream;
+/// `take` as in [`accept_one`].
+pub(super) async fn accept_stream(
+    me: &Me,
+    s: Stream,
+    take: &(dyn Fn(usize) -> Taking + Sync),
+) -> Result<(usize, Conn), Refused> {
+    let failed = |msg: String| Refused {
+        msg,
+        fatal: false,
+        dup: false,
+    };
     match s {
         Stream::Tcp(s) => {
-            tune(&s, me.opts.liveness_timeout).map_err(|msg| Refused { msg, fatal: false })?;
-            let (peer, s, h) = accept_one(me, s).await?;
-            Ok((peer, Conn::plain(Stream::Tcp(s), local_peer(&h))))
+            tune(&s, me.opts.liveness_timeout).map_err(failed)?;
+            let (peer, s, _) = accept_one(me, s, take).await?;
+            Ok((peer, Conn::plain(Stream::Tcp(s))))
         }
         Stream::Unix(s) => {
-            let (peer, mut s, h) = accept_one(me, s).await?;
+            let (peer, mut s, h) = accept_one(me, s, take).await?;
             let shm = if me.pair_shm(&h) {
                 shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
                     .await
-                    .map_err(|msg| Refused { msg, fatal: true })?
+                    .map_err(failed)?
             } else {
                 shm::Pair::default()
             };
@@ -321,37 +350,49 @@ async fn accept_stream(me: &Me, s: Stream) -> Result<(usize, Conn), Refused> {
                 Conn {
                     stream: Stream::Unix(s),
                     shm,
-                    local_ok: local_peer(&h),
                 },
             ))
         }
     }
 }
 
-/// Connects to `peer` at `addr`, retrying refused connections until
-/// `deadline`, and runs the handshake.
+/// How long a dialler retries a refused TCP connection.
+const REFUSED_RETRIES: Duration = Duration::from_millis(200);
+
+/// Connects to `peer` at `addr`, retrying refused connections briefly (by
+/// `deadline` at the latest), and runs the handshake.
 async fn connect_tcp(
     me: &Me,
     peer: usize,
     addr: SocketAddr,
     deadline: Instant,
     same_host: bool,
-) -> Result<TcpStream, String> {
+) -> Result<(TcpStream, Hello), SetupError> {
+    // The peer listens before it publishes its address, so a refused
+    // connection means it is gone: a few quick retries only (a backlog
+    // that overflowed), not the whole deadline.
+    let give_up = deadline.min(Instant::now() + REFUSED_RETRIES);
     let mut backoff = Duration::from_millis(5);
     let mut s = loop {
         match TcpStream::connect(addr).await {
             Ok(s) => break s,
-            Err(e) if Instant::now() + backoff < deadline => {
+            Err(e) if Instant::now() + backoff < give_up => {
                 tracing::debug!(peer, %addr, error = %e, "connect failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
-            Err(e) => return Err(format!("cannot connect to rank {peer} at {addr}: {e}")),
+            // It listened before it published the address: it is gone.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(SetupError::Gone(format!(
+                    "it no longer accepts connections at {addr} ({e})"
+                )))
+            }
+            Err(e) => return Err(format!("cannot connect to rank {peer} at {addr}: {e}").into()),
         }
     };
     tune(&s, me.opts.liveness_timeout)?;
-    handshake(me, peer, &mut s, &addr.to_string(), same_host).await?;
-    Ok(s)
+    let h = handshake(me, peer, &mut s, &addr.to_string(), same_host).await?;
+    Ok((s, h))
 }
 
 /// This host and network namespace (abstract Unix sockets are per network
@@ -427,15 +468,15 @@ async fn connect_unix(_: usize, _: &str) -> Result<UnixStream, String> {
 }
 
 /// A peer's published address.
-struct PeerAddr {
-    tcp: SocketAddr,
+pub(super) struct PeerAddr {
+    pub(super) tcp: SocketAddr,
     /// (host id, abstract socket name)
-    unix: Option<(String, String)>,
+    pub(super) unix: Option<(String, String)>,
     /// The peer offers shared memory (its broadcast segment exists).
-    shm: bool,
+    pub(super) shm: bool,
 }
 
-fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
+pub(super) fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
     let text = String::from_utf8_lossy(raw).to_string();
     let bad = || {
         format!("rank {peer}'s address in the store is not 'ip:port [unix=host/name]': '{text}'")
@@ -458,6 +499,15 @@ fn parse_addr(peer: usize, raw: &[u8]) -> Result<PeerAddr, String> {
     Ok(PeerAddr { tcp, unix, shm })
 }
 
+/// What dialling a peer gave.
+#[derive(Debug)]
+pub(super) enum Dialled {
+    /// The pair's connection.
+    Conn(Conn),
+    /// The peer refused it: it dials this rank itself (see [`HELLO_DUP`]).
+    Dup,
+}
+
 /// Connects to `peer`: through its Unix socket if it is on this host, else
 /// (or if that fails) through TCP.
 async fn connect_one(
@@ -466,10 +516,9 @@ async fn connect_one(
     addr: &PeerAddr,
     host: Option<&str>,
     deadline: Instant,
-) -> Result<Conn, String> {
+) -> Result<Dialled, SetupError> {
     // What the store says; the peer reads the same about this rank.
     let same_host = matches!((&addr.unix, host), (Some((h, _)), Some(me)) if h == me);
-    let local_ok = same_host && addr.shm;
     if let (Some((their_host, name)), Some(host)) = (&addr.unix, host) {
         if their_host == host {
             match connect_unix(peer, name).await {
@@ -477,17 +526,20 @@ async fn connect_one(
                     // A failed handshake is final: the peer is there but
                     // disagrees.
                     let h = handshake(me, peer, &mut s, &format!("unix:{name}"), same_host).await?;
+                    if h.flags & HELLO_DUP != 0 {
+                        return Ok(Dialled::Dup);
+                    }
                     let shm = if me.pair_shm(&h) {
                         shm::exchange(&mut s, peer, me.opts.chunk_bytes, me.bcast.as_deref())
-                            .await?
+                            .await
+                            .map_err(SetupError::Gone)?
                     } else {
                         shm::Pair::default()
                     };
-                    return Ok(Conn {
+                    return Ok(Dialled::Conn(Conn {
                         stream: Stream::Unix(s),
                         shm,
-                        local_ok,
-                    });
+                    }));
                 }
                 Err(e) => {
                     tracing::debug!(peer, error = %e, "Unix socket connect failed; using TCP")
@@ -495,10 +547,61 @@ async fn connect_one(
             }
         }
     }
-    Ok(Conn::plain(
-        Stream::Tcp(connect_tcp(me, peer, addr.tcp, deadline, same_host).await?),
-        local_ok,
-    ))
+    let (s, h) = connect_tcp(me, peer, addr.tcp, deadline, same_host).await?;
+    if h.flags & HELLO_DUP != 0 {
+        return Ok(Dialled::Dup);
+    }
+    Ok(Dialled::Conn(Conn::plain(Stream::Tcp(s))))
+}
+
+/// Reads `peer`'s published address from the store (waiting for it until
+/// `deadline`).
+///
+/// # Errors
+///
+/// [`SetupError::Store`] if the store fails or the address does not appear
+/// in time; [`SetupError::Other`] if it cannot be parsed.
+pub(super) async fn peer_addr(
+    store: &dyn Store,
+    peer: usize,
+    deadline: Instant,
+) -> Result<PeerAddr, SetupError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let raw = store
+        .get(&format!("addr/{peer}"), left)
+        .await
+        .map_err(SetupError::Store)?;
+    Ok(parse_addr(peer, &raw)?)
+}
+
+/// Dials `peer`: reads its address from the store and connects, all by
+/// `deadline`.
+///
+/// # Errors
+///
+/// [`SetupError::Store`] if the store fails or the address does not
+/// appear in time, else what failed.
+pub(super) async fn dial(
+    me: &Me,
+    store: &dyn Store,
+    host: Option<&str>,
+    peer: usize,
+    deadline: Instant,
+) -> Result<Dialled, SetupError> {
+    let addr = peer_addr(store, peer, deadline).await?;
+    let timeout = me.opts.connect_timeout;
+    let d = tokio::time::timeout_at(
+        deadline.into(),
+        connect_one(me, peer, &addr, host, deadline),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "connecting to rank {peer} at {} timed out (TcpOptions::connect_timeout is {timeout:?})",
+            addr.tcp
+        )
+    })??;
+    Ok(d)
 }
 
 fn listener(ip: std::net::IpAddr) -> Result<TcpListener, String> {
@@ -521,6 +624,9 @@ pub(super) enum SetupError {
     /// The store failed while addresses were exchanged (becomes
     /// `Error::Store`).
     Store(StoreError),
+    /// The peer published its address but no longer accepts connections
+    /// there: it is gone.
+    Gone(String),
     /// Anything else: what failed and what to check (becomes
     /// `Error::Setup`).
     Other(String),
@@ -532,23 +638,25 @@ impl From<String> for SetupError {
     }
 }
 
-/// Builds the mesh: one connection per rank, and the shared-memory state.
+/// This rank's listeners, as published in the store.
+#[derive(Debug)]
+pub(super) struct Listening {
+    pub(super) tcp: TcpListener,
+    pub(super) unix: Option<UnixListener>,
+    /// This host's id, where local peers are reached through Unix sockets.
+    pub(super) host: Option<String>,
+    /// Who this rank is, with its broadcast segment if it has one.
+    pub(super) me: Me,
+}
+
+/// Binds this rank's listeners, creates its broadcast segment and
+/// publishes `addr/{rank}`: no connection is made.
 ///
 /// # Errors
 ///
 /// [`SetupError::Store`] if the store fails, else what failed and what to
 /// check.
-pub(super) async fn mesh(store: Arc<dyn Store>, mut me: Me) -> Result<Mesh, SetupError> {
-    let mut streams: Vec<Option<Conn>> = (0..me.size).map(|_| None).collect();
-    if me.size == 1 {
-        return Ok(Mesh {
-            conns: streams,
-            bcast: None,
-            all_local: false,
-        });
-    }
-    let timeout = me.opts.connect_timeout;
-    let deadline = Instant::now() + timeout;
+pub(super) async fn listen(store: &dyn Store, mut me: Me) -> Result<Listening, SetupError> {
     let lst = listener(me.opts.advertise_ip)?;
     let local = lst
         .local_addr()
@@ -582,120 +690,15 @@ pub(super) async fn mesh(store: Arc<dyn Store>, mut me: Me) -> Result<Mesh, Setu
         }
     }
     let host = host.filter(|_| ulst.is_some());
-    let host = host.as_deref();
     store
         .set(&format!("addr/{}", me.rank), published.as_bytes())
         .await
         .map_err(SetupError::Store)?;
     tracing::debug!(group = %me.group, rank = me.rank, %addr, "listening for peers");
-
-    // Accept from every lower rank.
-    let me_ref = &me;
-    let accept = async {
-        let mut want: BTreeSet<usize> = (0..me.rank).collect();
-        let mut got = Vec::new();
-        let mut pending = FuturesUnordered::new();
-        let mut last_err: Option<String> = None;
-        while !want.is_empty() {
-            tokio::select! {
-                r = accept_any(&lst, ulst.as_ref()) => match r {
-                    Ok((s, from)) => pending.push(async move {
-                        (from, tokio::time::timeout_at(deadline.into(), accept_stream(me_ref, s)).await)
-                    }),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        last_err = Some(format!("accept failed: {e}"));
-                    }
-                },
-                Some((from, r)) = pending.next(), if !pending.is_empty() => match r {
-                    Ok(Ok((peer, s))) if want.remove(&peer) => got.push((peer, s)),
-                    Ok(Ok((peer, _))) => {
-                        let msg = format!("rank {peer} connected twice (from {from})");
-                        tracing::warn!("{msg}");
-                        last_err = Some(msg);
-                    }
-                    Ok(Err(Refused { msg, fatal: true })) => {
-                        return Err(format!("refused a connection from {from}: {msg}"));
-                    }
-                    Ok(Err(Refused { msg, .. })) => {
-                        tracing::warn!(%from, "rejected a connection: {msg}");
-                        last_err = Some(format!("rejected a connection from {from}: {msg}"));
-                    }
-                    Err(_) => last_err = Some(format!("handshake from {from} timed out")),
-                },
-                () = tokio::time::sleep_until(deadline.into()) => {
-                    return Err(format!(
-                        "timed out after {timeout:?} waiting for ranks {want:?} to connect to {addr}{}; did every rank create the group with the same name, size and TcpOptions, and can they reach {addr} (set TcpOptions::advertise_ip)?",
-                        last_err.map(|l| format!(" (last problem: {l})")).unwrap_or_default()
-                    ));
-                }
-            }
-        }
-        Ok::<_, String>(got)
-    };
-
-    // Connect to every higher rank.
-    let connect = async {
-        let mut tasks = FuturesUnordered::new();
-        for peer in me.rank + 1..me.size {
-            let store = store.clone();
-            let me = &me;
-            tasks.push(async move {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let raw = store
-                    .get(&format!("addr/{peer}"), left)
-                    .await
-                    .map_err(SetupError::Store)?;
-                let addr = parse_addr(peer, &raw)?;
-                let s = tokio::time::timeout_at(
-                    deadline.into(),
-                    connect_one(me, peer, &addr, host, deadline),
-                )
-                .await
-                .map_err(|_| {
-                    format!(
-                        "connecting to rank {peer} at {} timed out after {timeout:?}",
-                        addr.tcp
-                    )
-                })??;
-                Ok::<_, SetupError>((peer, s))
-            });
-        }
-        let mut got = Vec::new();
-        while let Some(r) = tasks.next().await {
-            got.push(r?);
-        }
-        Ok::<_, SetupError>(got)
-    };
-    let accept = async { accept.await.map_err(SetupError::Other) };
-
-    let (acc, con) = tokio::try_join!(accept, connect)?;
-    for (peer, s) in acc.into_iter().chain(con) {
-        s.stream
-            .tune_buffers(UNIX_SOCKET_BUFFER.max(me.opts.chunk_bytes + 64));
-        streams[peer] = Some(s);
-    }
-    // Whether every rank published this host and a broadcast segment: from
-    // the store for higher ranks, from their hellos for lower ones (which
-    // say what they published and whether it matched what this rank
-    // published), so every rank comes to the same answer.
-    let all_local =
-        host.is_some() && me.bcast.is_some() && streams.iter().flatten().all(|c| c.local_ok);
-    Ok(Mesh {
-        conns: streams,
-        bcast: me.bcast.as_ref().map(|b| b.tx()),
-        all_local,
+    Ok(Listening {
+        tcp: lst,
+        unix: ulst,
+        host,
+        me,
     })
-}
-
-/// What setup built.
-#[derive(Debug)]
-pub(super) struct Mesh {
-    /// One connection per rank (`None` for this rank).
-    pub(super) conns: Vec<Option<Conn>>,
-    /// This rank's broadcast segment, if it has one.
-    pub(super) bcast: Option<shm::Tx>,
-    /// Every rank of the group is on this host and offers shared memory:
-    /// the all_reduce's all-gather phase goes through broadcast segments.
-    pub(super) all_local: bool,
 }

@@ -19,6 +19,8 @@ use chorus_core::sync::lock;
 /// How a peer's connection ended.
 #[derive(Clone, Debug)]
 pub(super) enum PeerState {
+    /// Not connected yet: no op needed the peer so far.
+    Unconnected,
     /// Connected.
     Open,
     /// The peer said goodbye: its backend was dropped after finishing its
@@ -61,6 +63,7 @@ impl PeerState {
             }
             PeerState::Lost(c) => c.clone(),
             PeerState::Open => "the connection's queue closed".to_string(),
+            PeerState::Unconnected => "this rank has no connection to it".to_string(),
         };
         WorkError::PeerLost {
             ctx: ctx.clone(),
@@ -90,7 +93,7 @@ pub(super) struct Inner {
     /// that followed it); an op that needs more from it fails at once.
     pub(super) lost: Mutex<Option<(usize, PeerState)>>,
     pub(super) peers: Mutex<Vec<PeerState>>,
-    /// Each peer's reader (ended by `stop_readers`).
+    /// Each connected peer's reader (ended by `stop_readers`).
     pub(super) readers: Mutex<Vec<Arc<Relay>>>,
     /// The worker waits for its next op (set while its queue is empty).
     pub(super) idle: AtomicBool,
@@ -270,6 +273,14 @@ impl Inner {
             .any(|(p, st)| p != self.rank && st.is_open())
     }
 
+    /// A connection to `peer` was made (its reader is about to start).
+    pub(super) fn peer_connected(&self, peer: usize) {
+        let mut peers = lock(&self.peers);
+        if let Some(p @ PeerState::Unconnected) = peers.get_mut(peer) {
+            *p = PeerState::Open;
+        }
+    }
+
     /// Called by a reader task when its connection ends.
     pub(super) fn peer_ended(&self, peer: usize, end: PeerState) {
         {
@@ -378,6 +389,7 @@ impl Inner {
         }
     }
 
+    /// Ends every reader.
     pub(super) fn stop_readers(&self) {
         let readers = std::mem::take(&mut *lock(&self.readers));
         for r in readers {

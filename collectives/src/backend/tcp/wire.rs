@@ -19,7 +19,9 @@
 //! | 42     | dtype  | dtype byte, or [`NONE8`]                            |
 //! | 43     | redop  | reduce-op byte, or [`NONE8`]                        |
 //! | 44     | algo   | [`ALGO_DIRECT`], [`ALGO_RING`], [`ALGO_CHAIN`],     |
-//! |        |        | [`ALGO_RS_BCAST`] or [`ALGO_CHECK`]                 |
+//! |        |        | [`ALGO_RS_BCAST`], [`ALGO_CHECK`],                  |
+//! |        |        | [`ALGO_DOUBLING`], [`ALGO_TREE`] or                 |
+//! |        |        | [`ALGO_DISSEMINATION`]                              |
 //! | 45     | -      | zero                                                |
 //! | 46..48 | shm    | 0: the payload follows; `k + 1`: the payload is in  |
 //! |        |        | shared-memory slot `k` and nothing follows (`shm`); |
@@ -69,6 +71,12 @@ pub(super) const ALGO_RS_BCAST: u8 = 3;
 /// The signature round of the checked mode: an empty frame to and from
 /// every rank before the op's own frames.
 pub(super) const ALGO_CHECK: u8 = 4;
+/// Recursive doubling (the small all_reduce).
+pub(super) const ALGO_DOUBLING: u8 = 5;
+/// A binomial tree (the small broadcast, the reduce).
+pub(super) const ALGO_TREE: u8 = 6;
+/// The dissemination barrier.
+pub(super) const ALGO_DISSEMINATION: u8 = 7;
 
 /// Op names by wire code: the program's ops, then chorus's own.
 const OPS: [&str; 11] = [
@@ -303,6 +311,10 @@ pub(super) const HELLO_SAME_HOST: u16 = 4;
 /// [`Hello::flags`] bit: the sender runs the checked mode (every op's
 /// signature verified against every rank's; both ends must agree).
 pub(super) const HELLO_CHECKED: u16 = 8;
+/// [`Hello::flags`] bit, in an acceptor's answer only: the acceptor (the
+/// lower rank of the pair) is dialling the sender itself, and that
+/// connection is the pair's; the sender closes this one and waits for it.
+pub(super) const HELLO_DUP: u16 = 16;
 
 /// Fixed part of an encoded [`Hello`] (the group name follows).
 pub(super) const HELLO_FIXED: usize = 40;

@@ -14,6 +14,8 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
+use super::dialer::Dialer;
+use super::install::Installed;
 use super::notice::Notice;
 use super::request::OpRequest;
 use super::shm;
@@ -47,24 +49,28 @@ pub(super) struct Shm {
     /// Whether each peer mapped the broadcast segment.
     pub(super) bcast_ok: Vec<bool>,
     /// Every rank is on this host and offers shared memory (the same on
-    /// every rank).
-    pub(super) all_local: bool,
+    /// every rank), once found out (see `dialer`).
+    pub(super) all_local: Option<bool>,
 }
 
 /// The worker task's state. It alone writes to the connections.
 #[derive(Debug)]
 pub(super) struct Worker {
     pub(super) inner: Arc<Inner>,
+    /// Opens connections when an op first needs them.
+    pub(super) dialer: Dialer,
+    /// Each connected peer's write side.
     writers: Vec<Option<Writer>>,
     /// Shared-memory segments.
-    shm: Shm,
-    coll: Vec<Option<UnboundedReceiver<Incoming>>>,
+    pub(super) shm: Shm,
+    pub(super) coll: Vec<Option<UnboundedReceiver<Incoming>>>,
     p2p: Vec<Option<UnboundedReceiver<Frame>>>,
     /// Each peer's [`Link`], once its reader sent it.
-    links: Vec<Option<Arc<Link>>>,
-    /// Collective frames read ahead from a lent read side, before what is
-    /// still in the queue.
-    stash: Vec<VecDeque<Frame>>,
+    pub(super) links: Vec<Option<Arc<Link>>>,
+    /// Collective frames taken out of a queue ahead of time (read ahead
+    /// from a lent read side, or looked at while waiting on another peer),
+    /// before what is still in the queue.
+    pub(super) stash: Vec<VecDeque<Frame>>,
     /// Frames sent to / received from each peer in the current op.
     sent: Vec<u32>,
     recvd: Vec<u32>,
@@ -81,6 +87,10 @@ async fn await_goodbyes(inner: &Inner) {
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), all_gone).await;
 }
+
+/// How long a failed rank spends connecting to the peers it never talked
+/// to, to tell them why it failed.
+const NOTICE_CONNECT: Duration = Duration::from_secs(2);
 
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     // The sender lives in `Inner`, which the worker holds: `wait_for` only
@@ -122,24 +132,47 @@ fn op_bytes(op: Op, bufs: &[HostBuffer]) -> usize {
 }
 
 impl Worker {
-    pub(super) fn new(
-        inner: Arc<Inner>,
-        writers: Vec<Option<Writer>>,
-        shm: Shm,
-        coll: Vec<Option<UnboundedReceiver<Incoming>>>,
-        p2p: Vec<Option<UnboundedReceiver<Frame>>>,
-    ) -> Worker {
+    /// A worker with no connection yet; `bcast`: this rank's broadcast
+    /// segment, if it has one.
+    pub(super) fn new(inner: Arc<Inner>, dialer: Dialer, bcast: Option<shm::Tx>) -> Worker {
         let n = inner.size;
         Worker {
             inner,
-            writers,
-            shm,
-            coll,
-            p2p,
+            dialer,
+            writers: (0..n).map(|_| None).collect(),
+            shm: Shm {
+                tx: (0..n).map(|_| None).collect(),
+                bcast,
+                bcast_ok: vec![false; n],
+                all_local: None,
+            },
+            coll: (0..n).map(|_| None).collect(),
+            p2p: (0..n).map(|_| None).collect(),
             links: vec![None; n],
             stash: (0..n).map(|_| VecDeque::new()).collect(),
             sent: vec![0; n],
             recvd: vec![0; n],
+        }
+    }
+
+    /// Whether this worker holds a connection to `peer`.
+    pub(super) fn is_connected(&self, peer: usize) -> bool {
+        self.writers.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Takes the connection `i` to `peer` into use.
+    pub(super) fn adopt(&mut self, peer: usize, i: Installed) {
+        self.writers[peer] = Some(i.writer);
+        self.coll[peer] = Some(i.coll);
+        self.p2p[peer] = Some(i.p2p);
+        self.shm.tx[peer] = i.shm_tx;
+        self.shm.bcast_ok[peer] = i.bcast_ok;
+    }
+
+    /// Takes into use every connection peers made that no op needed yet.
+    pub(super) fn adopt_arrived(&mut self) {
+        for (p, i) in self.dialer.links.take_arrived() {
+            self.adopt(p, *i);
         }
     }
 
@@ -261,6 +294,7 @@ impl Worker {
         // Closing the write halves sends FIN; aborting the readers drops the
         // read halves, which closes the sockets.
         self.writers.clear();
+        self.dialer.stop();
         inner.stop_readers();
         tracing::debug!(group = %inner.group, rank = inner.rank, graceful, "TCP worker stopped");
     }
@@ -303,6 +337,10 @@ impl Worker {
         if self.inner.mute.load(Ordering::SeqCst) {
             return;
         }
+        // Peers this rank never talked to learn it too (faults are rare,
+        // and a peer may be about to need this rank).
+        self.ensure_all(std::time::Instant::now() + NOTICE_CONNECT)
+            .await;
         let body = Notice::of(cause).encode();
         let hdr = Header {
             group: self.inner.group_hash,
@@ -347,6 +385,7 @@ impl Worker {
     ) -> Result<(), WorkError> {
         let sig = signature(ctx, op, bufs);
         self.inner.progress.finished(sig, ctx.op);
+        self.adopt_arrived();
         for peer in 0..self.n() {
             let late = |f: &Frame| self.inner.progress.is_late(f.hdr.sig.seq);
             if let Some(f) = self.stash[peer].iter().find(|f| late(f)) {
@@ -428,12 +467,6 @@ impl Worker {
         self.write(op, peer, payload.len(), 0, payload).await
     }
 
-    /// Whether the all-gather phase of large all_reduces goes through the
-    /// broadcast segments (the same answer on every rank).
-    pub(super) fn all_local(&self) -> bool {
-        self.shm.all_local
-    }
-
     /// Sends one frame of `op` with `payload` to every other rank: written
     /// once into a slot of this rank's broadcast segment when it is large
     /// and there is one free (each peer that mapped the segment gets only
@@ -444,6 +477,9 @@ impl Worker {
         payload: &[u8],
     ) -> Result<(), WorkError> {
         let others: Vec<usize> = self.others().collect();
+        for &p in &others {
+            self.ensure(op.ctx, p).await?;
+        }
         let readers = others.iter().filter(|&&p| self.shm.bcast_ok[p]).count();
         let mut slot = None;
         if payload.len() >= shm::SHM_MIN && readers > 0 {
@@ -526,6 +562,7 @@ impl Worker {
         slot: u16,
         body: &[u8],
     ) -> Result<(), WorkError> {
+        self.ensure(op.ctx, peer).await?;
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
         if !self.inner.peer_state(peer).is_open() {
@@ -656,6 +693,16 @@ impl Worker {
         Ok(())
     }
 
+    /// [`absorb`](Self::absorb) for `watching`.
+    pub(super) async fn absorb_lent(
+        &mut self,
+        op: &Active<'_>,
+        peer: usize,
+        l: Lent,
+    ) -> Result<Frame, WorkError> {
+        self.absorb(op, peer, l).await
+    }
+
     /// Reads a lent frame's payload into a pool buffer and gives the read
     /// side back.
     async fn absorb(&mut self, op: &Active<'_>, peer: usize, l: Lent) -> Result<Frame, WorkError> {
@@ -680,6 +727,7 @@ impl Worker {
     /// collective frame that has not arrived yet may come as a lent read
     /// side (see [`Link`]).
     async fn take(&mut self, op: &Active<'_>, peer: usize, direct: bool) -> Result<Got, WorkError> {
+        self.ensure(op.ctx, peer).await?;
         let no_conn = || WorkError::Backend {
             ctx: op.ctx.clone(),
             msg: format!("no connection to rank {peer}"),
@@ -721,13 +769,18 @@ impl Worker {
                     if let Some(l) = &link {
                         l.want.store(true, Ordering::Release);
                     }
-                    let item = q.recv().await;
+                    let item = self.wait_watching(op, peer).await;
                     // Whether the reader took the offer (for this item or
                     // for the next one).
                     let claimed = link.is_some_and(|l| !l.want.swap(false, Ordering::AcqRel));
-                    (item, claimed)
+                    (item?, claimed)
                 }
             };
+            let q = self
+                .coll
+                .get_mut(peer)
+                .and_then(Option::as_mut)
+                .ok_or_else(no_conn)?;
             let Some(item) = item else {
                 return Err(self.inner.lost_error(op.ctx, peer).await);
             };

@@ -5,13 +5,14 @@ use std::ops::Range;
 
 use chorus_core::{OpContext, WorkError};
 
-use super::conn::Frame;
-use super::shm::Reserved;
-use super::wire::{
-    op_code, wire_seq, Sig, ALGO_CHAIN, ALGO_CHECK, ALGO_DIRECT, ALGO_RING, ALGO_RS_BCAST,
-    CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+use super::super::conn::Frame;
+use super::super::shm::Reserved;
+use super::super::wire::{
+    op_code, wire_seq, Sig, ALGO_CHAIN, ALGO_CHECK, ALGO_DIRECT, ALGO_DISSEMINATION, ALGO_DOUBLING,
+    ALGO_RING, ALGO_RS_BCAST, ALGO_TREE, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
 };
-use super::worker::{Active, Worker};
+use super::super::worker::{Active, Worker};
+use super::choose::{self, AllReduce};
 use crate::reduce::{self, finish_avg, Reducible};
 use chorus_core::{DType, HostBuffer, Op, ReduceOp};
 
@@ -26,18 +27,18 @@ fn block(count: usize, n: usize, i: usize) -> Range<usize> {
 
 /// Number of chunks of `len` elements, at least one (an empty op still
 /// exchanges one empty frame, so every op is checked on the wire).
-fn nchunks(len: usize, ce: usize) -> usize {
+pub(super) fn nchunks(len: usize, ce: usize) -> usize {
     len.div_ceil(ce).max(1)
 }
 
 /// Chunk `k` of `r`.
-fn chunk(r: &Range<usize>, ce: usize, k: usize) -> Range<usize> {
+pub(super) fn chunk(r: &Range<usize>, ce: usize, k: usize) -> Range<usize> {
     let s = (r.start + k * ce).min(r.end);
     s..(s + ce).min(r.end)
 }
 
 /// Byte range of an element range.
-fn bytes(r: &Range<usize>, es: usize) -> Range<usize> {
+pub(super) fn bytes(r: &Range<usize>, es: usize) -> Range<usize> {
     r.start * es..r.end * es
 }
 
@@ -142,7 +143,7 @@ enum Partial {
 }
 
 /// `dst[i] = op(dst[i], src[i])` on raw bytes of `dtype`.
-fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
+pub(super) fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
     use half::{bf16, f16};
     match dtype {
         DType::F32 => combine_raw::<f32>(op, dst, src),
@@ -159,7 +160,7 @@ fn combine_bytes(op: ReduceOp, dtype: DType, dst: &mut [u8], src: &[u8]) {
 }
 
 impl Worker {
-    fn ce(&self, dtype: DType) -> usize {
+    pub(super) fn ce(&self, dtype: DType) -> usize {
         (self.inner.opts.chunk_bytes / dtype.size()).max(1)
     }
 
@@ -168,12 +169,12 @@ impl Worker {
     }
 
     /// The other ranks, starting after this one (spreads the load).
-    pub(super) fn others(&self) -> impl Iterator<Item = usize> {
+    pub(crate) fn others(&self) -> impl Iterator<Item = usize> {
         let (n, me) = (self.n(), self.me());
         (1..n).map(move |s| (me + s) % n)
     }
 
-    fn op<'a>(ctx: &'a OpContext, sig: Sig) -> Active<'a> {
+    pub(super) fn op<'a>(ctx: &'a OpContext, sig: Sig) -> Active<'a> {
         Active {
             ctx,
             sig,
@@ -181,7 +182,7 @@ impl Worker {
         }
     }
 
-    fn sig(
+    pub(super) fn sig(
         ctx: &OpContext,
         dtype: Option<DType>,
         redop: Option<ReduceOp>,
@@ -206,7 +207,7 @@ impl Worker {
     /// rank that called something else at this seq is then seen by every
     /// rank, whatever the op would have exchanged. A no-op outside the
     /// checked mode.
-    async fn check_round(&mut self, o: &Active<'_>) -> Result<(), WorkError> {
+    pub(super) async fn check_round(&mut self, o: &Active<'_>) -> Result<(), WorkError> {
         if !self.inner.checked {
             return Ok(());
         }
@@ -229,7 +230,7 @@ impl Worker {
     }
 
     /// Runs one op on this rank.
-    pub(super) async fn execute(
+    pub(crate) async fn execute(
         &mut self,
         ctx: &OpContext,
         op: Op,
@@ -292,7 +293,7 @@ impl Worker {
     /// x(n-1)`, where `x(me)` is `own` and the others are `frames` (rank
     /// order, without this rank). Every rank that runs this gets the same
     /// bits, equal to `reference_reduce`.
-    fn reduce_rank_order(
+    pub(super) fn reduce_rank_order(
         &self,
         op: ReduceOp,
         dst: &mut HostBuffer,
@@ -372,30 +373,24 @@ impl Worker {
         }
         let es = dtype.size();
         let ce = self.ce(dtype);
-        if !self.large(count * es) {
+        let large = choose::large(count * es, self.inner.opts.crossover_bytes);
+        let all_local = large && n > 2 && self.all_local(ctx).await?;
+        let algo = choose::all_reduce(n, count * es, self.inner.opts.crossover_bytes, all_local);
+        if algo == AllReduce::Direct {
             let o = Self::op(
                 ctx,
                 Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_DIRECT),
             );
-            let all = 0..count;
-            let mut frames = Vec::with_capacity(n - 1);
-            for k in 0..nchunks(count, ce) {
-                let c = chunk(&all, ce, k);
-                let b = bytes(&c, es);
-                // One copy for every local peer where it is large enough
-                // for a broadcast slot.
-                self.send_to_all(&o, &buf.as_bytes()[b.clone()]).await?;
-                frames.clear();
-                let me = self.me();
-                for p in (0..n).filter(|&p| p != me) {
-                    frames.push(self.recv(&o, p, b.len()).await?);
-                }
-                self.reduce_rank_order(op, buf, &c, None, &frames);
-            }
-            finish_avg(op, buf, 0..count, n);
-            return Ok(());
+            return self.all_reduce_direct(&o, buf, op, ce).await;
         }
-        if n > 2 && self.all_local() {
+        if algo == AllReduce::Doubling {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_DOUBLING),
+            );
+            return self.all_reduce_doubling(&o, buf, op, ce).await;
+        }
+        if algo == AllReduce::RingThenBroadcastSegments {
             // Every rank on this host with shared memory: the ring's
             // reduce-scatter, then every rank writes its reduced block once
             // into its broadcast segment and every other rank copies it
@@ -557,32 +552,21 @@ impl Worker {
         let es = dtype.size();
         let ce = self.ce(dtype);
         let all = 0..count;
-        if !self.large(count * es) {
+        if !self.large(count * es) && choose::direct(n) {
             let o = Self::op(
                 ctx,
                 Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_DIRECT),
             );
             self.check_round(&o).await?;
-            for k in 0..nchunks(count, ce) {
-                let c = chunk(&all, ce, k);
-                if me == root {
-                    self.send_to_all(&o, &buf.as_bytes()[bytes(&c, es)]).await?;
-                } else {
-                    if k == 0 {
-                        // An empty frame back to the root, so that ranks that
-                        // disagree on the root see each other's header.
-                        self.send(&o, root, &[]).await?;
-                    }
-                    self.recv_into(&o, root, &mut buf.as_bytes_mut()[bytes(&c, es)])
-                        .await?;
-                }
-            }
-            if me == root {
-                for p in (0..n).filter(|&p| p != me) {
-                    self.recv(&o, p, 0).await?;
-                }
-            }
-            return Ok(());
+            return self.broadcast_direct(&o, buf, root, ce).await;
+        }
+        if !self.large(count * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_TREE),
+            );
+            self.check_round(&o).await?;
+            return self.broadcast_tree(&o, buf, root, ce).await;
         }
         // Pipelined chain root -> root+1 -> ... -> root+n-1.
         let o = Self::op(
@@ -630,45 +614,26 @@ impl Worker {
         op: ReduceOp,
     ) -> Result<(), WorkError> {
         let n = self.n();
-        let (me, count, dtype) = (self.me(), buf.len(), buf.dtype());
+        let (count, dtype) = (buf.len(), buf.dtype());
         if n == 1 {
             finish_avg(op, buf, 0..count, 1);
             return Ok(());
         }
-        let es = dtype.size();
         let ce = self.ce(dtype);
-        let all = 0..count;
+        if choose::direct(n) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_DIRECT),
+            );
+            self.check_round(&o).await?;
+            return self.reduce_direct(&o, buf, root, op, ce).await;
+        }
         let o = Self::op(
             ctx,
-            Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_DIRECT),
+            Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_TREE),
         );
         self.check_round(&o).await?;
-        let mut frames = Vec::with_capacity(n - 1);
-        if me == root {
-            // An empty frame to every other rank, so that ranks that disagree
-            // on the root see each other's header instead of waiting.
-            for p in self.others() {
-                self.send(&o, p, &[]).await?;
-            }
-        }
-        for k in 0..nchunks(count, ce) {
-            let c = chunk(&all, ce, k);
-            if me == root {
-                frames.clear();
-                for p in (0..n).filter(|&p| p != me) {
-                    frames.push(self.recv(&o, p, c.len() * es).await?);
-                }
-                self.reduce_rank_order(op, buf, &c, None, &frames);
-            } else {
-                self.send(&o, root, &buf.as_bytes()[bytes(&c, es)]).await?;
-            }
-        }
-        if me == root {
-            finish_avg(op, buf, all, n);
-        } else {
-            self.recv(&o, root, 0).await?;
-        }
-        Ok(())
+        self.reduce_tree(&o, buf, root, op, ce).await
     }
 
     async fn all_gather(
@@ -896,15 +861,12 @@ impl Worker {
         if self.n() == 1 {
             return Ok(());
         }
-        let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DIRECT));
-        for p in self.others() {
-            self.send(&o, p, &[]).await?;
+        if choose::direct(self.n()) {
+            let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DIRECT));
+            return self.barrier_direct(&o).await;
         }
-        let (n, me) = (self.n(), self.me());
-        for p in (0..n).filter(|&p| p != me) {
-            self.recv(&o, p, 0).await?;
-        }
-        Ok(())
+        let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DISSEMINATION));
+        self.barrier_dissemination(&o).await
     }
 }
 
