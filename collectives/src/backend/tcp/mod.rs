@@ -149,7 +149,7 @@
 //! field turns a rank that chose otherwise into a mismatch. The schedules
 //! (which peer, which block, when) are pure functions of rank, size and
 //! root in `algo` (`doubling`, `tree`, `dissemination`, `choose`), tested
-//! without sockets; `algo::exec`, `algo::run_direct` and `algo::run_small`
+//! without sockets; `algo::exec`, `algo::run_direct` and `algo::run_logarithmic`
 //! run them.
 //!
 //! Results are bit-identical on every rank: recursive doubling reduces

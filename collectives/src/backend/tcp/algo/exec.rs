@@ -1,5 +1,7 @@
-//! The algorithms of the TCP backend (see the table in the module docs of
-//! [`tcp`](super)).
+//! Running an op: `Worker::execute` takes the algorithm `choose` gives
+//! (the direct and logarithmic ones live beside this file), and this file
+//! holds the pipelined ring and what every algorithm shares (blocks,
+//! chunks, byte ranges, reductions of raw bytes).
 
 use std::ops::Range;
 
