@@ -105,10 +105,13 @@
 //! failed, the op in flight and every queued and later op fail with the same
 //! cause (re-addressed with [`WorkError::for_op`]), and every connection is
 //! closed, so that the peers fail promptly too. Before it closes, a failed
-//! rank tells every peer why (a fault notice), connecting for it to the
-//! peers it never talked to (faults are rare; at most 2 s for all of
-//! them), so that each fails with the cause rather than waiting on a rank
-//! that will never send. Each connected peer's reader task
+//! rank tells every connected peer why (a fault notice), so that each
+//! fails with the cause rather than waiting on a rank that will never
+//! send; a rank that found a mismatch also connects to the peers it never
+//! talked to, to tell them (at most 2 s for all of them). Other faults
+//! (a lost or silent peer, a timeout) are not dialled out: the peers find
+//! them themselves, and dialling across a partition would hold the rank up
+//! while its group re-forms. Each connected peer's reader task
 //! notices the end of its connection at once, whether or not an op is
 //! waiting on it. If the peer left without a goodbye (its process died, or
 //! its group failed or was aborted), the first op that needs a frame from it

@@ -337,10 +337,15 @@ impl Worker {
         if self.inner.mute.load(Ordering::SeqCst) {
             return;
         }
-        // Peers this rank never talked to learn it too (faults are rare,
-        // and a peer may be about to need this rank).
-        self.ensure_all(std::time::Instant::now() + NOTICE_CONNECT)
-            .await;
+        // Peers this rank never talked to learn of a mismatch it found
+        // too (a peer may be about to wait on this rank, and nothing else
+        // would tell it why). Other faults are the peers' to find
+        // (liveness, their own connections), and dialling peers across a
+        // partition would hold this rank up while the group re-forms.
+        if matches!(cause, WorkError::Mismatch { .. }) {
+            self.ensure_all(std::time::Instant::now() + NOTICE_CONNECT)
+                .await;
+        }
         let body = Notice::of(cause).encode();
         let hdr = Header {
             group: self.inner.group_hash,
