@@ -1012,6 +1012,13 @@ fn aborted(rank: usize) -> WorkError {
 #[test]
 fn aborted_peer_fails_pending_ops_with_its_reason() {
     let mut w = world(3, &tcp_opts());
+    // Connected first (a barrier of 3 ranks connects every pair): an
+    // aborted rank tells the peers it is connected to; one it never talked
+    // to finds it gone (PeerLost) at its first op.
+    let barriers: Vec<_> = w.iter_mut().map(|rk| rk.coll(Call::Barrier)).collect();
+    for b in barriers {
+        block_on(b).expect("barrier");
+    }
     let buf = || HostBuffer::I64(vec![3; 1000]);
     let a = w[0].coll(Call::AllReduce {
         buf: buf(),
