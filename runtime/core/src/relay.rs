@@ -130,6 +130,12 @@ impl Relay {
         Some(Claim { relay: self })
     }
 
+    /// Wakes it as its future's waker would: the host task polls it, or the
+    /// caller that holds it, if one does.
+    pub fn wake(&self) {
+        self.waker.wake_by_ref();
+    }
+
     /// Drops the future (waiting for a poll in progress to end) and lets
     /// the host task finish.
     pub fn cancel(&self) {

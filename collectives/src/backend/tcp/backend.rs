@@ -20,7 +20,7 @@ use super::options::{TcpOptions, MAX_CHUNK};
 use super::pool::Pool;
 use super::request::OpRequest;
 use super::state::{Inner, PeerState, Progress};
-use super::{acceptor, batch, drive, setup, wire, worker};
+use super::{acceptor, batch, drive, linger, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::batched::{self, Batched};
 use crate::error::{Error, Rejected};
@@ -134,7 +134,11 @@ impl TcpBackend {
             peers: Mutex::new(vec![PeerState::Unconnected; size]),
             readers: Mutex::new(Vec::new()),
             idle: AtomicBool::new(false),
+            lingering: AtomicBool::new(false),
+            linger_start: tokio::sync::Notify::new(),
+            taken: AtomicU64::new(0),
             shm_frames: AtomicU64::new(0),
+            doorbells: Arc::new(AtomicU64::new(0)),
             shm_full: AtomicU64::new(0),
             checked,
             progress: Progress::default(),
@@ -169,11 +173,13 @@ impl TcpBackend {
         let (close, close_rx) = watch::channel(false);
         let (done_tx, done) = watch::channel(false);
         let w = worker::Worker::new(inner.clone(), dialer, bcast);
-        let worker = Arc::new(Relay::new(async move {
+        let run = linger::waking_lingering_readers(inner.clone(), async move {
             w.run(rx, stop_rx, close_rx).await;
             done_tx.send_replace(true);
-        }));
+        });
+        let worker = Arc::new(Relay::new(run));
         drive::host(&handle, &worker);
+        handle.spawn(linger::sweep(inner.clone(), done.clone()));
         let spin = inner.opts.spin();
         tracing::debug!(group = %inner.group, rank, size, ?spin, "TCP backend listening");
         let driver = Arc::new(drive::Driver::new(inner.clone(), worker, handle, spin));
@@ -209,6 +215,18 @@ impl TcpBackend {
         )
     }
 
+    /// Tests: doorbells this rank rang on its pipes so far.
+    #[cfg(test)]
+    pub(crate) fn doorbells(&self) -> u64 {
+        self.inner.doorbells.load(Ordering::Relaxed)
+    }
+
+    /// Tests: whether a caller left this rank's pipes watched.
+    #[cfg(test)]
+    pub(crate) fn lingers(&self) -> bool {
+        self.inner.lingering.load(Ordering::SeqCst)
+    }
+
     /// Tests: connections this rank has made or taken so far.
     #[cfg(test)]
     pub(crate) fn connections(&self) -> usize {
@@ -235,7 +253,7 @@ impl TcpBackend {
     /// failed or its worker has stopped.
     pub(super) fn enqueue(&self, req: OpRequest) {
         // Whatever the worker finds queued is not for a caller to start.
-        self.inner.idle.store(false, Ordering::Release);
+        self.inner.idle.store(false, Ordering::SeqCst);
         self.push(req);
     }
 

@@ -10,24 +10,28 @@
 //!   claims the worker and the readers and polls them in turn — the
 //!   readers read the sockets themselves (see `halves`), the worker takes
 //!   their frames and completes the op — until the op is done or
-//!   [`TcpOptions::caller_spin`] has passed, yielding the core between
-//!   rounds. Then it lets go: whatever it did not finish, the host tasks
-//!   take over (the claims hand them any wake-up they did not serve), so a
-//!   caller that stops polling stops nothing.
+//!   [`TcpOptions::caller_spin`] has passed, outside tokio's cooperative
+//!   budget ([`unbudgeted`]). Then it lets go: whatever it did not finish,
+//!   the host tasks take over (the claims hand them any wake-up they did
+//!   not serve), so a caller that stops polling stops nothing. A caller
+//!   whose op is done leaves the pipes watched (see `linger`).
 //!
 //! A round trip then wakes no thread at all when both ranks' callers are
 //! at the op together; the cost is up to `caller_spin` of the caller's
-//! core per op when a peer comes late. The spinning caller yields its
-//! core between looks (`sched_yield`), so a peer that shares the core — a
-//! rank where ranks outnumber cores, an I/O thread, another program — runs
-//! at once, as MPI's polling progress does when oversubscribed.
+//! core per op when a peer comes late. Where this host's ranks outnumber
+//! its cores, the spinning caller yields its core after every look
+//! (`sched_yield`), so a peer that shares the core runs at once, as MPI's
+//! polling progress does when oversubscribed; elsewhere it yields every
+//! [`YIELD_EVERY`] looks, for an I/O thread or another program.
 //!
 //! docs/ARCHITECTURE.md, "A small TCP op without hand-offs", tells the
 //! whole path.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use chorus_core::relay::{Claim, Relay, Step};
@@ -39,6 +43,9 @@ use super::state::Inner;
 use crate::work::Assist;
 use chorus_core::sync::lock;
 
+/// Spinning rounds between yields where every local rank has a core.
+const YIELD_EVERY: u32 = 32;
+
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
     inner: Arc<Inner>,
@@ -46,6 +53,9 @@ pub(super) struct Driver {
     handle: Handle,
     /// How long an awaiting caller drives a small op itself.
     spin: Duration,
+    /// Spinning rounds between yields of the core: 0 (every round) where
+    /// this host's ranks outnumber its cores.
+    yield_every: u32,
 }
 
 impl fmt::Debug for Driver {
@@ -68,11 +78,14 @@ impl Driver {
         handle: Handle,
         spin: Duration,
     ) -> Driver {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let local = chorus_store::rt::local_ranks().unwrap_or(1);
         Driver {
             inner,
             worker,
             handle,
             spin,
+            yield_every: if local > cores { 0 } else { YIELD_EVERY },
         }
     }
 
@@ -100,8 +113,29 @@ impl Driver {
     /// what it can; the claim's drop hands anything left to the host.
     pub(super) fn kick(&self, claim: Claim<'_>) {
         let _rt = self.handle.enter();
-        claim.poll();
+        unbudgeted(|| claim.poll());
     }
+}
+
+/// Runs `f` outside tokio's cooperative budget. A caller polls the relays
+/// round after round within one poll of its own task: past the budget,
+/// every tokio resource they touch would answer pending and defer its
+/// wake-up to the caller's runtime, which hands it to the host task (an
+/// I/O thread's wake-up, and the host then runs the next op) when the
+/// caller parks.
+fn unbudgeted<R>(f: impl FnOnce() -> R) -> Option<R> {
+    let mut f = Some(f);
+    let mut out = None;
+    {
+        let once = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|_| {
+            if let Some(f) = f.take() {
+                out = Some(f());
+            }
+            Poll::Ready(())
+        })));
+        let _ = once.poll(&mut Context::from_waker(std::task::Waker::noop()));
+    }
+    out
 }
 
 impl Assist for Driver {
@@ -117,9 +151,21 @@ impl Assist for Driver {
         let relays: SmallVec<[Arc<Relay>; 8]> = lock(&self.inner.readers).iter().cloned().collect();
         let readers: SmallVec<[Claim<'_>; 8]> = relays.iter().filter_map(|r| r.claim()).collect();
         let rt = self.handle.enter();
+        unbudgeted(|| self.drive(&worker, &readers, done));
+        drop(rt);
+        drop(readers);
+        drop(worker);
+    }
+}
+
+impl Driver {
+    /// The caller's rounds over the claimed worker and readers (see the
+    /// module docs).
+    fn drive(&self, worker: &Claim<'_>, readers: &[Claim<'_>], done: &dyn Fn() -> bool) {
         let start = Instant::now();
+        let mut rounds = 0u32;
         let round = || {
-            for r in &readers {
+            for r in readers {
                 r.poll();
             }
             worker.poll()
@@ -130,14 +176,27 @@ impl Assist for Driver {
             }
             // Let a thread this core owes time to run (a peer rank's
             // caller, an I/O thread, another program): a pure spin holds
-            // the core a peer may need for a whole scheduler slice.
-            std::thread::yield_now();
+            // the core a peer may need for a whole scheduler slice. Where
+            // every rank has a core, only now and then: a yield is a
+            // system call, and the peer's frame comes sooner than that.
+            rounds += 1;
+            if self.yield_every == 0 || rounds % self.yield_every == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         });
         // One more round, not spinning: the sockets go back to the I/O
-        // driver with their wakers registered, for the host tasks.
-        round();
-        drop(rt);
-        drop(readers);
-        drop(worker);
+        // driver with their wakers registered, for the host tasks. With the
+        // op done, the pipes stay watched while the worker waits for work
+        // (see `linger`).
+        if done() {
+            halves::while_lingering(round);
+            if !self.inner.mark_lingering() {
+                round();
+            }
+        } else {
+            round();
+        }
     }
 }

@@ -49,24 +49,44 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 thread_local! {
     /// This thread is a caller spinning on a small op (see `drive`).
     static SPINNING: Cell<bool> = const { Cell::new(false) };
+    /// This thread is a caller whose small op is done, polling the readers
+    /// one last time: pipes stay watched (see `drive`).
+    static LINGERING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's `flag` set, restoring it after.
+fn with_flag<R>(flag: &'static std::thread::LocalKey<Cell<bool>>, f: impl FnOnce() -> R) -> R {
+    struct Reset(&'static std::thread::LocalKey<Cell<bool>>, bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            self.0.with(|s| s.set(self.1));
+        }
+    }
+    let _reset = Reset(flag, flag.with(|s| s.replace(true)));
+    f()
 }
 
 /// Runs `f` as a spinning caller: read halves that find nothing leave the
 /// I/O driver instead of registering a waker (see the module docs).
 pub(super) fn while_spinning<R>(f: impl FnOnce() -> R) -> R {
-    struct Reset(bool);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            SPINNING.with(|s| s.set(self.0));
-        }
-    }
-    let _reset = Reset(SPINNING.with(|s| s.replace(true)));
-    f()
+    with_flag(&SPINNING, f)
 }
 
 /// Whether this thread is a caller spinning on a small op.
 pub(super) fn spinning() -> bool {
     SPINNING.with(Cell::get)
+}
+
+/// Runs `f` as a caller whose op is done and whose worker is idle: a pipe
+/// that finds nothing stays watched, its writer does not ring (see
+/// `drive`); sockets register with the I/O driver as usual.
+pub(super) fn while_lingering<R>(f: impl FnOnce() -> R) -> R {
+    with_flag(&LINGERING, f)
+}
+
+/// Whether this thread is a caller lingering after its small op.
+pub(super) fn lingering() -> bool {
+    LINGERING.with(Cell::get)
 }
 
 /// A connected socket, non-blocking (tokio made it so; the flag belongs

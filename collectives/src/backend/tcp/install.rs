@@ -59,7 +59,7 @@ pub(super) fn install(
         None => Source::Socket(rd),
     };
     let wr = match &c.shm.tx {
-        Some(tx) => Sink::Pipe(PipeWrite::new(tx.pipe(), wr)),
+        Some(tx) => Sink::Pipe(PipeWrite::new(tx.pipe(), wr, inner.doorbells.clone())),
         None => Sink::Socket(wr),
     };
     inner.peer_connected(peer);

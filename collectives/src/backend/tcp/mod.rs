@@ -73,7 +73,10 @@
 //!   pipes, reducing, completing — for up to [`TcpOptions::caller_spin`]
 //!   (100 µs by default), yielding the core between rounds where this
 //!   host's ranks outnumber its cores;
-//! * then it parks, and the I/O threads finish whatever is left.
+//! * then it parks, and the I/O threads finish whatever is left;
+//! * a caller whose op is done leaves its pipes watched (`linger`): the
+//!   peers' frames for the next op ring no doorbell and wake no I/O
+//!   thread.
 //!
 //! The sockets are read and written with plain non-blocking calls from
 //! whichever thread runs them, and registered with the I/O driver only for
@@ -280,7 +283,8 @@
 //! `request` (one op as the worker receives it), `watching` (looking at
 //! every peer's frames while waiting on one), `algo` (the algorithms:
 //! schedules and the code that runs them), `worker` (the per-group
-//! worker), `drive` (a small op on the caller's thread), `batch` (batches),
+//! worker), `drive` (a small op on the caller's thread), `linger` (pipes
+//! left watched between a caller's small ops), `batch` (batches),
 //! `backend` (`TcpBackend` through the backend interface).
 
 mod acceptor;
@@ -293,6 +297,7 @@ mod dialer;
 mod drive;
 mod halves;
 mod install;
+mod linger;
 mod links;
 mod notice;
 mod options;

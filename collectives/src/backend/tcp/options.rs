@@ -48,9 +48,9 @@ pub struct TcpOptions {
     /// frames from the sockets and shared-memory pipes, reducing,
     /// completing — before it parks and leaves the rest to chorus's I/O
     /// threads (see "Small ops on the caller's thread" in the module docs).
-    /// The caller yields its core between looks (`sched_yield`), so a peer
-    /// that shares the core runs (where this host's ranks outnumber its
-    /// cores, among others).
+    /// The caller yields its core between looks (`sched_yield`) where this
+    /// host's ranks outnumber its cores, so a peer that shares the core
+    /// runs, and every few looks elsewhere.
     /// `None` (the default) picks 100 µs; zero turns it off (the
     /// op's first frames still leave from the submitting thread).
     /// `CHORUS_TCP_SPIN_US` sets it, see `TcpOptions::from_env`.
@@ -67,8 +67,7 @@ pub(crate) const CALLER_SPIN: Duration = Duration::from_micros(100);
 impl TcpOptions {
     /// The caller spin: [`caller_spin`](Self::caller_spin) if set, else
     /// [`CALLER_SPIN`], wherever this host's ranks outnumber its cores or
-    /// not (the spinning caller yields its core between looks, see
-    /// `drive`).
+    /// not (the spinning caller yields its core there, see `drive`).
     pub(super) fn spin(&self) -> Duration {
         self.caller_spin.unwrap_or(CALLER_SPIN)
     }

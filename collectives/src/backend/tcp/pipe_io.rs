@@ -10,10 +10,11 @@
 //! op, or the reader task) copies it out. A reader that finds nothing and
 //! does not spin says it sleeps and waits on the socket; the writer's next
 //! publish sees that and rings (one byte, non-blocking: a doorbell still
-//! unread is as good). A writer that finds the ring full backs off on a
-//! short timer: the reader task drains the ring into its queues whatever
-//! its worker does, so the ring is full only while that task is not
-//! running.
+//! unread is as good). A reader that a caller left watched after its op
+//! (see `linger`) is not rung. A writer that finds the ring full rings
+//! once (the reader may be lingering) and backs off on a short timer: the
+//! reader task, woken, drains the ring into its queues whatever its worker
+//! does, so the ring stays full only while that task is not running.
 //!
 //! [`Source`] and [`Sink`] are a connection's read and write sides, over
 //! the socket or a pipe: the frame code above them is the same for both.
@@ -21,13 +22,15 @@
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use chorus_core::pipe::Wake;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::halves::{spinning, ReadHalf, WriteHalf};
+use super::halves::{lingering, spinning, ReadHalf, WriteHalf};
 use super::shm::{PipeRx, PipeTx};
 
 /// The read side of a connection: the socket, or the peer's pipe with the
@@ -92,7 +95,13 @@ impl AsyncRead for PipeRead {
                 this.pipe.watch();
                 return Poll::Pending;
             }
-            if !this.pipe.sleep() {
+            if lingering() {
+                // A caller whose op is done: the pipe stays watched, so
+                // the writer does not ring for the next op's frames; the
+                // socket still wakes this reader's host for its end and
+                // for a full ring's doorbell (see `drive`).
+                this.pipe.watch();
+            } else if !this.pipe.sleep() {
                 continue;
             }
             let mut bells = [0u8; 64];
@@ -113,6 +122,8 @@ impl AsyncRead for PipeRead {
 pub(super) struct PipeWrite {
     pipe: PipeTx,
     sock: WriteHalf,
+    /// Doorbells this rank rang, over all its pipes.
+    rung: Arc<AtomicU64>,
     /// The back-off while the ring is full.
     backoff: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Its next length.
@@ -125,13 +136,21 @@ const FIRST_PAUSE: Duration = Duration::from_micros(20);
 const MAX_PAUSE: Duration = Duration::from_millis(1);
 
 impl PipeWrite {
-    pub(super) fn new(pipe: PipeTx, sock: WriteHalf) -> PipeWrite {
+    pub(super) fn new(pipe: PipeTx, sock: WriteHalf, rung: Arc<AtomicU64>) -> PipeWrite {
         PipeWrite {
             pipe,
             sock,
+            rung,
             backoff: None,
             pause: FIRST_PAUSE,
         }
+    }
+}
+
+impl PipeWrite {
+    fn ring(&self) {
+        self.rung.fetch_add(1, Ordering::Relaxed);
+        self.sock.ring();
     }
 }
 
@@ -151,13 +170,17 @@ impl AsyncWrite for PipeWrite {
             }
             let (n, wake) = this.pipe.write(buf);
             if wake == Wake::Peer {
-                this.sock.ring();
+                this.ring();
             }
             if n > 0 || buf.is_empty() {
                 this.pause = FIRST_PAUSE;
                 return Poll::Ready(Ok(n));
             }
-            // Full: wait a little for the reader task to drain it.
+            // Full: wait a little for the reader task to drain it, and ring
+            // at the first look (a lingering reader does not drain).
+            if this.pause == FIRST_PAUSE {
+                this.ring();
+            }
             this.backoff = Some(Box::pin(tokio::time::sleep(this.pause)));
             this.pause = (this.pause * 2).min(MAX_PAUSE);
         }

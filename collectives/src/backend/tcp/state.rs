@@ -96,9 +96,18 @@ pub(super) struct Inner {
     /// Each connected peer's reader (ended by `stop_readers`).
     pub(super) readers: Mutex<Vec<Arc<Relay>>>,
     /// The worker waits for its next op (set while its queue is empty).
+    /// Sequentially consistent, with `lingering` (see `linger`).
     pub(super) idle: AtomicBool,
+    /// A caller left pipes watched after its op (see `linger`).
+    pub(super) lingering: AtomicBool,
+    /// Starts the sweep of lingering pipes.
+    pub(super) linger_start: tokio::sync::Notify,
+    /// Ops the worker took so far (the sweep tells an op nobody polls).
+    pub(super) taken: AtomicU64,
     /// Frames sent through shared memory.
     pub(super) shm_frames: AtomicU64,
+    /// Doorbells rung on this rank's pipes (see `pipe_io`).
+    pub(super) doorbells: Arc<AtomicU64>,
     /// Frames that could have gone through shared memory but found every
     /// slot in use (sent through the socket).
     pub(super) shm_full: AtomicU64,

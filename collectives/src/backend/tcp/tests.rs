@@ -1202,6 +1202,111 @@ fn small_ops_complete_on_the_callers_thread() {
     }
 }
 
+/// Two ranks at back-to-back small ops, each awaited by its caller: a
+/// caller whose op is done leaves its pipes watched (see `linger`), so the
+/// peer's frames for the next op ring almost no doorbell. A caller that
+/// said "asleep" after each op would be rung for nearly every op.
+#[test]
+fn back_to_back_small_ops_ring_almost_no_doorbells() {
+    let opts = TcpOptions {
+        caller_spin: Some(Duration::from_millis(200)),
+        ..TcpOptions::default()
+    };
+    let ops = 300;
+    let rung: Vec<u64> = std::thread::scope(|s| {
+        let ranks: Vec<_> = world(2, &opts)
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut rk)| {
+                s.spawn(move || {
+                    for i in 0..ops {
+                        let (work, assist) = rk.coll_assisted(Call::AllReduce {
+                            buf: pair_input(i, r as i64),
+                            op: ReduceOp::Sum,
+                        });
+                        let assist = assist.expect("a small op comes with the driver");
+                        assist.assist(&|| work.is_done());
+                        let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
+                        assert_eq!(out, vec![pair_sum(i)], "op {i} on rank {r}");
+                    }
+                    rk.be.doorbells()
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, n) in rung.iter().enumerate() {
+        assert!(
+            *n < ops as u64 / 4,
+            "rank {r} rang {n} doorbells over {ops} back-to-back ops"
+        );
+    }
+}
+
+/// A caller that lingered after its op, then submits an op it never polls
+/// nor waits for: the op's peer rings no doorbell, and the op completes
+/// all the same — the sweep finds the worker on it and wakes the readers
+/// (see `linger`).
+#[test]
+fn an_op_nobody_polls_after_a_lingering_caller_completes() {
+    let opts = TcpOptions {
+        caller_spin: Some(Duration::from_millis(200)),
+        ..TcpOptions::default()
+    };
+    let mut w = world(2, &opts);
+    let mut lingered = 0;
+    for i in 0..10 {
+        // Both ranks at op 2i together, each awaited by its caller.
+        w = std::thread::scope(|s| {
+            let hs: Vec<_> = w
+                .into_iter()
+                .enumerate()
+                .map(|(r, mut rk)| {
+                    s.spawn(move || {
+                        let (work, assist) = rk.coll_assisted(Call::AllReduce {
+                            buf: pair_input(2 * i, r as i64),
+                            op: ReduceOp::Sum,
+                        });
+                        assist.expect("driver").assist(&|| work.is_done());
+                        let lingers = rk.be.lingers();
+                        assert_eq!(block_on(work).unwrap(), vec![pair_sum(2 * i)]);
+                        (rk, lingers)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    let (rk, lingers) = h.join().unwrap();
+                    lingered += usize::from(lingers && rk.rank() == 0);
+                    rk
+                })
+                .collect()
+        });
+        // Rank 0 starts op 2i+1 on this thread and never polls it.
+        let (idle, _) = w[0].coll_assisted(Call::AllReduce {
+            buf: pair_input(2 * i + 1, 0),
+            op: ReduceOp::Sum,
+        });
+        let (awaited, assist) = w[1].coll_assisted(Call::AllReduce {
+            buf: pair_input(2 * i + 1, 1),
+            op: ReduceOp::Sum,
+        });
+        assist.expect("driver").assist(&|| awaited.is_done());
+        assert_eq!(block_on(awaited).unwrap(), vec![pair_sum(2 * i + 1)]);
+        let t = Instant::now();
+        while !idle.is_done() && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            idle.is_done(),
+            "op {}: an op nobody polled did not complete",
+            2 * i + 1
+        );
+        assert_eq!(block_on(idle).unwrap(), vec![pair_sum(2 * i + 1)]);
+    }
+    assert!(lingered > 0, "rank 0's caller never lingered after its op");
+}
+
 /// A caller whose spin runs out before its peer comes lets go: the op is
 /// finished by chorus's I/O threads once the peer arrives (the sockets the
 /// spin took out of the I/O driver are back in it), again and again.

@@ -194,19 +194,20 @@ impl Worker {
         let graceful = loop {
             // Idle when nothing is queued: a small op submitted now may be
             // started on its caller's thread (see `drive`).
-            inner.idle.store(rx.is_empty(), Ordering::Release);
+            inner.idle.store(rx.is_empty(), Ordering::SeqCst);
             let next = tokio::select! {
                 biased;
                 () = stopped(&mut stop) => None,
                 r = rx.recv() => Some(r),
                 () = stopped(&mut close) => Some(None),
             };
-            inner.idle.store(false, Ordering::Release);
+            inner.idle.store(false, Ordering::SeqCst);
             let req = match next {
                 None => break false,
                 Some(None) => break true,
                 Some(Some(req)) => req,
             };
+            inner.taken.fetch_add(1, Ordering::SeqCst);
             let OpRequest {
                 ctx,
                 op,
