@@ -26,6 +26,8 @@
 //! * [`relay`]: a future run by a host task on the I/O threads that a
 //!   waiting caller may poll in its stead for a while (the TCP backend's
 //!   worker and readers), with no lost wake-up and no double poll.
+//! * [`linger`]: the hand-over between a caller that leaves pipe readers
+//!   watched after its op and the worker that may need them woken.
 //! * [`comm_cache`]: the per-group communicator cache with its
 //!   in-initialization map (lazy single-flight init, store-key choice,
 //!   abort), generic over the communicator.
@@ -53,6 +55,7 @@ pub mod comm_cache;
 pub mod element;
 pub mod error;
 pub mod flight_recorder;
+pub mod linger;
 pub mod op;
 pub mod pipe;
 pub mod profile;

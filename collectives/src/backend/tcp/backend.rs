@@ -133,8 +133,7 @@ impl TcpBackend {
             lost: Mutex::new(None),
             peers: Mutex::new(vec![PeerState::Unconnected; size]),
             readers: Mutex::new(Vec::new()),
-            idle: AtomicBool::new(false),
-            lingering: AtomicBool::new(false),
+            linger: chorus_core::linger::Linger::new(),
             linger_start: tokio::sync::Notify::new(),
             taken: AtomicU64::new(0),
             shm_frames: AtomicU64::new(0),
@@ -224,7 +223,7 @@ impl TcpBackend {
     /// Tests: whether a caller left this rank's pipes watched.
     #[cfg(test)]
     pub(crate) fn lingers(&self) -> bool {
-        self.inner.lingering.load(Ordering::SeqCst)
+        self.inner.linger.is_lingering()
     }
 
     /// Tests: connections this rank has made or taken so far.
@@ -253,7 +252,7 @@ impl TcpBackend {
     /// failed or its worker has stopped.
     pub(super) fn enqueue(&self, req: OpRequest) {
         // Whatever the worker finds queued is not for a caller to start.
-        self.inner.idle.store(false, Ordering::SeqCst);
+        self.inner.linger.set_idle(false);
         self.push(req);
     }
 

@@ -29,7 +29,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -106,7 +105,7 @@ impl Driver {
     /// for work and no one else holds it; then [`kick`](Self::kick) it
     /// once the op is queued.
     pub(super) fn claim_idle_worker(&self) -> Option<Claim<'_>> {
-        if !self.inner.idle.load(Ordering::Acquire) || chorus_store::rt::on_io_thread() {
+        if !self.inner.linger.is_idle() || chorus_store::rt::on_io_thread() {
             return None;
         }
         self.worker.claim()
@@ -200,7 +199,7 @@ impl Driver {
         // (see `linger`).
         if done() {
             halves::while_lingering(round);
-            if !self.inner.mark_lingering() {
+            if !self.inner.mark_lingering().keep {
                 round();
             }
         } else {

@@ -17,12 +17,10 @@
 //!   one, or one submitted from an I/O thread) wakes the readers before it
 //!   waits for frames ([`waking_lingering_readers`]); a reader polled by its
 //!   host says it sleeps, as always, and reads what came. The caller, after
-//!   its lingering poll, sets [`Inner::lingering`] and then looks at the
-//!   worker: not idle, it polls the readers once more to sleep. The worker
-//!   takes an op (clearing `idle`) before it looks at `lingering`; both
-//!   sequentially consistent, so one of the two sees the other's store.
-//!   Whoever clears `lingering` wakes the readers after that: a reader that
-//!   lingers is always either marked so or woken.
+//!   its lingering poll, marks the linger and then looks at the worker: not
+//!   idle, it polls the readers once more to sleep. The two flags and why
+//!   no reader is left lingering unseen are `chorus_core::linger`'s (the
+//!   loom suite checks them).
 //! * **An op that nobody awaits.** A small op is started on its submitter's
 //!   thread and may then wait for frames that no caller will read. The
 //!   [`sweep`] looks every [`SWEEP`] while pipes linger: a worker that is
@@ -43,26 +41,28 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::state::Inner;
+use chorus_core::linger::Marked;
 use chorus_core::sync::lock;
 
 /// How often pipes that linger are looked at.
 pub(super) const SWEEP: Duration = Duration::from_millis(1);
 
 impl Inner {
-    /// A caller that left its pipes watched marks them so: `true` if the
-    /// worker waits for work, else the caller must poll the readers again
-    /// to sleep. The first mark of a linger starts the sweep.
-    pub(super) fn mark_lingering(&self) -> bool {
-        if !self.lingering.swap(true, Ordering::SeqCst) {
+    /// A caller left its pipes watched: marks it (see
+    /// [`Linger::mark`](chorus_core::linger::Linger::mark)); the first mark
+    /// of a linger starts the sweep.
+    pub(super) fn mark_lingering(&self) -> Marked {
+        let m = self.linger.mark();
+        if m.first {
             self.linger_start.notify_one();
         }
-        self.idle.load(Ordering::SeqCst)
+        m
     }
 
     /// Ends a linger: the readers are woken; polled by their hosts, they
     /// say they sleep and read what came.
     pub(super) fn end_linger(&self) {
-        if self.lingering.load(Ordering::SeqCst) && self.lingering.swap(false, Ordering::SeqCst) {
+        if self.linger.end() {
             for r in lock(&self.readers).iter() {
                 r.wake();
             }
@@ -79,8 +79,7 @@ pub(super) fn waking_lingering_readers(
     let mut fut = Box::pin(fut);
     std::future::poll_fn(move |cx| {
         let p = fut.as_mut().poll(cx);
-        if p.is_pending() && chorus_store::rt::on_io_thread() && !inner.idle.load(Ordering::SeqCst)
-        {
+        if p.is_pending() && chorus_store::rt::on_io_thread() && !inner.linger.is_idle() {
             inner.end_linger();
         }
         p
@@ -98,7 +97,7 @@ pub(super) async fn sweep(inner: Arc<Inner>, mut done: watch::Receiver<bool>) {
         let mut last = inner.taken.load(Ordering::SeqCst);
         loop {
             tokio::time::sleep(SWEEP).await;
-            if !inner.lingering.load(Ordering::SeqCst) {
+            if !inner.linger.is_lingering() {
                 break;
             }
             // No op taken since the last look: the worker waits for work

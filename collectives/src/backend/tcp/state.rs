@@ -95,11 +95,9 @@ pub(super) struct Inner {
     pub(super) peers: Mutex<Vec<PeerState>>,
     /// Each connected peer's reader (ended by `stop_readers`).
     pub(super) readers: Mutex<Vec<Arc<Relay>>>,
-    /// The worker waits for its next op (set while its queue is empty).
-    /// Sequentially consistent, with `lingering` (see `linger`).
-    pub(super) idle: AtomicBool,
-    /// A caller left pipes watched after its op (see `linger`).
-    pub(super) lingering: AtomicBool,
+    /// Whether the worker waits for its next op (its queue is empty), and
+    /// whether a caller left pipes watched after its op (see `linger`).
+    pub(super) linger: chorus_core::linger::Linger,
     /// Starts the sweep of lingering pipes.
     pub(super) linger_start: tokio::sync::Notify,
     /// Ops the worker took so far (the sweep tells an op nobody polls).

@@ -194,14 +194,14 @@ impl Worker {
         let graceful = loop {
             // Idle when nothing is queued: a small op submitted now may be
             // started on its caller's thread (see `drive`).
-            inner.idle.store(rx.is_empty(), Ordering::SeqCst);
+            inner.linger.set_idle(rx.is_empty());
             let next = tokio::select! {
                 biased;
                 () = stopped(&mut stop) => None,
                 r = rx.recv() => Some(r),
                 () = stopped(&mut close) => Some(None),
             };
-            inner.idle.store(false, Ordering::SeqCst);
+            inner.linger.set_idle(false);
             let req = match next {
                 None => break false,
                 Some(None) => break true,
