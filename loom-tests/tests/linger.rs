@@ -28,6 +28,18 @@ struct Group {
 }
 
 impl Group {
+    /// A group whose worker is idle and whose reader's last poll left it
+    /// `reader`.
+    fn new(reader: u8) -> Arc<Group> {
+        let g = Group {
+            linger: Linger::new(),
+            reader: AtomicU8::new(reader),
+            woken: AtomicBool::new(false),
+        };
+        g.linger.set_idle(true);
+        Arc::new(g)
+    }
+
     fn wake_readers(&self) {
         self.woken.store(true, Ordering::SeqCst);
     }
@@ -53,6 +65,20 @@ fn caller(g: &Group) {
     }
 }
 
+/// Runs `f` on a thread of its own with the group.
+fn spawn(g: &Arc<Group>, f: impl FnOnce(&Group) + Send + 'static) -> thread::JoinHandle<()> {
+    let g = g.clone();
+    thread::spawn(move || f(&g))
+}
+
+/// Joins `threads`, then the reader as its host leaves it.
+fn settle(g: &Group, threads: Vec<thread::JoinHandle<()>>) -> u8 {
+    for t in threads {
+        t.join().unwrap();
+    }
+    g.settled()
+}
+
 /// A submitter queues the next op and the worker takes it on its host,
 /// then waits for frames: it ends any linger first.
 fn worker(g: &Group) {
@@ -65,25 +91,11 @@ fn worker(g: &Group) {
 #[test]
 fn a_worker_that_waits_on_its_host_never_finds_a_reader_lingering_unseen() {
     model(|| {
-        let g = Arc::new(Group {
-            linger: Linger::new(),
-            reader: AtomicU8::new(ASLEEP),
-            woken: AtomicBool::new(false),
-        });
-        g.linger.set_idle(true);
-        let c = {
-            let g = g.clone();
-            thread::spawn(move || caller(&g))
-        };
-        let w = {
-            let g = g.clone();
-            thread::spawn(move || worker(&g))
-        };
-        c.join().unwrap();
-        w.join().unwrap();
+        let g = Group::new(ASLEEP);
+        let threads = vec![spawn(&g, caller), spawn(&g, worker)];
+        let reader = settle(&g, threads);
         assert_eq!(
-            g.settled(),
-            ASLEEP,
+            reader, ASLEEP,
             "the worker waits on a reader left lingering unseen"
         );
     });
@@ -95,35 +107,17 @@ fn a_worker_that_waits_on_its_host_never_finds_a_reader_lingering_unseen() {
 #[test]
 fn a_sweep_ending_an_earlier_linger_loses_no_mark() {
     model(|| {
-        let g = Arc::new(Group {
-            linger: Linger::new(),
-            reader: AtomicU8::new(LINGERING),
-            woken: AtomicBool::new(false),
-        });
-        g.linger.set_idle(true);
+        let g = Group::new(LINGERING);
         assert!(g.linger.mark().keep);
-        let c = {
-            let g = g.clone();
-            thread::spawn(move || caller(&g))
+        let sweep = |g: &Group| {
+            if g.linger.end() {
+                g.wake_readers();
+            }
         };
-        let s = {
-            let g = g.clone();
-            thread::spawn(move || {
-                if g.linger.end() {
-                    g.wake_readers();
-                }
-            })
-        };
-        let w = {
-            let g = g.clone();
-            thread::spawn(move || worker(&g))
-        };
-        c.join().unwrap();
-        s.join().unwrap();
-        w.join().unwrap();
+        let threads = vec![spawn(&g, caller), spawn(&g, sweep), spawn(&g, worker)];
+        let reader = settle(&g, threads);
         assert_eq!(
-            g.settled(),
-            ASLEEP,
+            reader, ASLEEP,
             "the worker waits on a reader left lingering unseen"
         );
     });
@@ -136,30 +130,16 @@ fn marking_after_looking_is_caught() {
     let found = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let f = found.clone();
     model(move || {
-        let g = Arc::new(Group {
-            linger: Linger::new(),
-            reader: AtomicU8::new(ASLEEP),
-            woken: AtomicBool::new(false),
+        let g = Group::new(ASLEEP);
+        let c = spawn(&g, |g| {
+            g.reader.store(LINGERING, Ordering::SeqCst);
+            if !g.linger.is_idle() {
+                g.reader.store(ASLEEP, Ordering::SeqCst);
+            }
+            let _ = g.linger.mark();
         });
-        g.linger.set_idle(true);
-        let c = {
-            let g = g.clone();
-            thread::spawn(move || {
-                g.reader.store(LINGERING, Ordering::SeqCst);
-                let keep = g.linger.is_idle();
-                if !keep {
-                    g.reader.store(ASLEEP, Ordering::SeqCst);
-                }
-                let _ = g.linger.mark();
-            })
-        };
-        let w = {
-            let g = g.clone();
-            thread::spawn(move || worker(&g))
-        };
-        c.join().unwrap();
-        w.join().unwrap();
-        if g.settled() == LINGERING {
+        let w = spawn(&g, worker);
+        if settle(&g, vec![c, w]) == LINGERING {
             f.store(true, std::sync::atomic::Ordering::SeqCst);
         }
     });
