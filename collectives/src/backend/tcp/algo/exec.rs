@@ -44,6 +44,22 @@ pub(super) fn bytes(r: &Range<usize>, es: usize) -> Range<usize> {
     r.start * es..r.end * es
 }
 
+/// The chunks of `all`, `ce` elements each (at least one, see
+/// [`nchunks`]): each chunk's element range and its byte range for
+/// elements of `es` bytes.
+pub(super) fn chunks(
+    all: &Range<usize>,
+    ce: usize,
+    es: usize,
+) -> impl Iterator<Item = (Range<usize>, Range<usize>)> {
+    let all = all.clone();
+    (0..nchunks(all.len(), ce)).map(move |k| {
+        let c = chunk(&all, ce, k);
+        let b = bytes(&c, es);
+        (c, b)
+    })
+}
+
 /// `dst[r] = op(dst[r], src)` (`src`: raw bytes of `dst`'s dtype).
 fn combine_into(op: ReduceOp, dst: &mut HostBuffer, r: Range<usize>, src: &[u8]) {
     let dtype = dst.dtype();
@@ -834,9 +850,8 @@ impl Worker {
         let es = buf.dtype().size();
         let ce = self.ce(buf.dtype());
         let all = 0..buf.len();
-        for k in 0..nchunks(buf.len(), ce) {
-            let c = chunk(&all, ce, k);
-            self.send(&o, peer, &buf.as_bytes()[bytes(&c, es)]).await?;
+        for (_, b) in chunks(&all, ce, es) {
+            self.send(&o, peer, &buf.as_bytes()[b]).await?;
         }
         Ok(())
     }
@@ -851,9 +866,8 @@ impl Worker {
         let es = buf.dtype().size();
         let ce = self.ce(buf.dtype());
         let all = 0..buf.len();
-        for k in 0..nchunks(buf.len(), ce) {
-            let c = chunk(&all, ce, k);
-            let f = self.recv(&o, peer, c.len() * es).await?;
+        for (c, b) in chunks(&all, ce, es) {
+            let f = self.recv(&o, peer, b.len()).await?;
             copy_in(buf, &c, f.payload.bytes());
         }
         Ok(())

@@ -6,7 +6,7 @@
 use chorus_core::{HostBuffer, ReduceOp, WorkError};
 
 use super::super::worker::{Active, Worker};
-use super::exec::{bytes, chunk, nchunks};
+use super::exec::chunks;
 use crate::reduce::finish_avg;
 
 impl Worker {
@@ -23,9 +23,7 @@ impl Worker {
         let (count, es) = (buf.len(), buf.dtype().size());
         let all = 0..count;
         let mut frames = Vec::with_capacity(n - 1);
-        for k in 0..nchunks(count, ce) {
-            let c = chunk(&all, ce, k);
-            let b = bytes(&c, es);
+        for (c, b) in chunks(&all, ce, es) {
             // One copy for every local peer where it is large enough for a
             // broadcast slot.
             self.send_to_all(o, &buf.as_bytes()[b.clone()]).await?;
@@ -53,8 +51,7 @@ impl Worker {
         let (n, me) = (self.n(), self.me());
         let es = buf.dtype().size();
         let all = 0..buf.len();
-        for k in 0..nchunks(all.len(), ce) {
-            let b = bytes(&chunk(&all, ce, k), es);
+        for (k, (_, b)) in chunks(&all, ce, es).enumerate() {
             if me == root {
                 self.send_to_all(o, &buf.as_bytes()[b]).await?;
             } else {
@@ -92,16 +89,15 @@ impl Worker {
                 self.send(o, p, &[]).await?;
             }
         }
-        for k in 0..nchunks(all.len(), ce) {
-            let c = chunk(&all, ce, k);
+        for (c, b) in chunks(&all, ce, es) {
             if me == root {
                 frames.clear();
                 for p in (0..n).filter(|&p| p != me) {
-                    frames.push(self.recv(o, p, c.len() * es).await?);
+                    frames.push(self.recv(o, p, b.len()).await?);
                 }
                 self.reduce_rank_order(op, buf, &c, None, &frames);
             } else {
-                self.send(o, root, &buf.as_bytes()[bytes(&c, es)]).await?;
+                self.send(o, root, &buf.as_bytes()[b]).await?;
             }
         }
         if me == root {

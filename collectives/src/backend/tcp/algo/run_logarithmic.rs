@@ -12,7 +12,7 @@ use chorus_core::{HostBuffer, ReduceOp, WorkError};
 
 use super::super::worker::{Active, Worker};
 use super::doubling::{self, Step};
-use super::exec::{bytes, chunk, combine_bytes, nchunks};
+use super::exec::{chunks, combine_bytes};
 use super::{dissemination, tree};
 use crate::reduce::finish_avg;
 
@@ -31,8 +31,7 @@ impl Worker {
         let es = dtype.size();
         let steps = doubling::all_reduce(me, n);
         let all = 0..count;
-        for k in 0..nchunks(count, ce) {
-            let b = bytes(&chunk(&all, ce, k), es);
+        for (_, b) in chunks(&all, ce, es) {
             for &s in &steps {
                 match s {
                     Step::Send { to } => self.send(o, to, &buf.as_bytes()[b.clone()]).await?,
@@ -89,8 +88,7 @@ impl Worker {
         let es = buf.dtype().size();
         let all = 0..buf.len();
         self.ring_check(o).await?;
-        for k in 0..nchunks(all.len(), ce) {
-            let b = bytes(&chunk(&all, ce, k), es);
+        for (_, b) in chunks(&all, ce, es) {
             if let Some(p) = node.parent {
                 self.recv_into(o, p, &mut buf.as_bytes_mut()[b.clone()])
                     .await?;
@@ -119,8 +117,7 @@ impl Worker {
         let es = dtype.size();
         let all = 0..buf.len();
         self.ring_check(o).await?;
-        for k in 0..nchunks(all.len(), ce) {
-            let b = bytes(&chunk(&all, ce, k), es);
+        for (_, b) in chunks(&all, ce, es) {
             let mut acc = self.inner.pool.get(b.len());
             acc.bytes_mut().copy_from_slice(&buf.as_bytes()[b.clone()]);
             for &c in &node.children {
