@@ -39,10 +39,21 @@ fn run_with(scenario: &str, trace_dir: &Path, env: &[(&str, &str)]) -> Outcome {
 
 /// [`run_with`] with extra `chorus-run` arguments.
 fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[&str]) -> Outcome {
+    run_world(scenario, trace_dir, env, launcher, WORLD)
+}
+
+/// [`run_args`] with `world` ranks.
+fn run_world(
+    scenario: &str,
+    trace_dir: &Path,
+    env: &[(&str, &str)],
+    launcher: &[&str],
+    world: usize,
+) -> Outcome {
     let (mut child, rx, reader) = job_output::spawn(
         Command::new(workspace_bin("chorus-launcher", "chorus-run"))
             .args(launcher)
-            .args(["--keep-going", "--nproc-per-node", &WORLD.to_string(), "--"])
+            .args(["--keep-going", "--nproc-per-node", &world.to_string(), "--"])
             .arg(env!("CARGO_BIN_EXE_chorus-test-rank"))
             .arg(scenario)
             .env("FAULT_TIMEOUT_MS", TIMEOUT_MS.to_string())
@@ -53,7 +64,7 @@ fn run_args(scenario: &str, trace_dir: &Path, env: &[(&str, &str)], launcher: &[
     );
     let mut out = Outcome::default();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let survivors = WORLD - 1;
+    let survivors = world - 1;
     let mut victim: Option<i32> = None;
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
@@ -153,6 +164,42 @@ fn sigkill_mid_all_reduce_fails_every_survivor_within_timeout() {
             &["PeerLost", "OpTimeout", "GroupErrored", "Aborted"],
             TIMEOUT_MS + 1000,
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A rank SIGKILLed between two small all_reduces of a group of 12 ranks
+/// on one host, whose small ops run on the group's shared-memory board
+/// (no connection tells of the death): every survivor fails with
+/// `PeerLost` naming it, long before its 30 s op timeout, and nothing is
+/// left in /dev/shm.
+#[test]
+fn sigkill_before_a_board_op_fails_every_survivor_naming_the_dead_rank() {
+    const BOARD_WORLD: usize = 12;
+    for i in 0..5 {
+        let dir = temp_dir("board-kill", i);
+        let out = run_world(
+            "board-kill",
+            &dir,
+            &[("FAULT_TIMEOUT_MS", "30000"), ("FAULT_RANK", "5")],
+            &[],
+            BOARD_WORLD,
+        );
+        let survivors: Vec<usize> = (0..BOARD_WORLD).filter(|&r| r != 5).collect();
+        survivors_failed_within(&out, &survivors, &["PeerLost"], 3000);
+        for r in &survivors {
+            let (_, _, msg) = &out.results[r];
+            assert!(
+                msg.contains("rank 5") && msg.contains("board"),
+                "rank {r}: {msg}"
+            );
+        }
+        if let Ok(d) = std::fs::read_dir("/dev/shm") {
+            for e in d.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                assert!(!name.contains("chorus"), "left in /dev/shm: {name}");
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -20,6 +20,9 @@
 //! * [`calls`]: the requests of a pipelined client connection that await
 //!   their replies, shared by the caller that reads its own reply and the
 //!   driver on the I/O threads that watches the socket and the clock.
+//! * [`board`]: the protocol of a group's board in shared memory, where
+//!   every local rank writes its part of a small op once and reads
+//!   everyone's: who may write which slot when, and who must wake whom.
 //! * [`pipe`]: the protocol of a one-way byte pipe in shared memory
 //!   between two processes (the TCP backend's pipes between local ranks):
 //!   who may write which bytes when, and who must wake whom.
@@ -50,6 +53,7 @@
 #[macro_use]
 pub mod message_debug;
 
+pub mod board;
 pub mod calls;
 pub mod comm_cache;
 pub mod element;

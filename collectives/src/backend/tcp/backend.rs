@@ -19,7 +19,7 @@ use super::links::Links;
 use super::options::{TcpOptions, MAX_CHUNK};
 use super::pool::Pool;
 use super::request::OpRequest;
-use super::state::{Inner, PeerState, Progress};
+use super::state::{Inner, PeerState, Progress, Runner};
 use super::{acceptor, batch, drive, linger, setup, wire, worker};
 use crate::backend::{Backend, Coalesces, Runs};
 use crate::batched::{self, Batched};
@@ -141,6 +141,7 @@ impl TcpBackend {
             shm_full: AtomicU64::new(0),
             checked,
             progress: Progress::default(),
+            runner: std::sync::OnceLock::new(),
             #[cfg(test)]
             mute: AtomicBool::new(false),
         });
@@ -177,6 +178,10 @@ impl TcpBackend {
             done_tx.send_replace(true);
         });
         let worker = Arc::new(Relay::new(run));
+        let _ = inner.runner.set(Runner {
+            relay: Arc::downgrade(&worker),
+            handle: handle.clone(),
+        });
         drive::host(&handle, &worker);
         handle.spawn(linger::sweep(inner.clone(), done.clone()));
         let spin = inner.opts.spin();

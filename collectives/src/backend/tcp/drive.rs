@@ -22,7 +22,9 @@
 //! its cores, the spinning caller yields its core after every look
 //! (`sched_yield`), so a peer that shares the core runs at once, as MPI's
 //! polling progress does when oversubscribed; elsewhere it yields every
-//! [`YIELD_EVERY`] looks, for an I/O thread or another program.
+//! [`YIELD_EVERY`] looks, for an I/O thread or another program. Where
+//! they outnumber them more than [`SPIN_MAX_RANKS_PER_CORE`] times, the
+//! default spin is off.
 //!
 //! docs/ARCHITECTURE.md, "A small TCP op without hand-offs", tells the
 //! whole path.
@@ -47,6 +49,13 @@ const YIELD_EVERY: u32 = 32;
 
 /// Spinning rounds between looks at the clock.
 const CLOCK_EVERY: u32 = 8;
+
+/// Where this host's ranks outnumber its cores more than this many times,
+/// the default caller spin is off: the spinning callers then take the
+/// cores their peers need (4-byte all_reduce on 2 cores, back to back: at
+/// 16 ranks spinning is 1.3× faster, at 32 about even, at 64 and 256 it
+/// is 1.6–1.7× slower; `benches/RESULTS.md`).
+const SPIN_MAX_RANKS_PER_CORE: usize = 16;
 
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
@@ -82,6 +91,12 @@ impl Driver {
     ) -> Driver {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local = chorus_store::rt::local_ranks().unwrap_or(1);
+        let crowded = local > SPIN_MAX_RANKS_PER_CORE * cores;
+        let spin = if inner.opts.caller_spin.is_none() && crowded {
+            Duration::ZERO
+        } else {
+            spin
+        };
         Driver {
             inner,
             worker,
@@ -125,7 +140,7 @@ impl Driver {
 /// wake-up to the caller's runtime, which hands it to the host task (an
 /// I/O thread's wake-up, and the host then runs the next op) when the
 /// caller parks.
-fn unbudgeted<R>(f: impl FnOnce() -> R) -> Option<R> {
+pub(super) fn unbudgeted<R>(f: impl FnOnce() -> R) -> Option<R> {
     let mut f = Some(f);
     let mut out = None;
     {

@@ -256,6 +256,23 @@
 //!
 //! What each saves is measured in `benches/RESULTS.md` ("TCP backend").
 //!
+//! ## The group's board
+//!
+//! In a group of more than 8 ranks that all share this host (and each has
+//! `shared_memory` and `local_unix_sockets` on), the small all_reduce,
+//! reduce, broadcast and barrier (up to 4 KiB a rank, below
+//! `crossover_bytes`) run on one board in shared memory for the whole
+//! group: each rank writes its part once with the op's signature and
+//! arrives; the last arrival wakes the others through a futex, and each
+//! reads what it needs (every rank's part, in rank order, for a
+//! reduction). Every rank checks every rank's signature, so a mismatch
+//! fails every rank. It is set up at the group's first collective
+//! through the store (rank 0's memfd, opened by the others through
+//! `/proc`; used only if every rank opened it), needs no connection, and
+//! a rank whose process died before it arrived fails the op with
+//! [`WorkError::PeerLost`] within about 0.2 s. See `board`, `shm_board`
+//! and `algo::run_board`; docs/ARCHITECTURE.md, "The group's board".
+//!
 //! ## Crossover and chunk size
 //!
 //! `crossover_bytes` (64 KiB) is about where the ring overtakes the
@@ -277,7 +294,9 @@
 //! (the fault notice a failing rank sends its peers), `pool`
 //! (recycled receive buffers), `shm` (the shared-memory data plane: slots
 //! and pipes), `halves` (a socket's two halves), `pipe_io` (a connection's
-//! read and write sides over the socket or a shared-memory pipe), `conn`
+//! read and write sides over the socket or a shared-memory pipe), `board` and `shm_board` (the group's
+//! shared-memory board: setting it up, its watcher thread; its mapping
+//! and futex), `conn`
 //! (the connections: readers and write
 //! sides), `state` (what the handle, the worker and the readers share),
 //! `request` (one op as the worker receives it), `watching` (looking at
@@ -291,6 +310,7 @@ mod acceptor;
 mod algo;
 mod backend;
 mod batch;
+mod board;
 mod conn;
 mod connect;
 mod dialer;
@@ -305,10 +325,13 @@ mod pipe_io;
 mod pool;
 mod request;
 mod setup;
-// The one module of chorus with `unsafe`: shared memory between local
-// ranks (memfd mappings); see its module docs.
+// With `shm_board`, the only modules of chorus with `unsafe`: shared
+// memory between local ranks (memfd mappings); see their module docs.
 #[allow(unsafe_code)]
 mod shm;
+// The group board's mapping, futex and process look; see its module docs.
+#[allow(unsafe_code)]
+mod shm_board;
 mod state;
 mod watching;
 mod wire;

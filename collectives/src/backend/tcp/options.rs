@@ -30,7 +30,11 @@ pub struct TcpOptions {
     /// (Linux only; needs `local_unix_sockets`, which carries the control
     /// messages): see "Shared memory" in the module docs. Used for a pair
     /// of ranks only when both have it on; otherwise, or if setting it up
-    /// fails, payloads go through the socket. Default true
+    /// fails, payloads go through the socket. In a group of more than 8
+    /// ranks that all share this host, the small ops (up to 4 KiB a rank)
+    /// also run on one board in shared memory for the whole group, where
+    /// every rank writes its part once ("The group's board" in the module
+    /// docs); it is used only when every rank has this on. Default true
     /// (`CHORUS_SHM=0` turns it off, see `TcpOptions::from_env`).
     pub shared_memory: bool,
     /// How long a peer on another host may stay silent — no data and no
@@ -51,7 +55,9 @@ pub struct TcpOptions {
     /// The caller yields its core between looks (`sched_yield`) where this
     /// host's ranks outnumber its cores, so a peer that shares the core
     /// runs, and every few looks elsewhere.
-    /// `None` (the default) picks 100 µs; zero turns it off (the
+    /// `None` (the default) picks 100 µs, or zero where this host's ranks
+    /// outnumber its cores more than 16 times (their spinning would take
+    /// the cores their peers need); zero turns it off (the
     /// op's first frames still leave from the submitting thread).
     /// `CHORUS_TCP_SPIN_US` sets it, see `TcpOptions::from_env`.
     pub caller_spin: Option<Duration>,

@@ -1,6 +1,6 @@
-//! Shared-memory data plane for peers on this host: every `unsafe` of the
-//! TCP backend lives here (memfd, `mmap`, passing a descriptor over a Unix
-//! socket, raw slot access).
+//! Shared-memory data plane for peers on this host: with `shm_board` (the
+//! group's board), every `unsafe` of the TCP backend lives here (memfd,
+//! `mmap`, passing a descriptor over a Unix socket, raw slot access).
 //!
 //! # Design
 //!

@@ -1,14 +1,16 @@
 //! What the TCP backend's handle, its worker and its reader tasks share:
-//! the group's failure, each peer's connection state, the receive pool.
+//! the group's failure, each peer's connection state, the receive pool,
+//! the way to run the worker from another thread.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chorus_core::relay::Relay;
 use chorus_core::{OpContext, WorkError};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::options::TcpOptions;
@@ -115,10 +117,22 @@ pub(super) struct Inner {
     /// How far the worker got, for frames that arrive after it finished
     /// the op they belong to (see [`Progress`]).
     pub(super) progress: Progress,
+    /// The worker's relay, for the board's watcher to run it (set once
+    /// the worker is made; see `board`).
+    pub(super) runner: std::sync::OnceLock<Runner>,
     /// Tests: the backend fails without telling its peers, as a process
     /// that dies does.
     #[cfg(test)]
     pub(super) mute: AtomicBool,
+}
+
+/// How the watcher runs the group's worker itself once the op it waits
+/// for is done: the worker's relay, polled on the watcher's thread as a
+/// waiting caller polls it (`drive`), which saves waking an I/O thread.
+#[derive(Debug, Clone)]
+pub(super) struct Runner {
+    pub(super) relay: Weak<Relay>,
+    pub(super) handle: Handle,
 }
 
 /// The collectives this rank's worker has finished, so that a frame that

@@ -122,8 +122,16 @@ impl Store for MemStore {
         }
     }
 
-    async fn add(&self, _: &str, _: i64) -> Result<i64, StoreError> {
-        Err(unsupported())
+    async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        let mut map = self.map.lock().unwrap();
+        let old = map
+            .get(key)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok())
+            .unwrap_or(0);
+        map.insert(key.into(), (old + delta).to_string().into_bytes());
+        drop(map);
+        self.changed.notify_waiters();
+        Ok(old + delta)
     }
 
     async fn compare_set(&self, _: &str, _: &[u8], _: &[u8]) -> Result<Vec<u8>, StoreError> {
@@ -1508,7 +1516,11 @@ fn every_op_matches_reference_from_1_to_17_ranks() {
 /// algorithm needs (a 4-byte all_reduce of 16 ranks: 4 partners each).
 #[test]
 fn connections_are_made_on_first_use_only() {
-    for opts in [small_opts(), tcp_opts()] {
+    let no_board = TcpOptions {
+        shared_memory: false,
+        ..small_opts()
+    };
+    for opts in [no_board, tcp_opts()] {
         let mut w = world(16, &opts);
         assert!(w.iter().all(|rk| rk.be.connections() == 0));
         let works = w
@@ -1605,11 +1617,12 @@ fn a_peer_that_never_answers_fails_the_op_naming_it() {
 }
 
 /// A mismatch among more ranks than the direct algorithms serve (trees,
-/// doubling, dissemination): every rank fails the op or its next with the
-/// mismatch, whatever rank is odd.
+/// doubling, dissemination; or the group's board): every rank fails the
+/// op or its next with the mismatch, whatever rank is odd.
 #[test]
-fn mismatches_through_the_logarithmic_algorithms_fail_every_rank() {
+fn mismatches_through_the_logarithmic_algorithms_and_the_board_fail_every_rank() {
     let n = 11;
+    let board = small_opts();
     let bcast = |root| Call::Broadcast {
         buf: HostBuffer::F32(vec![1.0; 6]),
         root,
@@ -1645,10 +1658,23 @@ fn mismatches_through_the_logarithmic_algorithms_fail_every_rank() {
             "barrier for all_reduce",
             Box::new(move |odd| if odd { Call::Barrier } else { all_reduce(6) }),
         ),
+        (
+            // On the board the others; the odd rank runs the ring.
+            "all_reduce count across the crossover",
+            Box::new(move |odd| all_reduce(if odd { 600 } else { 6 })),
+        ),
     ];
+    // Frames (trees, doubling, dissemination), then the group's board.
+    let no_board = TcpOptions {
+        shared_memory: false,
+        ..small_opts()
+    };
     for (name, call) in &cases {
-        for odd in [0, 5, 9] {
-            let mut w = world(n, &small_opts());
+        for (opts, odd) in [(&no_board, 0), (&no_board, 5), (&no_board, 9)]
+            .into_iter()
+            .chain([0, 5, 9].map(|odd| (&board, odd)))
+        {
+            let mut w = world(n, opts);
             let works: Vec<_> = w
                 .iter_mut()
                 .enumerate()

@@ -6,7 +6,7 @@
 //! frames are kept, in order, for when the op asks for them.
 
 use std::future::Future;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use chorus_core::WorkError;
 
@@ -16,7 +16,7 @@ use super::worker::{Active, Worker};
 
 /// Whether `a` and `b` describe the same op (their frames' algorithm
 /// aside).
-fn same_op(a: &Sig, b: &Sig) -> bool {
+pub(super) fn same_op(a: &Sig, b: &Sig) -> bool {
     a.seq == b.seq
         && a.op == b.op
         && a.dtype == b.dtype
@@ -108,8 +108,20 @@ impl Worker {
         if !watch {
             return Poll::Pending;
         }
+        self.poll_others(cx, op, Some(peer))
+    }
+
+    /// Looks at the frames that arrived from every connected peer but
+    /// `except`: ready with a mismatch, or with a peer's lent read side;
+    /// the other frames are stashed.
+    fn poll_others(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: &Active<'_>,
+        except: Option<usize>,
+    ) -> Poll<Result<Watched, WorkError>> {
         for p in 0..self.coll.len() {
-            if p == peer {
+            if Some(p) == except {
                 continue;
             }
             while let Some(Poll::Ready(Some(item))) = self.coll[p].as_mut().map(|q| q.poll_recv(cx))
@@ -127,5 +139,47 @@ impl Worker {
             }
         }
         Poll::Pending
+    }
+
+    /// Waits until `ready` is, watching every connected peer's frames
+    /// meanwhile (an op that exchanges no frames: the board's).
+    ///
+    /// # Errors
+    ///
+    /// `ready`'s error, or [`WorkError::Mismatch`] when a peer's frame
+    /// shows that it called a different op at this seq.
+    pub(super) async fn wait_watching_all(
+        &mut self,
+        op: &Active<'_>,
+        ready: &mut (dyn FnMut(&mut Context<'_>) -> Poll<Result<(), WorkError>> + Send),
+    ) -> Result<(), WorkError> {
+        loop {
+            let links = self.dialer.links.clone();
+            let arrived = links.arrived.notified();
+            tokio::pin!(arrived);
+            self.adopt_arrived();
+            let got = std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = ready(cx) {
+                    return Poll::Ready(Some(r.map(|()| None)));
+                }
+                if let Poll::Ready(w) = self.poll_others(cx, op, None) {
+                    return Poll::Ready(Some(w.map(Some)));
+                }
+                arrived.as_mut().poll(cx).map(|()| None)
+            })
+            .await;
+            match got {
+                // A connection arrived: take it into use and watch it too.
+                None => {}
+                Some(Ok(None)) => return Ok(()),
+                Some(Ok(Some(Watched::Lent(p, l)))) => {
+                    let f = self.absorb_lent(op, p, l).await?;
+                    self.look_at(op, p, &f.hdr.sig)?;
+                    self.stash[p].push_back(f);
+                }
+                Some(Ok(Some(Watched::Item(_)))) => {}
+                Some(Err(e)) => return Err(e),
+            }
+        }
     }
 }

@@ -33,6 +33,8 @@
 
 use chorus_core::{DType, ReduceOp};
 
+use super::shm_board::SIG_LEN;
+
 /// First bytes of every frame and handshake ("CHRC").
 pub(super) const MAGIC: u32 = 0x4348_5243;
 /// Protocol version, checked in the handshake.
@@ -77,6 +79,9 @@ pub(super) const ALGO_DOUBLING: u8 = 5;
 pub(super) const ALGO_TREE: u8 = 6;
 /// The dissemination barrier.
 pub(super) const ALGO_DISSEMINATION: u8 = 7;
+/// The group's shared-memory board (no frames: the signature sits in each
+/// rank's area of the board, see `board`).
+pub(super) const ALGO_BOARD: u8 = 8;
 
 /// Op names by wire code: the program's ops, then chorus's own.
 const OPS: [&str; 11] = [
@@ -180,6 +185,33 @@ pub(super) struct Sig {
 }
 
 impl Sig {
+    /// The signature as a board area holds it (see `shm_board`).
+    pub(super) fn to_board(self) -> [u8; SIG_LEN] {
+        let mut b = [0u8; SIG_LEN];
+        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.count.to_le_bytes());
+        b[16..20].copy_from_slice(&self.root.to_le_bytes());
+        b[20] = self.op;
+        b[21] = self.dtype;
+        b[22] = self.redop;
+        b[23] = self.algo;
+        b
+    }
+
+    /// A signature read from a board area.
+    pub(super) fn from_board(b: &[u8; SIG_LEN]) -> Sig {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        Sig {
+            seq: u64_at(0),
+            count: u64_at(8),
+            root: u32::from_le_bytes(b[16..20].try_into().unwrap_or([0; 4])),
+            op: b[20],
+            dtype: b[21],
+            redop: b[22],
+            algo: b[23],
+        }
+    }
+
     /// Human description of one side of a mismatch: the op and count, plus
     /// the fields that differ from `other`; one of chorus's own ops by its
     /// name and where it comes from.

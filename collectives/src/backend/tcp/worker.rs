@@ -13,6 +13,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::board::BoardState;
 use super::conn::{Frame, Incoming, Lent, Link, Payload, Writer};
 use super::dialer::Dialer;
 use super::install::Installed;
@@ -71,6 +72,8 @@ pub(super) struct Worker {
     /// from a lent read side, or looked at while waiting on another peer),
     /// before what is still in the queue.
     pub(super) stash: Vec<VecDeque<Frame>>,
+    /// The group's shared-memory board, once set up (see `board`).
+    pub(super) board: BoardState,
     /// Frames sent to / received from each peer in the current op.
     sent: Vec<u32>,
     recvd: Vec<u32>,
@@ -150,6 +153,7 @@ impl Worker {
             p2p: (0..n).map(|_| None).collect(),
             links: vec![None; n],
             stash: (0..n).map(|_| VecDeque::new()).collect(),
+            board: BoardState::Unknown,
             sent: vec![0; n],
             recvd: vec![0; n],
         }

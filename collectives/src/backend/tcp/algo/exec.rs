@@ -10,8 +10,8 @@ use chorus_core::{OpContext, WorkError};
 use super::super::conn::Frame;
 use super::super::shm::Reserved;
 use super::super::wire::{
-    op_code, wire_seq, Sig, ALGO_CHAIN, ALGO_CHECK, ALGO_DIRECT, ALGO_DISSEMINATION, ALGO_DOUBLING,
-    ALGO_RING, ALGO_RS_BCAST, ALGO_TREE, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
+    op_code, wire_seq, Sig, ALGO_BOARD, ALGO_CHAIN, ALGO_CHECK, ALGO_DIRECT, ALGO_DISSEMINATION,
+    ALGO_DOUBLING, ALGO_RING, ALGO_RS_BCAST, ALGO_TREE, CLASS_COLL, CLASS_P2P, NONE32, NONE8,
 };
 use super::super::worker::{Active, Worker};
 use super::choose::{self, AllReduce};
@@ -255,6 +255,9 @@ impl Worker {
         bufs: &mut [HostBuffer],
     ) -> Result<(), WorkError> {
         self.begin();
+        if op.is_collective() {
+            self.ensure_board(ctx).await?;
+        }
         self.validate(ctx, op, bufs)?;
         match (op, bufs) {
             (Op::AllReduce(r), [buf]) => self.all_reduce(ctx, buf, r).await,
@@ -390,6 +393,13 @@ impl Worker {
             return Ok(());
         }
         let es = dtype.size();
+        if self.on_board(count * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), None, count, ALGO_BOARD),
+            );
+            return self.all_reduce_board(&o, buf, op).await;
+        }
         let ce = self.ce(dtype);
         let large = choose::large(count * es, self.inner.opts.crossover_bytes);
         let all_local = large && n > 2 && self.all_local(ctx).await?;
@@ -570,6 +580,13 @@ impl Worker {
         let es = dtype.size();
         let ce = self.ce(dtype);
         let all = 0..count;
+        if self.on_board(count * es) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), None, Some(root), count, ALGO_BOARD),
+            );
+            return self.broadcast_board(&o, buf, root).await;
+        }
         if !self.large(count * es) && choose::direct(n) {
             let o = Self::op(
                 ctx,
@@ -636,6 +653,13 @@ impl Worker {
         if n == 1 {
             finish_avg(op, buf, 0..count, 1);
             return Ok(());
+        }
+        if self.on_board(count * dtype.size()) {
+            let o = Self::op(
+                ctx,
+                Self::sig(ctx, Some(dtype), Some(op), Some(root), count, ALGO_BOARD),
+            );
+            return self.reduce_board(&o, buf, root, op).await;
         }
         let ce = self.ce(dtype);
         if choose::direct(n) {
@@ -876,6 +900,10 @@ impl Worker {
     async fn barrier(&mut self, ctx: &OpContext) -> Result<(), WorkError> {
         if self.n() == 1 {
             return Ok(());
+        }
+        if self.on_board(0) {
+            let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_BOARD));
+            return self.barrier_board(&o).await;
         }
         if choose::direct(self.n()) {
             let o = Self::op(ctx, Self::sig(ctx, None, None, None, 0, ALGO_DIRECT));

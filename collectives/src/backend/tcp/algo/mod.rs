@@ -9,13 +9,15 @@
 //!   barrier).
 //! * Running them: `run_direct` (the direct small algorithms of small
 //!   groups), `run_logarithmic` (the schedules above over the worker's
-//!   connections), `exec` (the pipelined ring and what every algorithm
+//!   connections), `run_board` (the small ops of a group whose ranks
+//!   share one host, on its shared-memory board), `exec` (the pipelined ring and what every algorithm
 //!   shares: chunks, byte ranges, reductions).
 
 mod choose;
 mod dissemination;
 mod doubling;
 mod exec;
+mod run_board;
 mod run_direct;
 mod run_logarithmic;
 mod tree;

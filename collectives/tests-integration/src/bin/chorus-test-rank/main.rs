@@ -5,6 +5,9 @@
 //! * `matrix`: every op × dtype against the serial reference.
 //! * `kill`: rank `FAULT_RANK` SIGKILLs itself in the middle of a large
 //!   all_reduce; survivors report how their pending work failed.
+//! * `board-kill`: rank `FAULT_RANK` SIGKILLs itself between two small
+//!   all_reduces of a group large enough to run them on its shared-memory
+//!   board; survivors report how the second failed.
 //! * `stop`: rank `FAULT_RANK` SIGSTOPs itself; survivors time out and dump
 //!   their flight recorders.
 //! * `mismatch`: rank `FAULT_RANK` calls all_gather where the others call
@@ -236,6 +239,21 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
             }
             Ok(outcome(rank, start, w.await.map_err(Failed::into_error)))
         }
+        "board-kill" => {
+            // More than 8 ranks on one host: the small ops run on the
+            // group's shared-memory board, and no connection is made.
+            pg.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?.await?;
+            if rank == victim {
+                println!(
+                    "VICTIM rank={rank} pid={} killing itself",
+                    std::process::id()
+                );
+                signal_self(Signal::SIGKILL);
+            }
+            let start = Instant::now();
+            let w = pg.all_reduce(vec![1.0f32; 4], ReduceOp::Sum)?;
+            Ok(outcome(rank, start, w.await.map_err(Failed::into_error)))
+        }
         "stop" => stop_scenario(&pg, pg.clone(), rank, victim).await,
         "reform-kill" => reform_scenario(&pg, rank, victim, true).await,
         "reform-stop" => reform_scenario(&pg, rank, victim, false).await,
@@ -436,7 +454,7 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
         }
         other => {
             eprintln!(
-                "unknown scenario '{other}' (matrix, hosts, loop, kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop, grow)"
+                "unknown scenario '{other}' (matrix, hosts, loop, kill, board-kill, stop, propagate, mismatch, store-dies, restart, reform-kill, reform-stop, grow)"
             );
             Ok(2)
         }
