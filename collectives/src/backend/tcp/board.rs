@@ -230,11 +230,13 @@ pub(super) enum SetupFailed {
 }
 
 /// Sets up the board of rank `me` of `n` (see the module docs): the
-/// board if every rank opened it, `None` if some could not.
+/// board if every rank opened it, `None` if some could not or did not
+/// `offer` shared memory (it still votes, against).
 pub(super) async fn set_up(
     store: &dyn Store,
     n: usize,
     me: usize,
+    offer: bool,
     timeout: Duration,
     runner: Option<Runner>,
 ) -> Result<Option<GroupBoard>, SetupFailed> {
@@ -246,7 +248,15 @@ pub(super) async fn set_up(
     // Rank 0 keeps the descriptor open until the verdict: peers open it
     // through its process.
     let mut keep_fd = None;
-    let opened: Result<BoardMap, String> = if me == 0 {
+    let opened: Result<BoardMap, String> = if !offer {
+        if me == 0 {
+            store
+                .set("board/at", b"none")
+                .await
+                .map_err(|e| store_err("publishing the place", e))?;
+        }
+        Err("shared memory is off on this rank (TcpOptions::shared_memory)".into())
+    } else if me == 0 {
         let made = BoardMap::create(n);
         let text = match &made {
             Ok((_, _, p)) => p.to_text(),

@@ -187,12 +187,20 @@ impl BoardMap {
     /// Opens the board `p` of `n` ranks that a process of this host
     /// created.
     pub(super) fn open(p: Published, n: usize) -> Result<BoardMap, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = format!("/proc/{}/fd/{}", p.pid, p.fd);
+        // On another host the same process id and descriptor may name
+        // anything: open it without blocking or taking a terminal, and
+        // map only a regular file of the board's size, seals and nonce.
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(&path)
             .map_err(|e| format!("cannot open {path}: {e}"))?;
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(format!("{path} is not a board"));
+        }
         BoardMap::map(&OwnedFd::from(file), n, p.nonce)
     }
 

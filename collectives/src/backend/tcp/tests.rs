@@ -1512,6 +1512,90 @@ fn every_op_matches_reference_from_1_to_17_ranks() {
     }
 }
 
+/// Board ops of every rank of `w`, `rounds` times (more ops than the
+/// board's two slots): all_reduce, broadcast and reduce of `len` i32s and
+/// a barrier, against their expected results.
+fn run_board_ops(w: &mut [Rank], rounds: usize, len: usize) {
+    let n = w.len() as i32;
+    for round in 0..rounds {
+        let (root_b, root_r) = ((round * 5) % w.len(), (round * 7 + 3) % w.len());
+        let works: Vec<Vec<_>> = w
+            .iter_mut()
+            .enumerate()
+            .map(|(r, rk)| {
+                let r = r as i32;
+                vec![
+                    rk.coll(Call::AllReduce {
+                        buf: HostBuffer::I32((0..len as i32).map(|i| r * i + 1).collect()),
+                        op: ReduceOp::Sum,
+                    }),
+                    rk.coll(Call::Broadcast {
+                        buf: HostBuffer::I32(vec![r + 100; len]),
+                        root: root_b,
+                    }),
+                    rk.coll(Call::Reduce {
+                        buf: HostBuffer::I32(vec![r; len]),
+                        root: root_r,
+                        op: ReduceOp::Max,
+                    }),
+                    rk.coll(Call::Barrier),
+                ]
+            })
+            .collect();
+        for (r, ops) in works.into_iter().enumerate() {
+            let out: Vec<_> = ops
+                .into_iter()
+                .map(|o| block_on(o).expect("op failed"))
+                .collect();
+            let sum: Vec<i32> = (0..len as i32).map(|i| i * n * (n - 1) / 2 + n).collect();
+            assert_eq!(out[0][0], HostBuffer::I32(sum), "all_reduce, rank {r}");
+            assert_eq!(
+                out[1][0],
+                HostBuffer::I32(vec![root_b as i32 + 100; len]),
+                "broadcast, rank {r}"
+            );
+            if r == root_r {
+                assert_eq!(out[2][0], HostBuffer::I32(vec![n - 1; len]), "reduce");
+            }
+        }
+    }
+}
+
+/// A group of more than 8 ranks on one host runs its small all_reduce,
+/// broadcast, reduce and barrier on its shared-memory board: right results
+/// up to the board's 4 KiB a rank, and no connection made.
+#[test]
+fn small_ops_of_a_group_on_one_host_run_on_its_board() {
+    let mut w = world(12, &TcpOptions::default());
+    for len in [0, 1, 37, 1024] {
+        run_board_ops(&mut w, 3, len);
+    }
+    for rk in &w {
+        assert_eq!(rk.be.connections(), 0, "rank {}", rk.rank());
+    }
+    if cfg!(target_os = "linux") {
+        assert!(std::fs::read_to_string("/proc/self/maps")
+            .is_ok_and(|m| m.contains("chorus-tcp-board")));
+    }
+    // Larger than the board: recursive doubling, over connections.
+    run_board_ops(&mut w, 1, 1025);
+    assert!(w.iter().all(|rk| rk.be.connections() > 0));
+    assert_no_shm_files();
+}
+
+/// One rank without shared memory votes the board down for the whole
+/// group, whose small ops then exchange frames.
+#[test]
+fn one_rank_without_shared_memory_turns_the_board_off() {
+    let mut opts = vec![TcpOptions::default(); 10];
+    opts[6].shared_memory = false;
+    let mut w = world_with(&opts);
+    run_board_ops(&mut w, 2, 5);
+    for rk in &w {
+        assert!(rk.be.connections() > 0, "rank {}", rk.rank());
+    }
+}
+
 /// Setup connects to no one; the first op connects only the peers its
 /// algorithm needs (a 4-byte all_reduce of 16 ranks: 4 partners each).
 #[test]

@@ -92,15 +92,17 @@ impl Worker {
         if !matches!(self.board, BoardState::Unknown) {
             return Ok(());
         }
-        let opts = &self.inner.opts;
-        if self.n() <= DIRECT_MAX_RANKS || !opts.shared_memory || !opts.local_unix_sockets {
+        if self.n() <= DIRECT_MAX_RANKS {
             self.board = BoardState::Off;
             return Ok(());
         }
+        // A rank that does not offer shared memory still votes (against).
+        let opts = &self.inner.opts;
+        let offer = opts.shared_memory && opts.local_unix_sockets;
         let store = self.dialer.store.clone();
         let timeout = self.inner.opts.connect_timeout;
         let runner = self.inner.runner.get().cloned();
-        match board::set_up(&*store, self.n(), self.me(), timeout, runner).await {
+        match board::set_up(&*store, self.n(), self.me(), offer, timeout, runner).await {
             Ok(Some(b)) => self.board = BoardState::On(b),
             Ok(None) => self.board = BoardState::Off,
             Err(board::SetupFailed::Store(cause)) => {
