@@ -11,8 +11,9 @@
 //! connected when an op first sends to it or waits for it: the worker reads
 //! the peer's address from the store and dials (see `dialer` and `connect`). So a rank
 //! holds connections only to the peers its ops talk to: `O(log N)` for the
-//! small collectives of groups above 8 ranks, its two neighbours for the
-//! ring.
+//! small collectives of groups above 8 ranks (none where they all share
+//! this host: they run on the group's board, below), its two neighbours
+//! for the ring.
 //!
 //! **Who connects.** Either rank of a pair may dial; a pair keeps exactly
 //! one connection. When both dial at once, the connection dialled by the
