@@ -106,6 +106,97 @@ fn slot_bytes(chunk_bytes: usize) -> usize {
     chunk_bytes.max(1).div_ceil(PAGE) * PAGE
 }
 
+/// Creates an anonymous `memfd` named `name` of `len` bytes (zero-filled),
+/// sealed against shrinking and growing, so that no mapping of it can
+/// ever fault; returns it and a `File` on it for writing a header.
+#[cfg(target_os = "linux")]
+pub(super) fn sealed_memfd(
+    name: &std::ffi::CStr,
+    len: usize,
+) -> Result<(std::os::fd::OwnedFd, std::fs::File), String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(format!(
+            "memfd_create failed: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let file = std::fs::File::from(
+        fd.try_clone()
+            .map_err(|e| format!("cannot duplicate the memfd: {e}"))?,
+    );
+    file.set_len(len as u64)
+        .map_err(|e| format!("cannot size the memfd to {len} bytes: {e}"))?;
+    // SAFETY: plain fcntl on a descriptor we own.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    };
+    if r < 0 {
+        return Err(format!(
+            "cannot seal the memfd: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    Ok((fd, file))
+}
+
+/// Maps all of `fd` shared and read/write, once it is found to be exactly
+/// `len` bytes long and sealed against resizing (so every page of the
+/// mapping stays backed); `what` names it in errors. The caller owns the
+/// mapping and unmaps it (`munmap` of the pointer and `len`).
+#[cfg(target_os = "linux")]
+pub(super) fn map_sealed(
+    fd: &std::os::fd::OwnedFd,
+    len: usize,
+    what: &str,
+) -> Result<*mut u8, String> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::from(
+        fd.try_clone()
+            .map_err(|e| format!("cannot duplicate the {what}'s descriptor: {e}"))?,
+    );
+    let actual = file
+        .metadata()
+        .map_err(|e| format!("cannot stat the {what}: {e}"))?
+        .len();
+    if actual != len as u64 {
+        return Err(format!("{what} of {actual} bytes, expected {len}"));
+    }
+    // SAFETY: plain fcntl query on a descriptor we own.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals < 0 || seals & need != need {
+        return Err(format!("{what} is not sealed against resizing"));
+    }
+    // SAFETY: a fresh shared mapping of `len` bytes of a file that is
+    // exactly `len` bytes long and sealed against shrinking, so every page
+    // of the mapping stays backed (no SIGBUS). The result is checked for
+    // MAP_FAILED.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(format!("mmap failed: {}", io::Error::last_os_error()));
+    }
+    Ok(base.cast())
+}
+
 /// One mapped segment (either end).
 pub(super) struct Segment {
     base: *mut u8,
@@ -188,48 +279,12 @@ impl Segment {
     /// this rank expects for `chunk_bytes`.
     #[cfg(target_os = "linux")]
     fn map_fd(fd: &std::os::fd::OwnedFd, chunk_bytes: usize) -> Result<Segment, String> {
-        use std::os::fd::AsRawFd;
         let slots = slot_count(chunk_bytes);
         let sb = slot_bytes(chunk_bytes);
         let len = SLOTS_AT + slots * sb;
-        let file = std::fs::File::from(
-            fd.try_clone()
-                .map_err(|e| format!("cannot duplicate the segment descriptor: {e}"))?,
-        );
-        let actual = file
-            .metadata()
-            .map_err(|e| format!("cannot stat the segment: {e}"))?
-            .len();
-        if actual != len as u64 {
-            return Err(format!(
-                "segment of {actual} bytes, expected {len} (different chunk_bytes?)"
-            ));
-        }
-        // SAFETY: plain fcntl query on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals < 0 || seals & need != need {
-            return Err("segment is not sealed against resizing".into());
-        }
-        // SAFETY: a fresh shared mapping of `len` bytes of a file that is
-        // exactly `len` bytes long and sealed against shrinking, so every
-        // page of the mapping stays backed (no SIGBUS). The result is
-        // checked for MAP_FAILED.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(format!("mmap failed: {}", io::Error::last_os_error()));
-        }
+        let base = map_sealed(fd, len, "segment (different chunk_bytes?)")?;
         let seg = Segment {
-            base: base.cast(),
+            base,
             len,
             slots,
             slot_bytes: sb,
@@ -256,46 +311,10 @@ impl Segment {
     /// returns it and its descriptor (to send to the receiver).
     #[cfg(target_os = "linux")]
     fn create(chunk_bytes: usize) -> Result<(Segment, std::os::fd::OwnedFd), String> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let slots = slot_count(chunk_bytes);
         let sb = slot_bytes(chunk_bytes);
         let len = SLOTS_AT + slots * sb;
-        // SAFETY: the name is a NUL-terminated literal; the result is
-        // checked.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"chorus-tcp-shm".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(format!(
-                "memfd_create failed: {}",
-                io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let file = std::fs::File::from(
-            fd.try_clone()
-                .map_err(|e| format!("cannot duplicate the memfd: {e}"))?,
-        );
-        file.set_len(len as u64)
-            .map_err(|e| format!("cannot size the segment to {len} bytes: {e}"))?;
-        // SAFETY: plain fcntl on a descriptor we own.
-        let r = unsafe {
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            )
-        };
-        if r < 0 {
-            return Err(format!(
-                "cannot seal the segment: {}",
-                io::Error::last_os_error()
-            ));
-        }
+        let (fd, file) = sealed_memfd(c"chorus-tcp-shm", len)?;
         // Write the layout fields through a temporary mapping-less path:
         // the file is fresh (zero-filled), so every state word is FREE.
         let mut hdr = [0u8; 24];

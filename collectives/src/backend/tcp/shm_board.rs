@@ -31,15 +31,18 @@
 //! the same host (and process namespace) can, and checks the layout and
 //! the nonce (a process of another host with the same id and descriptor
 //! number holds another file). Nothing has a name in `/dev/shm`: the
-//! memory goes with the last mapping, even after SIGKILL.
+//! memory goes with the last mapping, even after SIGKILL. The memfd and
+//! the mapping are `shm`'s (`sealed_memfd`, `map_sealed`).
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 use chorus_core::board::Words;
+
+use super::shm::{map_sealed, sealed_memfd};
 
 /// Payload bytes of one area: the largest small op that runs on the board.
 pub(super) const BOARD_BYTES: usize = 4096;
@@ -131,42 +134,7 @@ impl BoardMap {
     /// publish.
     pub(super) fn create(n: usize) -> Result<(BoardMap, OwnedFd, Published), String> {
         let len = board_len(n, BOARD_BYTES);
-        // SAFETY: the name is a NUL-terminated literal; the result is
-        // checked.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"chorus-tcp-board".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(format!(
-                "memfd_create failed: {}",
-                io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let file = std::fs::File::from(
-            fd.try_clone()
-                .map_err(|e| format!("cannot duplicate the memfd: {e}"))?,
-        );
-        file.set_len(len as u64)
-            .map_err(|e| format!("cannot size the board to {len} bytes: {e}"))?;
-        // SAFETY: plain fcntl on a descriptor we own.
-        let r = unsafe {
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            )
-        };
-        if r < 0 {
-            return Err(format!(
-                "cannot seal the board: {}",
-                io::Error::last_os_error()
-            ));
-        }
+        let (fd, file) = sealed_memfd(c"chorus-tcp-board", len)?;
         let nonce = nonce();
         let mut hdr = [0u8; 32];
         hdr[0..8].copy_from_slice(&MAGIC.to_ne_bytes());
@@ -208,43 +176,9 @@ impl BoardMap {
     /// `nonce`.
     fn map(fd: &OwnedFd, n: usize, nonce: u64) -> Result<BoardMap, String> {
         let len = board_len(n, BOARD_BYTES);
-        let file = std::fs::File::from(
-            fd.try_clone()
-                .map_err(|e| format!("cannot duplicate the board's descriptor: {e}"))?,
-        );
-        let actual = file
-            .metadata()
-            .map_err(|e| format!("cannot stat the board: {e}"))?
-            .len();
-        if actual != len as u64 {
-            return Err(format!(
-                "a file of {actual} bytes, not a board of {n} ranks ({len} bytes)"
-            ));
-        }
-        // SAFETY: plain fcntl query on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals < 0 || seals & need != need {
-            return Err("the file is not sealed against resizing".into());
-        }
-        // SAFETY: a fresh shared mapping of `len` bytes of a file that is
-        // exactly `len` bytes long and sealed against shrinking, so every
-        // page stays backed (no SIGBUS). The result is checked.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(format!("mmap failed: {}", io::Error::last_os_error()));
-        }
+        let base = map_sealed(fd, len, &format!("board of {n} ranks"))?;
         let map = BoardMap {
-            base: base.cast(),
+            base,
             len,
             n,
             payload: BOARD_BYTES,
