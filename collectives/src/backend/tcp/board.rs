@@ -106,8 +106,8 @@ impl Shared {
         *lock(&self.dead)
     }
 
-    /// Op `k` is done (or a rank it waits for is dead): runs the worker on this thread if no one else
-    /// polls it now, else wakes it.
+    /// Op `k` is done (or a rank it waits for is dead): runs the worker
+    /// on this thread if no one else polls it now, else wakes it.
     fn serve(&self, k: u64) {
         let woken = {
             let mut want = lock(&self.want);
