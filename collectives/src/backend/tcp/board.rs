@@ -126,7 +126,9 @@ impl Shared {
         if let Some((relay, r)) = &relay {
             if let Some(claim) = relay.claim() {
                 let _rt = r.handle.enter();
-                drive::unbudgeted(|| claim.poll());
+                drive::unbudgeted(|| {
+                    claim.poll();
+                });
                 return;
             }
         }

@@ -130,7 +130,9 @@ impl Driver {
     /// what it can; the claim's drop hands anything left to the host.
     pub(super) fn kick(&self, claim: Claim<'_>) {
         let _rt = self.handle.enter();
-        unbudgeted(|| claim.poll());
+        unbudgeted(|| {
+            claim.poll();
+        });
     }
 }
 
@@ -140,19 +142,15 @@ impl Driver {
 /// wake-up to the caller's runtime, which hands it to the host task (an
 /// I/O thread's wake-up, and the host then runs the next op) when the
 /// caller parks.
-pub(super) fn unbudgeted<R>(f: impl FnOnce() -> R) -> Option<R> {
+pub(super) fn unbudgeted(f: impl FnOnce()) {
     let mut f = Some(f);
-    let mut out = None;
-    {
-        let once = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|_| {
-            if let Some(f) = f.take() {
-                out = Some(f());
-            }
-            Poll::Ready(())
-        })));
-        let _ = once.poll(&mut Context::from_waker(std::task::Waker::noop()));
-    }
-    out
+    let once = std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|_| {
+        if let Some(f) = f.take() {
+            f();
+        }
+        Poll::Ready(())
+    })));
+    let _ = once.poll(&mut Context::from_waker(std::task::Waker::noop()));
 }
 
 impl Assist for Driver {

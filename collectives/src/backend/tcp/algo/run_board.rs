@@ -99,8 +99,8 @@ impl Worker {
         // A rank that does not offer shared memory still votes (against).
         let opts = &self.inner.opts;
         let offer = opts.shared_memory && opts.local_unix_sockets;
+        let timeout = opts.connect_timeout;
         let store = self.dialer.store.clone();
-        let timeout = self.inner.opts.connect_timeout;
         let runner = self.inner.runner.get().cloned();
         match board::set_up(&*store, self.n(), self.me(), offer, timeout, runner).await {
             Ok(Some(b)) => self.board = BoardState::On(b),
