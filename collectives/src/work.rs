@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chorus_core::{Failed, HostBuffer, HostBuffers, OpContext, OpFuture, WorkError, WorkStatus};
 
@@ -66,9 +66,9 @@ pub struct Work<R> {
 /// thread (docs/ARCHITECTURE.md, "A small TCP op without hand-offs").
 pub(crate) trait Assist: Send + Sync + fmt::Debug {
     /// Makes progress on the calling thread until `done()` says the op is
-    /// done or the backend's budget ran out; whatever is left, the
-    /// backend's own threads finish.
-    fn assist(&self, done: &dyn Fn() -> bool);
+    /// done, the backend's budget ran out or `deadline` (if any) passed;
+    /// whatever is left, the backend's own threads finish.
+    fn assist(&self, done: &dyn Fn() -> bool, deadline: Option<Instant>);
 }
 
 impl<R: HostBuffers> Work<R> {
@@ -85,12 +85,12 @@ impl<R: HostBuffers> Work<R> {
         }
     }
 
-    /// Runs the op on this thread for a while, if its backend can and it
-    /// has not yet.
-    fn help(&mut self) {
+    /// Runs the op on this thread for a while (until `deadline`, if any),
+    /// if its backend can and it has not yet.
+    fn help(&mut self, deadline: Option<Instant>) {
         if let Some(a) = self.assist.take() {
             let inner = &self.inner;
-            a.assist(&|| inner.is_done());
+            a.assist(&|| inner.is_done(), deadline);
         }
     }
 
@@ -126,7 +126,7 @@ impl<R: HostBuffers> Work<R> {
     ///
     /// The op's error, or the timeout, with the buffers.
     pub fn wait_timeout(mut self, timeout: Duration) -> Result<R, Failed<R>> {
-        self.help();
+        self.help(Instant::now().checked_add(timeout));
         let ctx = self.inner.context().clone();
         let r = self.inner.wait_timeout(timeout);
         convert(&ctx, &self.split, r)
@@ -167,7 +167,7 @@ impl<R: HostBuffers> Future for Work<R> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut r = Pin::new(&mut self.inner).poll(cx);
         if r.is_pending() && self.assist.is_some() {
-            self.help();
+            self.help(None);
             r = Pin::new(&mut self.inner).poll(cx);
         }
         let r = std::task::ready!(r);

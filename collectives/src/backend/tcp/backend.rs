@@ -136,6 +136,7 @@ impl TcpBackend {
             linger: chorus_core::linger::Linger::new(),
             linger_start: tokio::sync::Notify::new(),
             taken: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
             shm_frames: AtomicU64::new(0),
             doorbells: Arc::new(AtomicU64::new(0)),
             shm_full: AtomicU64::new(0),
@@ -229,6 +230,13 @@ impl TcpBackend {
     #[cfg(test)]
     pub(crate) fn lingers(&self) -> bool {
         self.inner.linger.is_lingering()
+    }
+
+    /// Tests: the driver a large op gets where this host's ranks outnumber
+    /// its cores, whatever this host's ranks and cores.
+    #[cfg(test)]
+    pub(crate) fn large_op_driver(&self) -> Arc<dyn Assist> {
+        Arc::new(drive::LargeOp(self.driver.clone()))
     }
 
     /// Tests: connections this rank has made or taken so far.
@@ -408,7 +416,10 @@ impl TcpBackend {
         if !self.driver.is_small(bytes) {
             self.enqueue(req);
             unlock();
-            return None;
+            return self
+                .driver
+                .drives_large()
+                .then(|| Arc::new(drive::LargeOp(self.driver.clone())) as Arc<dyn Assist>);
         }
         let claim = self.driver.claim_idle_worker();
         if claim.is_some() {

@@ -1,5 +1,5 @@
-//! A small op run on the caller's own thread: the worker and the readers
-//! are [`Relay`]s, which the submitting thread and the awaiting caller may
+//! Ops run on the caller's own thread: the worker and the readers are
+//! [`Relay`]s, which the submitting thread and the awaiting caller may
 //! poll in the stead of their host tasks on chorus's I/O threads.
 //!
 //! * **Submit.** A small op that finds the worker waiting for work is
@@ -9,12 +9,20 @@
 //! * **Await.** The first poll of a small op's work that finds it pending
 //!   claims the worker and the readers and polls them in turn — the
 //!   readers read the sockets themselves (see `halves`), the worker takes
-//!   their frames and completes the op — until the op is done or
-//!   [`TcpOptions::caller_spin`] has passed, outside tokio's cooperative
+//!   their frames and completes the op — until the op is done or no frame
+//!   was sent or received for [`TcpOptions::caller_spin`] (a caller whose
+//!   op keeps moving keeps driving it), outside tokio's cooperative
 //!   budget ([`unbudgeted`]). Then it lets go: whatever it did not finish,
 //!   the host tasks take over (the claims hand them any wake-up they did
 //!   not serve), so a caller that stops polling stops nothing. A caller
 //!   whose op is done leaves the pipes watched (see `linger`).
+//! * **Large ops where ranks outnumber cores.** There the I/O threads that
+//!   would run a large op share the cores with the callers anyway, and
+//!   every hand-off between them can leave a core idle while a thread
+//!   wakes up: an awaiting caller drives a large op too ([`LargeOp`]),
+//!   with the patience of [`LARGE_OP_PATIENCE`] (or the spin, if longer).
+//!   Elsewhere large ops stay on the I/O threads, and the caller's thread
+//!   stays free for its other tasks.
 //!
 //! A round trip then wakes no thread at all when both ranks' callers are
 //! at the op together; the cost is up to `caller_spin` of the caller's
@@ -31,6 +39,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -57,6 +66,14 @@ const CLOCK_EVERY: u32 = 8;
 /// is 1.6–1.7× slower; `benches/RESULTS.md`).
 const SPIN_MAX_RANKS_PER_CORE: usize = 16;
 
+/// How long a caller that drives a large op where ranks outnumber cores
+/// waits for the op to move before it lets go: a few scheduler slices
+/// (0.75 ms each by default on Linux), as a peer that runs this op may
+/// wait that long for a core. 4 ranks on 2 cores, 16 MiB all_reduce: a
+/// driving caller's longest wait between two frames is 1–3.6 ms in 90 %
+/// of ops (`benches/RESULTS.md`).
+pub(super) const LARGE_OP_PATIENCE: Duration = Duration::from_millis(2);
+
 /// The caller's way into a group's worker and readers.
 pub(super) struct Driver {
     inner: Arc<Inner>,
@@ -67,6 +84,8 @@ pub(super) struct Driver {
     /// Spinning rounds between yields of the core: 0 (every round) where
     /// this host's ranks outnumber its cores.
     yield_every: u32,
+    /// This host's ranks outnumber its cores (see [`LargeOp`]).
+    crowded: bool,
 }
 
 impl fmt::Debug for Driver {
@@ -91,8 +110,8 @@ impl Driver {
     ) -> Driver {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local = chorus_store::rt::local_ranks().unwrap_or(1);
-        let crowded = local > SPIN_MAX_RANKS_PER_CORE * cores;
-        let spin = if inner.opts.caller_spin.is_none() && crowded {
+        let too_crowded = local > SPIN_MAX_RANKS_PER_CORE * cores;
+        let spin = if inner.opts.caller_spin.is_none() && too_crowded {
             Duration::ZERO
         } else {
             spin
@@ -103,6 +122,7 @@ impl Driver {
             handle,
             spin,
             yield_every: if local > cores { 0 } else { YIELD_EVERY },
+            crowded: local > cores,
         }
     }
 
@@ -114,6 +134,11 @@ impl Driver {
     /// Whether awaiting callers drive small ops.
     pub(super) fn spins(&self) -> bool {
         !self.spin.is_zero()
+    }
+
+    /// Whether awaiting callers drive large ops too ([`LargeOp`]).
+    pub(super) fn drives_large(&self) -> bool {
+        self.crowded && self.spins()
     }
 
     /// Claims the worker before a small op is queued, if the worker waits
@@ -154,7 +179,28 @@ pub(super) fn unbudgeted(f: impl FnOnce()) {
 }
 
 impl Assist for Driver {
-    fn assist(&self, done: &dyn Fn() -> bool) {
+    fn assist(&self, done: &dyn Fn() -> bool, deadline: Option<Instant>) {
+        self.assist_for(self.spin, done, deadline);
+    }
+}
+
+/// A large op's driver where this host's ranks outnumber its cores: the
+/// awaiting caller drives it until nothing moved for
+/// [`LARGE_OP_PATIENCE`] (see the module docs).
+#[derive(Debug)]
+pub(super) struct LargeOp(pub(super) Arc<Driver>);
+
+impl Assist for LargeOp {
+    fn assist(&self, done: &dyn Fn() -> bool, deadline: Option<Instant>) {
+        self.0
+            .assist_for(self.0.spin.max(LARGE_OP_PATIENCE), done, deadline);
+    }
+}
+
+impl Driver {
+    /// Drives the op until `done`, until nothing moved for `patience` or
+    /// until `deadline`.
+    fn assist_for(&self, patience: Duration, done: &dyn Fn() -> bool, deadline: Option<Instant>) {
         if self.spin.is_zero() || chorus_store::rt::on_io_thread() {
             return;
         }
@@ -166,18 +212,25 @@ impl Assist for Driver {
         let relays: SmallVec<[Arc<Relay>; 8]> = lock(&self.inner.readers).iter().cloned().collect();
         let readers: SmallVec<[Claim<'_>; 8]> = relays.iter().filter_map(|r| r.claim()).collect();
         let rt = self.handle.enter();
-        unbudgeted(|| self.drive(&worker, &readers, done));
+        unbudgeted(|| self.drive(&worker, &readers, patience, done, deadline));
         drop(rt);
         drop(readers);
         drop(worker);
     }
-}
 
-impl Driver {
     /// The caller's rounds over the claimed worker and readers (see the
-    /// module docs).
-    fn drive(&self, worker: &Claim<'_>, readers: &[Claim<'_>], done: &dyn Fn() -> bool) {
-        let start = Instant::now();
+    /// module docs), until the op is done, no frame moved for `patience`
+    /// or `deadline` passed.
+    fn drive(
+        &self,
+        worker: &Claim<'_>,
+        readers: &[Claim<'_>],
+        patience: Duration,
+        done: &dyn Fn() -> bool,
+        deadline: Option<Instant>,
+    ) {
+        let mut moved = self.inner.moved.load(Ordering::Relaxed);
+        let mut since = Instant::now();
         let mut rounds = 0u32;
         let round = || {
             for r in readers {
@@ -188,11 +241,21 @@ impl Driver {
         halves::while_spinning(|| loop {
             // The clock only every few rounds: reading it costs as much
             // as a round's look at an empty pipe.
-            if round() == Step::Finished
-                || done()
-                || (rounds % CLOCK_EVERY == 0 && start.elapsed() >= self.spin)
-            {
+            if round() == Step::Finished || done() {
                 break;
+            }
+            if rounds % CLOCK_EVERY == 0 {
+                let clock = Instant::now();
+                let now = self.inner.moved.load(Ordering::Relaxed);
+                if now != moved {
+                    moved = now;
+                    since = clock;
+                } else if clock.duration_since(since) >= patience {
+                    break;
+                }
+                if deadline.is_some_and(|d| clock >= d) {
+                    break;
+                }
             }
             // Let a thread this core owes time to run (a peer rank's
             // caller, an I/O thread, another program): a pure spin holds

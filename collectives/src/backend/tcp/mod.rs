@@ -59,7 +59,7 @@
 //!   on the caller's executor — except a small op, which the submitting
 //!   and awaiting thread runs itself when it can (below).
 //!
-//! # Small ops on the caller's thread
+//! # Ops on the caller's thread
 //!
 //! Handing a small op from thread to thread costs more than the exchange
 //! itself: each wake-up of a sleeping thread is about a loopback round
@@ -71,9 +71,15 @@
 //!   started on the submitting thread (its first frames leave from there);
 //! * the first poll (or `wait_timeout`) that finds such an op pending
 //!   polls the readers and the worker itself — reading the sockets and
-//!   pipes, reducing, completing — for up to [`TcpOptions::caller_spin`]
-//!   (100 µs by default), yielding the core between rounds where this
-//!   host's ranks outnumber its cores;
+//!   pipes, reducing, completing — until no frame has moved for
+//!   [`TcpOptions::caller_spin`] (100 µs by default), yielding the core
+//!   between rounds where this host's ranks outnumber its cores;
+//! * where they do, a large op is driven by its awaiting caller too, until
+//!   no frame has moved for 2 ms: the I/O threads would share the same
+//!   cores, and each hand-off to them can leave a core idle while a
+//!   thread wakes (4 ranks on 2 cores, 16 MiB: 15–20 % faster;
+//!   `benches/RESULTS.md`). Elsewhere large ops stay on the I/O threads,
+//!   and the caller's thread stays free for its other tasks;
 //! * then it parks, and the I/O threads finish whatever is left;
 //! * a caller whose op is done leaves its pipes watched (`linger`): the
 //!   peers' frames for the next op ring no doorbell and wake no I/O

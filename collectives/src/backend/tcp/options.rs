@@ -50,8 +50,11 @@ pub struct TcpOptions {
     /// How long the caller that awaits a small op (at most
     /// `crossover_bytes`) runs it on its own thread — reading the peers'
     /// frames from the sockets and shared-memory pipes, reducing,
-    /// completing — before it parks and leaves the rest to chorus's I/O
-    /// threads (see "Small ops on the caller's thread" in the module docs).
+    /// completing — with no frame sent or received, before it parks and
+    /// leaves the rest to chorus's I/O threads (see "Ops on the caller's
+    /// thread" in the module docs): an op that keeps moving is driven to
+    /// its end. Where this host's ranks outnumber its cores, the caller
+    /// drives large ops too, and waits at least 2 ms for them to move.
     /// The caller yields its core between looks (`sched_yield`) where this
     /// host's ranks outnumber its cores, so a peer that shares the core
     /// runs, and every few looks elsewhere.

@@ -104,6 +104,9 @@ pub(super) struct Inner {
     pub(super) linger_start: tokio::sync::Notify,
     /// Ops the worker took so far (the sweep tells an op nobody polls).
     pub(super) taken: AtomicU64,
+    /// Frames the worker sent or received so far: a caller that drives an
+    /// op keeps at it while they move (see `drive`).
+    pub(super) moved: AtomicU64,
     /// Frames sent through shared memory.
     pub(super) shm_frames: AtomicU64,
     /// Doorbells rung on this rank's pipes (see `pipe_io`).

@@ -1204,7 +1204,7 @@ fn pair_in_lockstep(ops: i64) -> Vec<(usize, u64)> {
                             op: ReduceOp::Sum,
                         });
                         let assist = assist.expect("a small op comes with the driver");
-                        assist.assist(&|| work.is_done());
+                        assist.assist(&|| work.is_done(), None);
                         inline += usize::from(work.is_done());
                         let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
                         assert_eq!(out, vec![pair_sum(i)], "op {i} on rank {r}");
@@ -1256,7 +1256,7 @@ fn an_op_nobody_polls_after_a_lingering_caller_completes() {
                             buf: pair_input(2 * i, r as i64),
                             op: ReduceOp::Sum,
                         });
-                        assist.expect("driver").assist(&|| work.is_done());
+                        assist.expect("driver").assist(&|| work.is_done(), None);
                         let lingers = rk.be.lingers();
                         assert_eq!(block_on(work).unwrap(), vec![pair_sum(2 * i)]);
                         (rk, lingers)
@@ -1280,7 +1280,7 @@ fn an_op_nobody_polls_after_a_lingering_caller_completes() {
             buf: pair_input(2 * i + 1, 1),
             op: ReduceOp::Sum,
         });
-        assist.expect("driver").assist(&|| awaited.is_done());
+        assist.expect("driver").assist(&|| awaited.is_done(), None);
         assert_eq!(block_on(awaited).unwrap(), vec![pair_sum(2 * i + 1)]);
         let t = Instant::now();
         while !idle.is_done() && t.elapsed() < Duration::from_secs(10) {
@@ -1294,6 +1294,150 @@ fn an_op_nobody_polls_after_a_lingering_caller_completes() {
         assert_eq!(block_on(idle).unwrap(), vec![pair_sum(2 * i + 1)]);
     }
     assert!(lingered > 0, "rank 0's caller never lingered after its op");
+}
+
+/// Rank `r`'s input of large op `i`, and every rank's sum of it.
+fn large_input(i: i32, r: i32, count: usize) -> HostBuffer {
+    HostBuffer::I32(
+        (0..count)
+            .map(|j| (j % 1000) as i32 * (r + 1) + i)
+            .collect(),
+    )
+}
+
+fn large_sum(i: i32, n: i32, count: usize) -> HostBuffer {
+    let ranks = n * (n + 1) / 2;
+    HostBuffer::I32(
+        (0..count)
+            .map(|j| (j % 1000) as i32 * ranks + n * i)
+            .collect(),
+    )
+}
+
+/// Where this host's ranks outnumber its cores, the caller that awaits a
+/// large op drives it on its own thread for as long as its frames move
+/// (`drive::LargeOp`). Two ranks, each at every 4 MiB op together: the op
+/// is done when the caller's assist returns, though each takes longer
+/// than the caller spin — the patience counts from the last frame, not
+/// from the start. A driver that did nothing, or gave up after the spin,
+/// would leave the ops pending at that point. Results are checked.
+#[test]
+fn large_ops_run_on_the_callers_thread_while_they_move() {
+    let (ops, count) = (12, 1 << 20);
+    let opts = TcpOptions {
+        caller_spin: Some(Duration::from_micros(100)),
+        ..TcpOptions::default()
+    };
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = world(2, &opts)
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut rk)| {
+                s.spawn(move || {
+                    let (mut inline, mut longer) = (0, 0);
+                    for i in 0..ops {
+                        let work = rk.coll(Call::AllReduce {
+                            buf: large_input(i, r as i32, count),
+                            op: ReduceOp::Sum,
+                        });
+                        let t = Instant::now();
+                        rk.be.large_op_driver().assist(&|| work.is_done(), None);
+                        if work.is_done() {
+                            inline += 1;
+                            longer += usize::from(t.elapsed() > Duration::from_millis(1));
+                        }
+                        let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
+                        assert_eq!(out, vec![large_sum(i, 2, count)], "op {i} on rank {r}");
+                    }
+                    (inline, longer)
+                })
+            })
+            .collect();
+        for (r, h) in ranks.into_iter().enumerate() {
+            let (inline, longer) = h.join().unwrap();
+            assert!(
+                inline >= ops as usize / 2,
+                "rank {r}: only {inline} of {ops} large ops were done when the caller's assist returned"
+            );
+            assert!(
+                longer > 0,
+                "rank {r}: no op took longer than 1 ms, so the test says nothing about the patience"
+            );
+        }
+    });
+}
+
+/// A caller driving a large op lets go at its deadline (that of
+/// `Work::wait_timeout`) even while the op moves: with both ranks at a
+/// 32 MiB op together (several milliseconds of copying), a 1 ms deadline
+/// leaves the op pending when the assist returns; the I/O threads finish
+/// it. A driver that ignored the deadline would return with the op done.
+#[test]
+fn a_driving_caller_lets_go_at_its_deadline() {
+    let count = 8 << 20;
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = world(2, &TcpOptions::default())
+            .into_iter()
+            .enumerate()
+            .map(|(r, mut rk)| {
+                s.spawn(move || {
+                    let work = rk.coll(Call::AllReduce {
+                        buf: large_input(0, r as i32, count),
+                        op: ReduceOp::Sum,
+                    });
+                    let deadline = Instant::now() + Duration::from_millis(1);
+                    rk.be
+                        .large_op_driver()
+                        .assist(&|| work.is_done(), Some(deadline));
+                    let pending = !work.is_done();
+                    assert_eq!(block_on(work).unwrap(), vec![large_sum(0, 2, count)]);
+                    pending
+                })
+            })
+            .collect();
+        for (r, h) in ranks.into_iter().enumerate() {
+            assert!(
+                h.join().unwrap(),
+                "rank {r}: the 32 MiB op was done when an assist with a 1 ms deadline returned"
+            );
+        }
+    });
+}
+
+/// A caller driving a large op whose peer comes late lets go once nothing
+/// moved for its patience (`drive::LARGE_OP_PATIENCE`, 2 ms), not when the
+/// op ends: the op is then finished by chorus's I/O threads.
+#[test]
+fn a_large_op_whose_peer_is_late_is_left_to_the_io_threads() {
+    let count = 1 << 18;
+    let mut w = world(2, &TcpOptions::default());
+    let mut late = w.pop().unwrap();
+    let mut early = w.pop().unwrap();
+    for i in 0..3 {
+        let work = early.coll(Call::AllReduce {
+            buf: large_input(i, 0, count),
+            op: ReduceOp::Sum,
+        });
+        let t = Instant::now();
+        early.be.large_op_driver().assist(&|| work.is_done(), None);
+        let held = t.elapsed();
+        assert!(!work.is_done(), "done without its peer");
+        assert!(
+            held < Duration::from_millis(150),
+            "the caller held on for {held:?} with nothing moving"
+        );
+        let peer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let work = late.coll(Call::AllReduce {
+                buf: large_input(i, 1, count),
+                op: ReduceOp::Sum,
+            });
+            assert_eq!(block_on(work).unwrap(), vec![large_sum(i, 2, count)]);
+            late
+        });
+        assert_eq!(block_on(work).unwrap(), vec![large_sum(i, 2, count)]);
+        late = peer.join().unwrap();
+    }
 }
 
 /// A caller whose spin runs out before its peer comes lets go: the op is
@@ -1313,7 +1457,7 @@ fn a_spin_that_gives_up_hands_the_op_to_the_io_threads() {
             buf: pair_input(i, 0),
             op: ReduceOp::Sum,
         });
-        assist.expect("driver").assist(&|| work.is_done());
+        assist.expect("driver").assist(&|| work.is_done(), None);
         assert!(!work.is_done(), "done without its peer");
         let peer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));

@@ -575,6 +575,7 @@ impl Worker {
         self.ensure(op.ctx, peer).await?;
         let frame = self.sent[peer];
         self.sent[peer] = frame.wrapping_add(1);
+        self.inner.moved.fetch_add(1, Ordering::Relaxed);
         if !self.inner.peer_state(peer).is_open() {
             // The peer may have closed because it found a mismatch in an
             // earlier frame of this op: that is the better report.
@@ -668,7 +669,9 @@ impl Worker {
     ) -> Result<Frame, WorkError> {
         let idx = self.recvd[peer];
         self.recvd[peer] = idx.wrapping_add(1);
-        let f = match self.take(op, peer, false).await? {
+        let got = self.take(op, peer, false).await?;
+        self.inner.moved.fetch_add(1, Ordering::Relaxed);
+        let f = match got {
             Got::Frame(f) => f,
             Got::Lent(l) => self.absorb(op, peer, l).await?,
         };
@@ -688,7 +691,9 @@ impl Worker {
     ) -> Result<(), WorkError> {
         let idx = self.recvd[peer];
         self.recvd[peer] = idx.wrapping_add(1);
-        match self.take(op, peer, true).await? {
+        let got = self.take(op, peer, true).await?;
+        self.inner.moved.fetch_add(1, Ordering::Relaxed);
+        match got {
             Got::Frame(f) => {
                 self.check(op, peer, &f.hdr, idx, dst.len())?;
                 dst.copy_from_slice(f.payload.bytes());
