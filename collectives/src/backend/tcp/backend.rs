@@ -137,6 +137,7 @@ impl TcpBackend {
             linger_start: tokio::sync::Notify::new(),
             taken: AtomicU64::new(0),
             moved: AtomicU64::new(0),
+            stream_from: super::shm::stream_from(chorus_store::rt::local_ranks().unwrap_or(1)),
             shm_frames: AtomicU64::new(0),
             doorbells: Arc::new(AtomicU64::new(0)),
             shm_full: AtomicU64::new(0),

@@ -598,6 +598,75 @@ impl PipeRx {
     }
 }
 
+/// Payloads from this size on are copied with streaming stores
+/// ([`copy_out`]).
+const STREAM_MIN: usize = 64 << 10;
+
+/// The smallest op buffer whose final bytes are written with streaming
+/// stores ([`copy_out`]) where `host_ranks` ranks share this host: one
+/// above the last-level cache's share of each rank (the largest cache
+/// `cpu0` lists in sysfs), so that the buffers of this host's ranks
+/// together overflow that cache and a line written through it would be
+/// evicted unread anyway. `usize::MAX` (never) where the cache size is
+/// unknown.
+pub(super) fn stream_from(host_ranks: usize) -> usize {
+    last_level_cache().map_or(usize::MAX, |c| c / host_ranks.max(1) + 1)
+}
+
+/// Bytes of the largest cache of `cpu0`, from sysfs.
+fn last_level_cache() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| {
+        let size = std::fs::read_to_string(e.ok()?.path().join("size")).ok()?;
+        let size = size.trim();
+        let (num, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit())?);
+        let scale = match unit {
+            "K" => 1 << 10,
+            "M" => 1 << 20,
+            _ => return None,
+        };
+        num.parse::<usize>().ok().map(|n| n * scale)
+    })
+    .max()
+}
+
+/// Copies a received payload `src` into the op's buffer `dst` (equal
+/// lengths): the op's final bytes, which it does not read again. From
+/// [`STREAM_MIN`] bytes on x86-64, with non-temporal stores: the caller
+/// uses it where the buffers of this host's ranks together overflow the
+/// last-level cache ([`stream_from`]), so writing around the caches skips
+/// reading every destination line first and leaves the caches to the
+/// slots still in flight (4 ranks on 2 cores, 16 MiB all_reduce: about
+/// 12 % faster). A fence ends the copy, so it is ordered before whatever
+/// this thread stores next (a slot's release, the op's completion).
+pub(super) fn copy_out(dst: &mut [u8], src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= STREAM_MIN && dst.len() == src.len() {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        dst[..head].copy_from_slice(&src[..head]);
+        let body = (dst.len() - head) / 16 * 16;
+        let (d, s) = (&mut dst[head..head + body], &src[head..head + body]);
+        for (d, s) in d.chunks_exact_mut(16).zip(s.chunks_exact(16)) {
+            // SAFETY: SSE2 is part of x86-64. `s` is 16 readable bytes
+            // (an unaligned load); `d` is 16 writable bytes at a 16-byte
+            // aligned address (`head` aligned the body, whose chunks are
+            // 16 bytes), as the streaming store requires.
+            unsafe {
+                let v = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
+                _mm_stream_si128(d.as_mut_ptr().cast::<__m128i>(), v);
+            }
+        }
+        // SAFETY: SSE (part of x86-64); orders the streaming stores above
+        // before every later store of this thread.
+        unsafe { _mm_sfence() };
+        let tail = head + body;
+        dst[tail..].copy_from_slice(&src[tail..]);
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
 /// This rank's ends of the segments with one peer.
 #[derive(Debug, Default)]
 pub(super) struct Pair {
@@ -885,6 +954,48 @@ fn recv_with_fds(sock: i32, buf: &mut [u8]) -> io::Result<(usize, Vec<std::os::f
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    /// Streaming copies give the bytes a plain copy gives, at every
+    /// alignment of either side and for lengths around the threshold and
+    /// off whole 16-byte stores; the bytes around the destination stay.
+    #[test]
+    fn copy_out_copies_exactly_at_every_alignment() {
+        let src: Vec<u8> = (0..STREAM_MIN * 2 + 64)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        for len in [
+            STREAM_MIN - 1,
+            STREAM_MIN,
+            STREAM_MIN + 17,
+            STREAM_MIN * 2 - 3,
+        ] {
+            for (so, d_off) in [(0, 0), (1, 0), (0, 5), (7, 13), (16, 15)] {
+                let mut dst = vec![0xAAu8; len + 64];
+                copy_out(&mut dst[d_off..d_off + len], &src[so..so + len]);
+                assert_eq!(
+                    &dst[d_off..d_off + len],
+                    &src[so..so + len],
+                    "len {len}, offsets {so}/{d_off}"
+                );
+                assert!(dst[..d_off].iter().all(|&b| b == 0xAA), "before the copy");
+                assert!(
+                    dst[d_off + len..].iter().all(|&b| b == 0xAA),
+                    "after the copy"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_starts_above_each_ranks_share_of_the_cache() {
+        if let Some(c) = last_level_cache() {
+            assert!(c >= 64 << 10, "a last-level cache of {c} bytes");
+            assert_eq!(stream_from(1), c + 1);
+            assert_eq!(stream_from(4), c / 4 + 1);
+        } else {
+            assert_eq!(stream_from(4), usize::MAX);
+        }
+    }
 
     /// Both ends of one segment's pipe, as two processes would map it: the
     /// creator's mapping writes, a second mapping of the same memory reads.

@@ -107,6 +107,9 @@ pub(super) struct Inner {
     /// Frames the worker sent or received so far: a caller that drives an
     /// op keeps at it while they move (see `drive`).
     pub(super) moved: AtomicU64,
+    /// The smallest op buffer whose final bytes are written with
+    /// streaming stores (see `shm::stream_from`).
+    pub(super) stream_from: usize,
     /// Frames sent through shared memory.
     pub(super) shm_frames: AtomicU64,
     /// Doorbells rung on this rank's pipes (see `pipe_io`).

@@ -689,6 +689,35 @@ impl Worker {
         peer: usize,
         dst: &mut [u8],
     ) -> Result<(), WorkError> {
+        self.recv_into_with(op, peer, dst, <[u8]>::copy_from_slice)
+            .await
+    }
+
+    /// [`recv_into`](Self::recv_into) for bytes of `dst` that this op
+    /// does not read again, in an op buffer of `total` bytes: copied with
+    /// streaming stores ([`shm::copy_out`]) where the buffers of this
+    /// host's ranks overflow the last-level cache.
+    pub(super) async fn recv_final(
+        &mut self,
+        op: &Active<'_>,
+        peer: usize,
+        dst: &mut [u8],
+        total: usize,
+    ) -> Result<(), WorkError> {
+        if total >= self.inner.stream_from {
+            self.recv_into_with(op, peer, dst, shm::copy_out).await
+        } else {
+            self.recv_into(op, peer, dst).await
+        }
+    }
+
+    async fn recv_into_with(
+        &mut self,
+        op: &Active<'_>,
+        peer: usize,
+        dst: &mut [u8],
+        copy: fn(&mut [u8], &[u8]),
+    ) -> Result<(), WorkError> {
         let idx = self.recvd[peer];
         self.recvd[peer] = idx.wrapping_add(1);
         let got = self.take(op, peer, true).await?;
@@ -696,7 +725,7 @@ impl Worker {
         match got {
             Got::Frame(f) => {
                 self.check(op, peer, &f.hdr, idx, dst.len())?;
-                dst.copy_from_slice(f.payload.bytes());
+                copy(dst, f.payload.bytes());
             }
             Got::Lent(Lent { hdr, rd, back }) => {
                 // On a bad header the read side is dropped with the error:

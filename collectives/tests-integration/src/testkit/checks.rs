@@ -184,6 +184,32 @@ pub async fn check_all_ops<T: TestElem>(
     Ok(checks + 1)
 }
 
+/// Elements of [`check_large_all_reduce`]'s f32 buffer: 8 MiB and 3
+/// elements, so that with 4 or more ranks on a host with a 32 MiB
+/// last-level cache the ranks' buffers together overflow it and the op
+/// writes its result with streaming stores.
+pub const LARGE: usize = (2 << 20) + 3;
+
+/// An f32 all_reduce of `len` elements for every reduce op against the
+/// serial reference; returns the checks passed.
+pub async fn check_large_all_reduce(pg: &ProcessGroup, len: usize) -> Result<usize, String> {
+    let (rank, size) = (pg.rank(), pg.size());
+    for (oi, &op) in OPS.iter().enumerate() {
+        let c = 90_000 + oi as u64;
+        let out = pg
+            .all_reduce(data::<f32>(c, rank, len, op), op)
+            .map_err(|e| e.error.to_string())?
+            .await
+            .map_err(|f| f.error.to_string())?;
+        verify(
+            format!("all_reduce {op} f32 len {len}"),
+            &out,
+            &reference::<f32>(c, size, len, op),
+        )?;
+    }
+    Ok(OPS.len())
+}
+
 /// [`check_all_ops`] for every dtype; returns the total checks passed.
 pub async fn check_all_dtypes(pg: &ProcessGroup, sizes: &[usize]) -> Result<usize, String> {
     use half::{bf16, f16};

@@ -15,7 +15,7 @@ mod elems;
 mod local;
 mod programs;
 
-pub use checks::{check_all_dtypes, check_all_ops, OPS, SIZES};
+pub use checks::{check_all_dtypes, check_all_ops, check_large_all_reduce, LARGE, OPS, SIZES};
 pub use elems::{data, poison, reduce_tolerance, reference, TestElem};
 pub use local::{build_all, local_groups, local_groups_on, local_groups_with, on_all};
 pub use programs::{example_bin, run_self_launching, workspace_bin};

@@ -466,7 +466,8 @@ impl Worker {
             let b = blk(p);
             for k in 0..nchunks(b.len(), ce) {
                 let c = chunk(&b, ce, k);
-                self.recv_into(o, p, &mut buf.as_bytes_mut()[bytes(&c, es)])
+                let total = buf.as_bytes().len();
+                self.recv_final(o, p, &mut buf.as_bytes_mut()[bytes(&c, es)], total)
                     .await?;
             }
         }
@@ -554,6 +555,12 @@ impl Worker {
                             let f = self.recv(o, left, c.len() * es).await?;
                             combine_into(op, buf, c.clone(), f.payload.bytes());
                             finish_avg(op, buf, c, n);
+                        }
+                        // The last step's blocks are not sent on.
+                        _ if s + 1 == steps => {
+                            let total = buf.as_bytes().len();
+                            let dst = &mut buf.as_bytes_mut()[bytes(&c, es)];
+                            self.recv_final(o, left, dst, total).await?
                         }
                         _ => {
                             self.recv_into(o, left, &mut buf.as_bytes_mut()[bytes(&c, es)])

@@ -2,7 +2,8 @@
 //! it runs one scenario and reports on stdout. Not an example to copy.
 //!
 //! Scenarios (first argument):
-//! * `matrix`: every op × dtype against the serial reference.
+//! * `matrix`: every op × dtype against the serial reference, and a large
+//!   f32 all_reduce for every reduce op.
 //! * `kill`: rank `FAULT_RANK` SIGKILLs itself in the middle of a large
 //!   all_reduce; survivors report how their pending work failed.
 //! * `board-kill`: rank `FAULT_RANK` SIGKILLs itself between two small
@@ -61,7 +62,9 @@ use std::time::{Duration, Instant};
 
 use chorus::{Failed, ProcessGroup, ReduceOp};
 use half::bf16;
-use tests_integration::testkit::{check_all_dtypes, check_all_ops, data, reference, SIZES};
+use tests_integration::testkit::{
+    check_all_dtypes, check_all_ops, check_large_all_reduce, data, reference, LARGE, SIZES,
+};
 
 fn env_num(key: &str, default: u64) -> u64 {
     std::env::var(key)
@@ -212,7 +215,11 @@ async fn main_async(scenario: &str) -> Result<i32, chorus::Error> {
     match scenario {
         "matrix" => {
             let pg = pg.with_timeout(Duration::from_secs(60));
-            match check_all_dtypes(&pg, &SIZES).await {
+            let checks = match check_all_dtypes(&pg, &SIZES).await {
+                Ok(n) => check_large_all_reduce(&pg, LARGE).await.map(|m| n + m),
+                Err(e) => Err(e),
+            };
+            match checks {
                 Ok(n) => {
                     pg.shutdown().await?;
                     println!("OK rank={rank} checks={n}");
