@@ -70,8 +70,8 @@ const SPIN_MAX_RANKS_PER_CORE: usize = 16;
 /// waits for the op to move before it lets go: a few scheduler slices
 /// (0.75 ms each by default on Linux), as a peer that runs this op may
 /// wait that long for a core. 4 ranks on 2 cores, 16 MiB all_reduce: a
-/// driving caller's longest wait between two frames is 1–3.6 ms in 90 %
-/// of ops (`benches/RESULTS.md`).
+/// driving caller's longest wait between two frames is 1.0–3.6 ms for
+/// 80 % of ops, 2.1 ms for the median one (`benches/RESULTS.md`).
 pub(super) const LARGE_OP_PATIENCE: Duration = Duration::from_millis(2);
 
 /// The caller's way into a group's worker and readers.

@@ -77,7 +77,7 @@
 //! * where they do, a large op is driven by its awaiting caller too, until
 //!   no frame has moved for 2 ms: the I/O threads would share the same
 //!   cores, and each hand-off to them can leave a core idle while a
-//!   thread wakes (4 ranks on 2 cores, 16 MiB: 15–20 % faster;
+//!   thread wakes (4 ranks on 2 cores, 16 MiB: 10–20 % faster;
 //!   `benches/RESULTS.md`). Elsewhere large ops stay on the I/O threads,
 //!   and the caller's thread stays free for its other tasks;
 //! * then it parks, and the I/O threads finish whatever is left;
