@@ -333,7 +333,8 @@ mod pool;
 mod request;
 mod setup;
 // With `shm_board`, the only modules of chorus with `unsafe`: shared
-// memory between local ranks (memfd mappings); see their module docs.
+// memory between local ranks (memfd mappings, streaming copies out of
+// it); see their module docs.
 #[allow(unsafe_code)]
 mod shm;
 // The group board's mapping, futex and process look; see its module docs.

@@ -1,6 +1,7 @@
 //! Shared-memory data plane for peers on this host: with `shm_board` (the
 //! group's board), every `unsafe` of the TCP backend lives here (memfd,
-//! `mmap`, passing a descriptor over a Unix socket, raw slot access).
+//! `mmap`, passing a descriptor over a Unix socket, raw slot access, the
+//! streaming stores of [`copy_out`]).
 //!
 //! # Design
 //!
