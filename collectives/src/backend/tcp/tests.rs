@@ -1182,6 +1182,20 @@ fn small_ops_complete_on_the_callers_thread() {
     }
 }
 
+/// Runs `f(rank, its backend)` for every rank of `w` on a thread of its
+/// own, all at once; the results in rank order.
+fn on_rank_threads<T: Send>(w: Vec<Rank>, f: impl Fn(usize, Rank) -> T + Sync) -> Vec<T> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = w
+            .into_iter()
+            .enumerate()
+            .map(|(r, rk)| s.spawn(move || f(r, rk)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Two ranks on threads of their own run `ops` small all_reduces, each
 /// started on its submitter's thread and awaited through the driver (a
 /// 200 ms spin); results checked. Per rank: the ops done when the
@@ -1191,29 +1205,20 @@ fn pair_in_lockstep(ops: i64) -> Vec<(usize, u64)> {
         caller_spin: Some(Duration::from_millis(200)),
         ..TcpOptions::default()
     };
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = world(2, &opts)
-            .into_iter()
-            .enumerate()
-            .map(|(r, mut rk)| {
-                s.spawn(move || {
-                    let mut inline = 0;
-                    for i in 0..ops {
-                        let (work, assist) = rk.coll_assisted(Call::AllReduce {
-                            buf: pair_input(i, r as i64),
-                            op: ReduceOp::Sum,
-                        });
-                        let assist = assist.expect("a small op comes with the driver");
-                        assist.assist(&|| work.is_done(), None);
-                        inline += usize::from(work.is_done());
-                        let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
-                        assert_eq!(out, vec![pair_sum(i)], "op {i} on rank {r}");
-                    }
-                    (inline, rk.be.doorbells())
-                })
-            })
-            .collect();
-        ranks.into_iter().map(|h| h.join().unwrap()).collect()
+    on_rank_threads(world(2, &opts), |r, mut rk| {
+        let mut inline = 0;
+        for i in 0..ops {
+            let (work, assist) = rk.coll_assisted(Call::AllReduce {
+                buf: pair_input(i, r as i64),
+                op: ReduceOp::Sum,
+            });
+            let assist = assist.expect("a small op comes with the driver");
+            assist.assist(&|| work.is_done(), None);
+            inline += usize::from(work.is_done());
+            let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
+            assert_eq!(out, vec![pair_sum(i)], "op {i} on rank {r}");
+        }
+        (inline, rk.be.doorbells())
     })
 }
 
@@ -1246,31 +1251,18 @@ fn an_op_nobody_polls_after_a_lingering_caller_completes() {
     let mut lingered = 0;
     for i in 0..10 {
         // Both ranks at op 2i together, each awaited by its caller.
-        w = std::thread::scope(|s| {
-            let hs: Vec<_> = w
-                .into_iter()
-                .enumerate()
-                .map(|(r, mut rk)| {
-                    s.spawn(move || {
-                        let (work, assist) = rk.coll_assisted(Call::AllReduce {
-                            buf: pair_input(2 * i, r as i64),
-                            op: ReduceOp::Sum,
-                        });
-                        assist.expect("driver").assist(&|| work.is_done(), None);
-                        let lingers = rk.be.lingers();
-                        assert_eq!(block_on(work).unwrap(), vec![pair_sum(2 * i)]);
-                        (rk, lingers)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    let (rk, lingers) = h.join().unwrap();
-                    lingered += usize::from(lingers && rk.rank() == 0);
-                    rk
-                })
-                .collect()
+        let done = on_rank_threads(w, |r, mut rk| {
+            let (work, assist) = rk.coll_assisted(Call::AllReduce {
+                buf: pair_input(2 * i, r as i64),
+                op: ReduceOp::Sum,
+            });
+            assist.expect("driver").assist(&|| work.is_done(), None);
+            let lingers = rk.be.lingers();
+            assert_eq!(block_on(work).unwrap(), vec![pair_sum(2 * i)]);
+            (rk, lingers)
         });
+        lingered += usize::from(done[0].1);
+        w = done.into_iter().map(|(rk, _)| rk).collect();
         // Rank 0 starts op 2i+1 on this thread and never polls it.
         let (idle, _) = w[0].coll_assisted(Call::AllReduce {
             buf: pair_input(2 * i + 1, 0),
@@ -1328,43 +1320,34 @@ fn large_ops_run_on_the_callers_thread_while_they_move() {
         caller_spin: Some(Duration::from_micros(100)),
         ..TcpOptions::default()
     };
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = world(2, &opts)
-            .into_iter()
-            .enumerate()
-            .map(|(r, mut rk)| {
-                s.spawn(move || {
-                    let (mut inline, mut longer) = (0, 0);
-                    for i in 0..ops {
-                        let work = rk.coll(Call::AllReduce {
-                            buf: large_input(i, r as i32, count),
-                            op: ReduceOp::Sum,
-                        });
-                        let t = Instant::now();
-                        rk.be.large_op_driver().assist(&|| work.is_done(), None);
-                        if work.is_done() {
-                            inline += 1;
-                            longer += usize::from(t.elapsed() > Duration::from_millis(1));
-                        }
-                        let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
-                        assert_eq!(out, vec![large_sum(i, 2, count)], "op {i} on rank {r}");
-                    }
-                    (inline, longer)
-                })
-            })
-            .collect();
-        for (r, h) in ranks.into_iter().enumerate() {
-            let (inline, longer) = h.join().unwrap();
-            assert!(
-                inline >= ops as usize / 2,
-                "rank {r}: only {inline} of {ops} large ops were done when the caller's assist returned"
-            );
-            assert!(
-                longer > 0,
-                "rank {r}: no op took longer than 1 ms, so the test says nothing about the patience"
-            );
+    let per_rank = on_rank_threads(world(2, &opts), |r, mut rk| {
+        let (mut inline, mut longer) = (0, 0);
+        for i in 0..ops {
+            let work = rk.coll(Call::AllReduce {
+                buf: large_input(i, r as i32, count),
+                op: ReduceOp::Sum,
+            });
+            let t = Instant::now();
+            rk.be.large_op_driver().assist(&|| work.is_done(), None);
+            if work.is_done() {
+                inline += 1;
+                longer += usize::from(t.elapsed() > Duration::from_millis(1));
+            }
+            let out = block_on(work).unwrap_or_else(|e| panic!("op {i}: {e}"));
+            assert_eq!(out, vec![large_sum(i, 2, count)], "op {i} on rank {r}");
         }
+        (inline, longer)
     });
+    for (r, (inline, longer)) in per_rank.into_iter().enumerate() {
+        assert!(
+            inline >= ops as usize / 2,
+            "rank {r}: only {inline} of {ops} large ops were done when the caller's assist returned"
+        );
+        assert!(
+            longer > 0,
+            "rank {r}: no op took longer than 1 ms, so the test says nothing about the patience"
+        );
+    }
 }
 
 /// A caller driving a large op lets go at its deadline (that of
@@ -1375,33 +1358,25 @@ fn large_ops_run_on_the_callers_thread_while_they_move() {
 #[test]
 fn a_driving_caller_lets_go_at_its_deadline() {
     let count = 8 << 20;
-    std::thread::scope(|s| {
-        let ranks: Vec<_> = world(2, &TcpOptions::default())
-            .into_iter()
-            .enumerate()
-            .map(|(r, mut rk)| {
-                s.spawn(move || {
-                    let work = rk.coll(Call::AllReduce {
-                        buf: large_input(0, r as i32, count),
-                        op: ReduceOp::Sum,
-                    });
-                    let deadline = Instant::now() + Duration::from_millis(1);
-                    rk.be
-                        .large_op_driver()
-                        .assist(&|| work.is_done(), Some(deadline));
-                    let pending = !work.is_done();
-                    assert_eq!(block_on(work).unwrap(), vec![large_sum(0, 2, count)]);
-                    pending
-                })
-            })
-            .collect();
-        for (r, h) in ranks.into_iter().enumerate() {
-            assert!(
-                h.join().unwrap(),
-                "rank {r}: the 32 MiB op was done when an assist with a 1 ms deadline returned"
-            );
-        }
+    let pending = on_rank_threads(world(2, &TcpOptions::default()), |r, mut rk| {
+        let work = rk.coll(Call::AllReduce {
+            buf: large_input(0, r as i32, count),
+            op: ReduceOp::Sum,
+        });
+        let deadline = Instant::now() + Duration::from_millis(1);
+        rk.be
+            .large_op_driver()
+            .assist(&|| work.is_done(), Some(deadline));
+        let pending = !work.is_done();
+        assert_eq!(block_on(work).unwrap(), vec![large_sum(0, 2, count)]);
+        pending
     });
+    for (r, pending) in pending.into_iter().enumerate() {
+        assert!(
+            pending,
+            "rank {r}: the 32 MiB op was done when an assist with a 1 ms deadline returned"
+        );
+    }
 }
 
 /// A caller driving a large op whose peer comes late lets go once nothing
