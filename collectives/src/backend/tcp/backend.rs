@@ -38,8 +38,10 @@ pub(crate) struct TcpBackend {
     close: watch::Sender<bool>,
     /// Set by the worker once it has stopped (after its goodbyes).
     done: watch::Receiver<bool>,
-    /// Runs small ops on their callers' threads.
+    /// Runs ops on their callers' threads.
     driver: Arc<drive::Driver>,
+    /// The same driver for large ops (see `drive::LargeOp`), made once.
+    large_op: Arc<drive::LargeOp>,
 }
 
 impl fmt::Debug for TcpBackend {
@@ -195,6 +197,7 @@ impl TcpBackend {
             tx,
             close,
             done,
+            large_op: Arc::new(drive::LargeOp(driver.clone())),
             driver,
         }))
     }
@@ -237,7 +240,7 @@ impl TcpBackend {
     /// its cores, whatever this host's ranks and cores.
     #[cfg(test)]
     pub(crate) fn large_op_driver(&self) -> Arc<dyn Assist> {
-        Arc::new(drive::LargeOp(self.driver.clone()))
+        self.large_op.clone()
     }
 
     /// Tests: connections this rank has made or taken so far.
@@ -420,7 +423,7 @@ impl TcpBackend {
             return self
                 .driver
                 .drives_large()
-                .then(|| Arc::new(drive::LargeOp(self.driver.clone())) as Arc<dyn Assist>);
+                .then(|| self.large_op.clone() as Arc<dyn Assist>);
         }
         let claim = self.driver.claim_idle_worker();
         if claim.is_some() {

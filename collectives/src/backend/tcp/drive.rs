@@ -110,6 +110,7 @@ impl Driver {
     ) -> Driver {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let local = chorus_store::rt::local_ranks().unwrap_or(1);
+        let crowded = local > cores;
         let too_crowded = local > SPIN_MAX_RANKS_PER_CORE * cores;
         let spin = if inner.opts.caller_spin.is_none() && too_crowded {
             Duration::ZERO
@@ -121,8 +122,8 @@ impl Driver {
             worker,
             handle,
             spin,
-            yield_every: if local > cores { 0 } else { YIELD_EVERY },
-            crowded: local > cores,
+            yield_every: if crowded { 0 } else { YIELD_EVERY },
+            crowded,
         }
     }
 
